@@ -1,0 +1,212 @@
+"""Cascade configuration: one table of documented defaults, a closed set of keys.
+
+Precedence (lowest to highest): the defaults below, a TOML file, ``CASCADE_<KEY>``
+environment variables, keyword arguments. An unknown key or a bad value is a
+:class:`~cascade.errors.ConfigError`, never a silent default. Components receive explicit
+keyword arguments, not this object.
+
+==========================  ===============  ==================================================
+key                         default          meaning
+==========================  ===============  ==================================================
+model                       ``"llama3-8b"``  model preset giving the block shape (see models.py)
+block_tokens                16               tokens per block ("cache column")
+hash_algo                   ``"blake3"``     content digest: ``blake3`` or ``sha256``
+gpu_bytes                   0                GPU tier capacity per rank (0 = off; cupy needed)
+shm_bytes                   1 GiB            /dev/shm tier capacity per rank
+remote_bytes                0                DRAM each rank exposes to others (MPI window)
+file_bytes                  16 GiB           file (Lustre) tier capacity per rank (0 = off)
+shm_dir                     ``"/dev/shm"``   directory of the SHM slab
+file_dir                    see below        aggregated-file directory
+file_segment_bytes          1 GiB            roll to a new aggregated file at this size
+file_odirect                True             read the file tier with O_DIRECT when possible
+file_fsync                  False            fsync after each file-tier append (power-loss safety)
+compact_dead_fraction       0.5              compact a sealed file when this much of it is dead
+lustre_stripe_count         4                ``lfs setstripe -c`` (only on Lustre)
+lustre_stripe_size          4 MiB            ``lfs setstripe -S`` (only on Lustre)
+policy                      ``"semantic"``   eviction policy: ``semantic`` or ``lru``
+ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_use``
+default_ttl                 0.0              seconds a block lives (0 = no TTL)
+verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
+promote_on_hit              True             copy a block up to the fastest tier on a hit
+==========================  ===============  ==================================================
+
+``file_dir`` defaults to ``$SCRATCH/cascade`` when ``SCRATCH`` is set (Lustre on
+Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMPDIR).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+ENV_PREFIX = "CASCADE_"
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "hash_algo": ("blake3", "sha256"),
+    "policy": ("semantic", "lru"),
+    "ttl_mode": ("last_use", "first_use"),
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _default_file_dir() -> str:
+    scratch = os.environ.get("SCRATCH")
+    if scratch:
+        return os.path.join(scratch, "cascade")
+    return os.path.join(tempfile.gettempdir(), f"cascade-{os.getuid()}")
+
+
+def parse_size(value: Any, key: str = "size") -> int:
+    """Bytes from an int or a string such as ``"4M"``, ``"1.5GiB"`` (binary units)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    else:
+        raise ConfigError(f"{key}: expected a size such as 1073741824 or '1G', got {value!r}")
+    if size < 0:
+        raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    return size
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated Cascade settings; see the module docstring for the table of keys."""
+
+    model: str = "llama3-8b"
+    block_tokens: int = 16
+    hash_algo: str = "blake3"
+    gpu_bytes: int = 0
+    shm_bytes: int = 1 << 30
+    remote_bytes: int = 0
+    file_bytes: int = 16 << 30
+    shm_dir: str = "/dev/shm"
+    file_dir: str = field(default_factory=_default_file_dir)
+    file_segment_bytes: int = 1 << 30
+    file_odirect: bool = True
+    file_fsync: bool = False
+    compact_dead_fraction: float = 0.5
+    lustre_stripe_count: int = 4
+    lustre_stripe_size: int = 4 << 20
+    policy: str = "semantic"
+    ttl_mode: str = "last_use"
+    default_ttl: float = 0.0
+    verify_dram_reads: bool = False
+    promote_on_hit: bool = True
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
+        from .models import MODEL_PRESETS  # late: models imports nothing from here
+
+        if self.model not in MODEL_PRESETS:
+            raise ConfigError(f"model: unknown preset {self.model!r}; known: {sorted(MODEL_PRESETS)}")
+        if self.block_tokens < 1:
+            raise ConfigError(f"block_tokens: must be >= 1, got {self.block_tokens}")
+        if not 0.0 < self.compact_dead_fraction <= 1.0:
+            raise ConfigError("compact_dead_fraction: must be in (0, 1]")
+        if self.file_segment_bytes < 1 << 20:
+            raise ConfigError("file_segment_bytes: must be at least 1 MiB")
+        if self.default_ttl < 0:
+            raise ConfigError("default_ttl: must be >= 0")
+        if self.lustre_stripe_count < -1 or self.lustre_stripe_count == 0:
+            raise ConfigError("lustre_stripe_count: -1 (all OSTs) or >= 1")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The closed set of configuration keys."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> "Config":
+        """Defaults < TOML file ``path`` (a ``[cascade]`` table or top-level keys) <
+        ``CASCADE_*`` variables of ``env`` (default ``os.environ``) < ``overrides``."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+            values.update(_check_keys(data.get("cascade", data), f"config file {path}"))
+        env = os.environ if env is None else env
+        known = set(cls.keys())
+        for name, raw in env.items():
+            if not name.startswith(ENV_PREFIX):
+                continue
+            key = name[len(ENV_PREFIX):].lower()
+            if key in known:
+                values[key] = raw
+            elif key not in _NON_CONFIG_ENV:
+                raise ConfigError(f"environment variable {name}: unknown Cascade key {key!r}; known: {sorted(known)}")
+        values.update(_check_keys(overrides, "keyword arguments"))
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with ``changes`` applied (validated like any other source)."""
+        return dataclasses.replace(self, **_check_keys(changes, "replace()"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# CASCADE_* variables that are not configuration keys (used by launch/test tooling).
+_NON_CONFIG_ENV = frozenset({"config", "log_level", "stats_dir"})
+
+
+def _check_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    unknown = set(values) - set(Config.keys())
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known: {sorted(Config.keys())}")
+    return dict(values)
+
+
+def _coerce(key: str, typ: Any, value: Any) -> Any:
+    typ = typ if isinstance(typ, str) else typ.__name__
+    if typ == "int":
+        if key.endswith("_bytes") or key == "lustre_stripe_size":
+            return parse_size(value, key)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if typ == "float":
+        try:
+            return float(value) if not isinstance(value, bool) else _bad(key, "a number", value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if typ == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if typ == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise ConfigError(f"{key}: {value!r} is not one of {_CHOICES[key]}")
+        return value
+    raise AssertionError(f"unhandled config type {typ} for {key}")
+
+
+def _bad(key: str, what: str, value: Any):
+    raise ConfigError(f"{key}: expected {what}, got {value!r}")

@@ -1,0 +1,84 @@
+"""Block identity: content digests, id validation and namespaces (DESIGN.md section 2).
+
+A block id is the first 32 hex characters (128 bits) of a 256-bit digest of the key bytes
+followed by the value bytes. BLAKE3 is the default; SHA-256 is selectable for
+compatibility with systems that already use it.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from typing import Literal
+
+import blake3
+
+from .errors import InvalidBlock
+
+HashAlgo = Literal["blake3", "sha256"]
+HASH_ALGOS: tuple[str, ...] = ("blake3", "sha256")
+ID_HEX_CHARS = 32
+ID_BYTES = ID_HEX_CHARS // 2
+_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
+# Above this size BLAKE3 hashes with all cores (it releases the GIL either way).
+_BLAKE3_THREADED_BYTES = 1 << 20
+
+
+def _hasher(algo: str, nbytes: int):
+    if algo == "blake3":
+        threads = blake3.blake3.AUTO if nbytes >= _BLAKE3_THREADED_BYTES else 1
+        return blake3.blake3(max_threads=threads)
+    if algo == "sha256":
+        return hashlib.sha256()
+    raise InvalidBlock(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
+
+
+def digest_parts(parts: Iterable[memoryview], *, algo: str = "blake3") -> str:
+    """Hex id of the concatenation of ``parts`` (no concatenated copy is made). Local, thread-safe."""
+    views = [memoryview(p).cast("B") for p in parts]
+    h = _hasher(algo, sum(v.nbytes for v in views))
+    for v in views:
+        h.update(v)
+    return h.hexdigest()[:ID_HEX_CHARS]
+
+
+def block_id(key, value, *, algo: str = "blake3") -> str:
+    """Content id of a block: 32 hex chars of ``algo(key bytes || value bytes)``.
+
+    ``key`` and ``value`` are any C-contiguous buffers (numpy arrays, bytes). Costs one
+    pass over the data (BLAKE3 ~6 GB/s multi-threaded here, SHA-256 ~1.2 GB/s).
+    """
+    return digest_parts([as_byte_view(key, "key"), as_byte_view(value, "value")], algo=algo)
+
+
+def as_byte_view(buf, what: str = "buffer") -> memoryview:
+    """A flat byte view of a C-contiguous buffer; :class:`InvalidBlock` otherwise."""
+    try:
+        view = memoryview(buf)
+    except TypeError as exc:
+        raise InvalidBlock(f"{what} must support the buffer protocol, got {type(buf).__name__}") from exc
+    if not view.c_contiguous:
+        raise InvalidBlock(f"{what} is not C-contiguous; pass numpy.ascontiguousarray({what})")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def check_id(block_id: str) -> str:
+    """Return ``block_id`` if it is 32 lowercase hex chars, else raise :class:`InvalidBlock`."""
+    if not isinstance(block_id, str) or not _ID_RE.match(block_id):
+        raise InvalidBlock(f"malformed block id {block_id!r}: expected {ID_HEX_CHARS} lowercase hex characters")
+    return block_id
+
+
+def check_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it is a valid tenant/model name, else raise :class:`InvalidBlock`."""
+    if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+        raise InvalidBlock(
+            f"malformed namespace {namespace!r}: 1-200 chars of letters, digits and _.:/@+-"
+        )
+    return namespace
+
+
+def id_owner(block_id: str, world_size: int) -> int:
+    """Rank that owns ``block_id`` in the sharded directory: first 8 bytes mod world size."""
+    return int(block_id[:16], 16) % world_size

@@ -1,0 +1,147 @@
+"""Placement and eviction policy, separate from the tiers (DESIGN.md section 4).
+
+The store keeps one :class:`BlockMeta` per cached block and tells the policy about every
+change; the policy answers one question: which block of tier ``t`` goes next.
+
+Semantic policy (default):
+
+1. leaf-first: a block is not moved out of tier ``t`` while one of its children sits in
+   ``t`` or a faster tier (a prefix's head outlives its tail);
+2. pinned blocks (ref-count > 0) are never chosen;
+3. among the rest the lowest value goes first, value = frequency x sharing x recompute
+   cost x 2**priority, aged GreedyDual-style: a block's score is ``clock[t] + value`` at its
+   last use, and the tier's clock rises to each victim's score, so recency counts too.
+
+LRU (``policy="lru"``) keeps rule 2 only and orders by last use, for comparison.
+Each tier has a heap of candidate entries with lazy invalidation: O(log n) per change.
+Not thread-safe: the store serialises calls.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from .tiers.base import BlockKey
+
+
+@dataclass(slots=True, eq=False)
+class BlockMeta:
+    """What the store knows about one cached block (exactly one tier holds it)."""
+
+    key: BlockKey
+    nbytes: int
+    tier: int
+    parent: str | None = None
+    depth: int = 0  # blocks before this one in its sequence (0 for a head)
+    hits: int = 0
+    shares: int = 1  # puts of this content (dedup) in this namespace
+    pins: int = 0
+    priority: int = 0
+    ttl: float = 0.0
+    first_use: float = 0.0
+    last_use: float = 0.0
+    child_tiers: list[int] = field(default_factory=list)  # cached children per tier
+    version: int = 0  # bumps on every change; stale heap entries are skipped
+
+    def children_at_or_above(self, tier: int) -> int:
+        return sum(self.child_tiers[: tier + 1])
+
+    def children(self) -> int:
+        return sum(self.child_tiers)
+
+
+class Policy:
+    """Chooses victims per tier. ``kind`` is ``"semantic"`` or ``"lru"``."""
+
+    def __init__(self, num_tiers: int, kind: str = "semantic", *, ttl_mode: str = "last_use") -> None:
+        if kind not in ("semantic", "lru"):
+            raise ValueError(f"unknown policy {kind!r}")
+        self.kind = kind
+        self.ttl_mode = ttl_mode
+        self.num_tiers = num_tiers
+        self._heaps: list[list[tuple[float, int, int, BlockMeta]]] = [[] for _ in range(num_tiers)]
+        self._clock = [0.0] * num_tiers
+        self._live = [0] * num_tiers
+        self._seq = itertools.count()
+
+    # -- notifications from the store ---------------------------------------------------
+    def admitted(self, meta: BlockMeta, now: float) -> None:
+        """A new block entered ``meta.tier``."""
+        meta.first_use = meta.last_use = now
+        if not meta.child_tiers:
+            meta.child_tiers = [0] * self.num_tiers
+        self._live[meta.tier] += 1
+        self._push(meta)
+
+    def touched(self, meta: BlockMeta, now: float) -> None:
+        """A hit (or a dedup put) on ``meta``."""
+        meta.hits += 1
+        meta.last_use = now
+        self._push(meta)
+
+    def moved(self, meta: BlockMeta, old_tier: int) -> None:
+        """``meta`` moved from ``old_tier`` to ``meta.tier``."""
+        self._live[old_tier] -= 1
+        self._live[meta.tier] += 1
+        self._push(meta)
+
+    def changed(self, meta: BlockMeta) -> None:
+        """Pins, children, priority or TTL of ``meta`` changed."""
+        self._push(meta)
+
+    def removed(self, meta: BlockMeta) -> None:
+        """``meta`` left the cache."""
+        self._live[meta.tier] -= 1
+        meta.version += 1
+
+    # -- decisions ----------------------------------------------------------------------
+    def eligible(self, meta: BlockMeta) -> bool:
+        """Whether ``meta`` may leave its tier now."""
+        if meta.pins > 0:
+            return False
+        return self.kind == "lru" or meta.children_at_or_above(meta.tier) == 0
+
+    def victim(self, tier: int) -> BlockMeta | None:
+        """The block of ``tier`` to move down (or drop) next, or None if none may go.
+        Ages the tier's clock (semantic). Does not remove the block."""
+        heap = self._heaps[tier]
+        while heap:
+            score, _, version, meta = heap[0]
+            if version != meta.version or meta.tier != tier:
+                heapq.heappop(heap)
+                continue
+            if not self.eligible(meta):
+                heapq.heappop(heap)  # pushed again when it becomes eligible (changed())
+                continue
+            if self.kind == "semantic":
+                self._clock[tier] = max(self._clock[tier], score)
+            return meta
+        return None
+
+    def expires_at(self, meta: BlockMeta) -> float:
+        """Time after which ``meta`` is stale (inf without a TTL)."""
+        if meta.ttl <= 0:
+            return math.inf
+        return (meta.last_use if self.ttl_mode == "last_use" else meta.first_use) + meta.ttl
+
+    def value(self, meta: BlockMeta) -> float:
+        """Worth of keeping ``meta`` (semantic): frequency x sharing x cost x 2**priority."""
+        frequency = 1 + meta.hits
+        sharing = max(meta.shares, meta.children(), 1)
+        recompute = 1.0 + math.log2(1 + meta.depth) / 8  # deeper tokens attend over more
+        return frequency * sharing * recompute * 2.0 ** meta.priority
+
+    # -- internals ----------------------------------------------------------------------
+    def _push(self, meta: BlockMeta) -> None:
+        meta.version += 1
+        if self.kind == "lru":
+            score = meta.last_use
+        else:
+            score = self._clock[meta.tier] + self.value(meta)
+        heap = self._heaps[meta.tier]
+        heapq.heappush(heap, (score, next(self._seq), meta.version, meta))
+        if len(heap) > 4 * self._live[meta.tier] + 64:
+            self._heaps[meta.tier] = [e for e in heap if e[2] == e[3].version and e[3].tier == meta.tier]
+            heapq.heapify(self._heaps[meta.tier])

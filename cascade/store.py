@@ -1,0 +1,460 @@
+"""CascadeStore: the content-addressed, tiered KV-block store of one rank.
+
+The store owns the tiers (fastest first: GPU, SHM, REMOTE, LUSTRE — those configured),
+the per-block metadata, the policy and the counters. A block lives in exactly one tier;
+puts enter the fastest tier, eviction demotes tier by tier (failure-atomic: a block
+leaves a tier only after the slower tier accepted it) and only the last tier drops.
+
+Thread-safety: every public method is safe to call from several threads (one lock per
+store; content hashing of a put runs outside it).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .config import Config
+from .errors import BlockNotFound, BlockPinned, CorruptBlock, InvalidBlock, TierFull
+from .identity import block_id as compute_block_id, check_id, check_namespace
+from .models import BlockSpec
+from .policy import BlockMeta, Policy
+from .stats import StoreCounters, TierCounters
+from .tiers.base import BlockKey, Tier
+from .tiers.file_tier import FileTier
+from .tiers.gpu import GpuTier, cupy_module
+from .tiers.shm import ShmTier
+
+log = logging.getLogger(__name__)
+DEFAULT_NAMESPACE = "default"
+
+
+def build_tiers(config: Config, *, rank: int = 0, array_module=None) -> list[Tier]:
+    """The tiers ``config`` asks for, fastest first. Local (not collective).
+
+    ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
+    GPU tier uses cupy and is off, with a log line, when no GPU is usable.
+    """
+    tiers: list[Tier] = []
+    if config.gpu_bytes > 0:
+        xp = array_module if array_module is not None else cupy_module()
+        if xp is not None:
+            tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
+    if config.shm_bytes > 0:
+        tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+    if config.file_bytes > 0:
+        tiers.append(FileTier(
+            config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
+            odirect=config.file_odirect, fsync=config.file_fsync,
+            compact_dead_fraction=config.compact_dead_fraction,
+            stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+        ))
+    return tiers
+
+
+class CascadeStore:
+    """A tiered KV-block store. ``CascadeStore(Config(...))``; close it (or use ``with``).
+
+    ``block_spec`` overrides the shape/dtype implied by ``config.model`` and
+    ``config.block_tokens``; ``tiers`` replaces the configured tiers (fastest first).
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        block_spec: BlockSpec | None = None,
+        tiers: Sequence[Tier] | None = None,
+        array_module=None,
+        rank: int = 0,
+    ) -> None:
+        self.config = config or Config.load()
+        self.spec = block_spec or BlockSpec.for_model(self.config.model, self.config.block_tokens)
+        self.tiers: list[Tier] = list(tiers) if tiers is not None else build_tiers(self.config, rank=rank, array_module=array_module)
+        if not self.tiers:
+            raise TierFull("no tier has capacity: set shm_bytes, gpu_bytes or file_bytes above 0")
+        self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode)
+        self.counters = StoreCounters()
+        self.tier_counters = [TierCounters() for _ in self.tiers]
+        self._meta: dict[BlockKey, BlockMeta] = {}
+        self._lock = threading.RLock()
+        self._recover()
+
+    # -- construction -------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Adopt blocks that persistent tiers found on disk (warm restart)."""
+        now = time.monotonic()
+        for t, tier in enumerate(self.tiers):
+            parent_of = getattr(tier, "parent_of", None)
+            for key in tier:
+                meta = BlockMeta(key, tier.length(key), t, parent=parent_of(key) if parent_of else None,
+                                 ttl=self.config.default_ttl)
+                self._meta[key] = meta
+        for meta in self._meta.values():
+            meta.depth = self._depth(meta)
+            self.policy.admitted(meta, now)
+        for meta in self._meta.values():
+            self._link_child(meta)
+
+    def _depth(self, meta: BlockMeta) -> int:
+        depth, seen, parent = 0, set(), meta.parent
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            up = self._meta.get((meta.key[0], parent))
+            if up is None:
+                break
+            depth, parent = depth + 1, up.parent
+        return depth
+
+    # -- validation -------------------------------------------------------------------------
+    def _check_pair(self, key: Any, value: Any) -> list[Any]:
+        self.spec.check(key, "key")
+        self.spec.check(value, "value")
+        return [key, value]
+
+    @staticmethod
+    def _key(block_id: str, namespace: str) -> BlockKey:
+        return (check_namespace(namespace), check_id(block_id))
+
+    # -- put ------------------------------------------------------------------------------
+    def put(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        parent: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        block_id: str | None = None,
+        verify: bool = False,
+        ttl: float | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Store a block (K and V arrays of the store's spec); return its id. Local.
+
+        The id is the content digest unless ``block_id`` is given (``verify=True`` then
+        recomputes and checks it). A put of an id already cached in ``namespace`` only
+        adds a reference (dedup). ``parent`` is the id of the previous block of the
+        sequence. Raises :class:`InvalidBlock` for bad input and :class:`TierFull` when
+        no tier can take the block (nothing stored is lost either way).
+        """
+        parts = self._check_pair(key, value)
+        check_namespace(namespace)
+        if parent is not None:
+            check_id(parent)
+        if block_id is None or verify:
+            digest = compute_block_id(key, value, algo=self.config.hash_algo)
+            if block_id is not None and check_id(block_id) != digest:
+                raise InvalidBlock(f"block_id {block_id} does not match the content digest {digest}")
+            block_id = digest
+        bkey = self._key(block_id, namespace)
+        with self._lock:
+            self.counters.puts += 1
+            now = time.monotonic()
+            meta = self._meta.get(bkey)
+            if meta is not None and not self._expired(meta, now):
+                meta.shares += 1
+                self.policy.touched(meta, now)
+                self.counters.deduped += 1
+                return block_id
+            if meta is not None:
+                self._drop(meta)
+            try:
+                self._place(bkey, parts, parent)
+            except TierFull:
+                self.counters.rejected += 1
+                raise
+            meta = BlockMeta(bkey, self.spec.block_bytes, 0, parent=parent, priority=priority,
+                             ttl=self.config.default_ttl if ttl is None else ttl)
+            meta.depth = self._depth(meta)
+            self._meta[bkey] = meta
+            self.policy.admitted(meta, now)
+            self._link_child(meta)
+            self.counters.stored += 1
+            self.tier_counters[0].bytes_written += meta.nbytes
+            return block_id
+
+    def _place(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> None:
+        """Write a new block into the fastest tier, evicting as needed."""
+        nbytes = self.spec.block_bytes
+        self._make_room(0, nbytes)
+        try:
+            self.tiers[0].put(bkey, parts, parent=parent)
+        except OSError as exc:  # TierFull included
+            self.tier_counters[0].full_events += 1
+            raise exc if isinstance(exc, TierFull) else TierFull(f"{self.tiers[0].name}: {exc}") from exc
+
+    def put_many(
+        self,
+        pairs: Iterable[tuple[Any, Any]],
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        chain: bool = False,
+        parent: str | None = None,
+    ) -> list[str]:
+        """Put each (key, value); with ``chain=True`` each block's parent is the one
+        before it (the first one's is ``parent``). Returns the ids. Local."""
+        ids: list[str] = []
+        for key, value in pairs:
+            bid = self.put(key, value, namespace=namespace, parent=parent if chain else None)
+            ids.append(bid)
+            if chain:
+                parent = bid
+        return ids
+
+    # -- eviction ---------------------------------------------------------------------------
+    def _make_room(self, t: int, nbytes: int) -> None:
+        """Evict from tier ``t`` until ``nbytes`` fit. Raises :class:`TierFull`."""
+        tier = self.tiers[t]
+        if nbytes > tier.capacity:
+            self.tier_counters[t].full_events += 1
+            raise TierFull(f"{tier.name}: a block of {nbytes} bytes exceeds its capacity of {tier.capacity}")
+        while not tier.fits(nbytes):
+            victim = self.policy.victim(t)
+            if victim is None:
+                self.tier_counters[t].full_events += 1
+                raise TierFull(f"{tier.name}: full and every block in it is pinned or holds cached children")
+            self._demote(victim)
+
+    def _demote(self, meta: BlockMeta) -> None:
+        """Move ``meta`` one tier down, or drop it from the last tier. Failure-atomic:
+        the block stays where it is until the slower tier holds it."""
+        t = meta.tier
+        if t + 1 < len(self.tiers):
+            try:
+                self._make_room(t + 1, meta.nbytes)
+                self._copy_between(meta, t, t + 1)
+            except (TierFull, OSError) as exc:
+                log.debug("demotion of %s to %s failed (%s): dropping it", meta.key[1], self.tiers[t + 1].name, exc)
+            else:
+                self.tier_counters[t].demotions += 1
+                return
+        self.tier_counters[t].evictions += 1
+        self._drop(meta)
+
+    def _copy_between(self, meta: BlockMeta, src: int, dst: int) -> None:
+        """Copy a block from tier ``src`` to ``dst``, then delete it from ``src``."""
+        buf = np.empty(meta.nbytes, dtype=np.uint8)
+        self.tiers[src].read_into(meta.key, buf)
+        try:
+            self.tiers[dst].put(meta.key, [buf], parent=meta.parent)
+        except OSError:  # TierFull included: ENOSPC and friends
+            self.tier_counters[dst].full_events += 1
+            raise
+        del self.tiers[src][meta.key]
+        self._set_tier(meta, dst)
+        self.tier_counters[dst].bytes_written += meta.nbytes
+
+    def _set_tier(self, meta: BlockMeta, tier: int) -> None:
+        old = meta.tier
+        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
+        if parent is not None:
+            parent.child_tiers[old] -= 1
+            parent.child_tiers[tier] += 1
+            self.policy.changed(parent)
+        meta.tier = tier
+        self.policy.moved(meta, old)
+
+    def _drop(self, meta: BlockMeta) -> None:
+        """Remove a block from its tier and from the metadata."""
+        tier = self.tiers[meta.tier]
+        if meta.key in tier:
+            del tier[meta.key]
+        self._forget(meta)
+
+    def _forget(self, meta: BlockMeta) -> None:
+        self._meta.pop(meta.key, None)
+        self.policy.removed(meta)
+        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
+        if parent is not None:
+            parent.child_tiers[meta.tier] -= 1
+            self.policy.changed(parent)
+
+    def _link_child(self, meta: BlockMeta) -> None:
+        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
+        if parent is not None:
+            parent.child_tiers[meta.tier] += 1
+            self.policy.changed(parent)
+
+    def _expired(self, meta: BlockMeta, now: float) -> bool:
+        return meta.pins == 0 and now > self.policy.expires_at(meta)
+
+    # -- get ------------------------------------------------------------------------------
+    def get(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[Any, Any] | None:
+        """(key, value) arrays of a cached block, or None on a miss. Local.
+
+        A block whose stored bytes fail verification is dropped, counted as a corruption
+        and reported as a miss (None): corrupted data is never returned.
+        """
+        key_out, value_out = self.spec.empty()
+        return (key_out, value_out) if self._read(block_id, namespace, [key_out, value_out]) else None
+
+    def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Read a block straight into ``key_out`` and ``value_out`` (arrays of the store's
+        spec, no extra copy). True on a hit; False on a miss (outputs then hold no valid
+        data). Local."""
+        self.spec.check(key_out, "key_out")
+        self.spec.check(value_out, "value_out")
+        if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
+            raise InvalidBlock("key_out and value_out must be writable")
+        return self._read(block_id, namespace, [key_out, value_out])
+
+    def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[tuple[Any, Any] | None]:
+        """``get`` of each id, in order. Local."""
+        return [self.get(b, namespace=namespace) for b in block_ids]
+
+    def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
+        bkey = self._key(block_id, namespace)
+        with self._lock:
+            self.counters.gets += 1
+            now = time.monotonic()
+            meta = self._meta.get(bkey)
+            if meta is not None and self._expired(meta, now):
+                self.counters.expired += 1
+                self._drop(meta)
+                meta = None
+            if meta is None:
+                return self._miss(len(self.tiers))
+            t = meta.tier
+            try:
+                self.tiers[t].read_parts_into(bkey, outs)
+            except CorruptBlock as exc:
+                log.warning("%s", exc)
+                self.tier_counters[t].corruptions += 1
+                if bkey in self.tiers[t]:
+                    del self.tiers[t][bkey]
+                self._forget(meta)
+                return self._miss(len(self.tiers))
+            self.counters.hits += 1
+            counters = self.tier_counters[t]
+            counters.hits += 1
+            counters.bytes_read += meta.nbytes
+            for faster in self.tier_counters[:t]:
+                faster.misses += 1
+            self.policy.touched(meta, now)
+            if t > 0 and self.config.promote_on_hit:
+                self._promote(meta, outs)
+            return True
+
+    def _miss(self, served_by: int) -> bool:
+        self.counters.misses += 1
+        for counters in self.tier_counters[:served_by]:
+            counters.misses += 1
+        return False
+
+    def _promote(self, meta: BlockMeta, data: list[Any]) -> None:
+        """Move a block just read (its bytes in ``data``) up to the fastest tier, if room
+        can be made without dropping pinned or parent blocks. Best effort."""
+        src = meta.tier
+        meta.pins += 1  # keep it from being chosen as a victim while making room
+        try:
+            self._make_room(0, meta.nbytes)
+            self.tiers[0].put(meta.key, data, parent=meta.parent)
+        except (TierFull, OSError) as exc:
+            log.debug("promotion of %s skipped: %s", meta.key[1], exc)
+            return
+        finally:
+            meta.pins -= 1
+            self.policy.changed(meta)
+        del self.tiers[src][meta.key]
+        self._set_tier(meta, 0)
+        self.tier_counters[src].promotions += 1
+        self.tier_counters[0].bytes_written += meta.nbytes
+
+    # -- other operations -------------------------------------------------------------------
+    def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a block is cached (not expired) in ``namespace``. Local; counts nothing."""
+        bkey = self._key(block_id, namespace)
+        with self._lock:
+            meta = self._meta.get(bkey)
+            return meta is not None and not self._expired(meta, time.monotonic())
+
+    def contains_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        return [self.contains(b, namespace=namespace) for b in block_ids]
+
+    def longest_prefix(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """How many leading blocks of the chain ``block_ids`` are cached. Local."""
+        for i, bid in enumerate(block_ids):
+            if not self.contains(bid, namespace=namespace):
+                return i
+        return len(block_ids)
+
+    def delete(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Remove a block. :class:`BlockNotFound` if absent, :class:`BlockPinned` if pinned."""
+        with self._lock:
+            meta = self._require(block_id, namespace)
+            if meta.pins:
+                raise BlockPinned(f"block {block_id} is pinned by {meta.pins} request(s); unpin it first")
+            self._drop(meta)
+            self.counters.deletes += 1
+
+    def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Add a reference from an in-flight request: the block cannot be evicted or
+        expire until the matching :meth:`unpin`."""
+        with self._lock:
+            meta = self._require(block_id, namespace)
+            meta.pins += 1
+            self.policy.changed(meta)
+
+    def unpin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Drop one reference taken by :meth:`pin`."""
+        with self._lock:
+            meta = self._require(block_id, namespace)
+            if meta.pins == 0:
+                raise BlockPinned(f"block {block_id} is not pinned")
+            meta.pins -= 1
+            self.policy.changed(meta)
+
+    def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Give a block a time to live in seconds (0 = none), counted per ``ttl_mode``."""
+        if ttl < 0:
+            raise InvalidBlock(f"ttl must be >= 0, got {ttl}")
+        with self._lock:
+            meta = self._require(block_id, namespace)
+            meta.ttl = ttl
+            self.policy.changed(meta)
+
+    def set_priority(self, block_id: str, priority: int, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Raise (or lower, negative) a block's value: each step doubles (halves) it."""
+        with self._lock:
+            meta = self._require(block_id, namespace)
+            meta.priority = int(priority)
+            self.policy.changed(meta)
+
+    def _require(self, block_id: str, namespace: str) -> BlockMeta:
+        bkey = self._key(block_id, namespace)
+        meta = self._meta.get(bkey)
+        if meta is None:
+            raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
+        return meta
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    # -- reporting and shutdown ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters overall and per tier (blocks, bytes, hits, misses, evictions,
+        promotions, demotions, corruptions, full events, plus tier facts)."""
+        with self._lock:
+            tiers = {}
+            for tier, counters in zip(self.tiers, self.tier_counters):
+                tiers[tier.name] = {**tier.stats(), "bytes": tier.used, **counters.as_dict()}
+            return {"blocks": len(self._meta), **self.counters.as_dict(), "tiers": tiers,
+                    "policy": self.policy.kind, "block_bytes": self.spec.block_bytes}
+
+    def close(self) -> None:
+        """Release every tier (SHM slabs are removed; file-tier data stays for a warm
+        restart). Idempotent."""
+        with self._lock:
+            for tier in self.tiers:
+                tier.close()
+            self._meta.clear()
+
+    def __enter__(self) -> "CascadeStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

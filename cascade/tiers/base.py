@@ -1,0 +1,110 @@
+"""The one interface every storage tier implements.
+
+A tier is a mapping from a :data:`BlockKey` ``(namespace, block_id)`` to a block's bytes,
+plus capacity accounting and zero-copy reads (``read_into``). Tiers store and fetch; they
+never decide what to keep (that is the policy's job) and never evict on their own: a put
+that does not fit raises :class:`~cascade.errors.TierFull`.
+
+Thread-safety: a tier is not thread-safe; the store serialises calls to it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import Any
+
+from ..errors import BlockNotFound, CorruptBlock
+from ..identity import as_byte_view
+
+BlockKey = tuple[str, str]  # (namespace, block id)
+
+
+class Tier(MutableMapping[BlockKey, bytes], ABC):
+    """Abstract storage tier. Subclasses implement the six abstract methods."""
+
+    name: str = "tier"
+
+    @property
+    @abstractmethod
+    def capacity(self) -> int:
+        """Bytes this tier may hold."""
+
+    @property
+    @abstractmethod
+    def used(self) -> int:
+        """Bytes of payload currently held (allocator overhead excluded)."""
+
+    @abstractmethod
+    def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
+        """Store the concatenation of ``parts`` (buffers) under ``key`` without
+        concatenating them first. Re-putting an existing key replaces it. ``parent`` is
+        the id of the previous block of the sequence; persistent tiers record it so a
+        warm restart rebuilds the prefix tree. Raises :class:`TierFull` when it does not
+        fit; the tier is then unchanged."""
+
+    @abstractmethod
+    def length(self, key: BlockKey) -> int:
+        """Payload bytes of ``key``; :class:`BlockNotFound` when absent."""
+
+    @abstractmethod
+    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
+        """Copy ``len(out)`` bytes of the block, starting at ``offset``, into the writable
+        buffer ``out``. :class:`BlockNotFound` when absent, :class:`CorruptBlock` when the
+        stored bytes fail verification (``out`` then holds no valid data)."""
+
+    @abstractmethod
+    def __delitem__(self, key: BlockKey) -> None:
+        """Drop ``key`` and free its space; :class:`BlockNotFound` when absent."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[BlockKey]: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    # -- derived operations ------------------------------------------------------------
+    @property
+    def free(self) -> int:
+        """Bytes still available for new blocks."""
+        return self.capacity - self.used
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a block of ``nbytes`` could be stored now without eviction."""
+        return nbytes <= self.free
+
+    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        """Scatter the block into consecutive buffers ``outs`` (e.g. key, value).
+        Tiers that can verify only whole blocks override this to check once."""
+        offset = 0
+        for out in outs:
+            view = as_byte_view(out, "output buffer")
+            self.read_into(key, view, offset)
+            offset += view.nbytes
+
+    def __getitem__(self, key: BlockKey) -> bytes:
+        out = bytearray(self.length(key))
+        self.read_into(key, out)
+        return bytes(out)
+
+    def __setitem__(self, key: BlockKey, value: Any) -> None:
+        self.put(key, [value])
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self.length(key)  # type: ignore[arg-type]
+        except (BlockNotFound, CorruptBlock):
+            return False
+        return True
+
+    def close(self) -> None:
+        """Release the tier's resources (memory, files). Idempotent."""
+
+    def stats(self) -> dict[str, Any]:
+        """Tier-specific facts for reports (capacity and use at least)."""
+        return {"capacity": self.capacity, "used": self.used, "blocks": len(self)}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

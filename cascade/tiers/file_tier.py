@@ -1,0 +1,422 @@
+"""LUSTRE tier: append-only aggregated files on a (parallel) file system.
+
+Blocks are appended as records (see :mod:`.records`) to ``agg_rank{rank:03d}_{id:06d}.bin``,
+rolling to a new file at ``segment_bytes``. Each rank writes only its own files; an
+exclusive ``flock`` on ``agg_rank{rank:03d}.lock`` keeps a second process from writing
+them at the same time. On open the index is rebuilt by scanning the files (warm
+restart): torn tails and records with a bad header are skipped and counted, and every
+payload is verified against its checksum when read, so corrupted bytes are never served.
+
+Deletes append a tombstone naming the killed record; a sealed file whose dead fraction
+passes ``compact_dead_fraction`` is compacted (live records copied to the active file,
+then the file is unlinked). Reads use O_DIRECT where the file system allows it (cold
+reads do not depend on the page cache), through an aligned bounce buffer unless the
+caller's buffers are page-aligned.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..checksum import checksum
+from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
+from ..identity import as_byte_view
+from .base import BlockKey, Tier
+from .lustre_fs import is_lustre, set_striping
+from .records import HEADER_BYTES, PAGE, RecordHeader, pad, unpack_header
+
+log = logging.getLogger(__name__)
+_ZEROS = bytes(PAGE)
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
+
+
+@dataclass(slots=True)
+class _Loc:
+    file_id: int
+    offset: int  # of the record header
+    length: int  # payload bytes
+    checksum: int
+    parent: str | None
+
+    @property
+    def record_bytes(self) -> int:
+        return HEADER_BYTES + pad(self.length)
+
+
+@dataclass
+class _File:
+    file_id: int
+    path: str
+    fd: int
+    size: int
+    live: int = 0  # bytes of live records
+    tombstones: list[tuple[BlockKey, int, int]] = field(default_factory=list)
+    direct_fd: int | None = None
+
+
+class FileTier(Tier):
+    """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing)."""
+
+    name = "lustre"
+
+    def __init__(
+        self,
+        capacity: int,
+        directory: str,
+        *,
+        rank: int = 0,
+        segment_bytes: int = 1 << 30,
+        odirect: bool = True,
+        fsync: bool = False,
+        compact_dead_fraction: float = 0.5,
+        stripe_count: int = 4,
+        stripe_size: int = 4 << 20,
+    ) -> None:
+        self._capacity = capacity
+        self.directory = directory
+        self.rank = rank
+        self._segment_bytes = segment_bytes
+        self._odirect = odirect
+        self._fsync = fsync
+        self._compact_fraction = compact_dead_fraction
+        self._index: dict[BlockKey, _Loc] = {}
+        self._files: dict[int, _File] = {}
+        self._live_bytes = 0  # record bytes of live blocks (what counts against capacity)
+        self._payload_bytes = 0
+        self._bounce: mmap.mmap | None = None
+        self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
+                         "compactions": 0, "full_events": 0}
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.on_lustre = is_lustre(directory)
+        if self.on_lustre:
+            set_striping(directory, stripe_count, stripe_size)
+        self._lock_fd = self._take_lock()
+        try:
+            self._recover()
+            self._active = self._open_file(max(self._files, default=0) + 1, create=True)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening and recovery -----------------------------------------------------------
+    def _take_lock(self) -> int:
+        path = os.path.join(self.directory, f"agg_rank{self.rank:03d}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CascadeError(
+                f"{path} is held by another process: two stores cannot write rank {self.rank}'s "
+                f"files in {self.directory} at once (use another file_dir or rank)"
+            ) from None
+        return fd
+
+    def _file_path(self, file_id: int) -> str:
+        return os.path.join(self.directory, f"agg_rank{self.rank:03d}_{file_id:06d}.bin")
+
+    def _open_file(self, file_id: int, *, create: bool = False) -> _File:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        path = self._file_path(file_id)
+        fd = os.open(path, flags, 0o600)
+        f = _File(file_id, path, fd, os.fstat(fd).st_size)
+        self._files[file_id] = f
+        return f
+
+    def _recover(self) -> None:
+        pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6}})\.bin$")
+        ids = sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n)))
+        for file_id in ids:
+            self._scan(self._open_file(file_id))
+        for f in list(self._files.values()):
+            if f.live == 0 and not self._needed_tombstones(f):
+                self._drop_file(f)
+        self.counters["recovered"] = len(self._index)
+        if ids:
+            log.info("%s: recovered %d blocks from %d files in %s", self.name, len(self._index), len(ids), self.directory)
+
+    def _scan(self, f: _File) -> None:
+        offset = 0
+        last: tuple[BlockKey, _Loc] | None = None
+        while offset + HEADER_BYTES <= f.size:
+            header = unpack_header(os.pread(f.fd, HEADER_BYTES, offset))
+            if header is None:  # not a record: resynchronise at the next page
+                self.counters["bad_headers"] += 1
+                offset += PAGE
+                continue
+            if offset + header.record_bytes > f.size:
+                self.counters["torn_records"] += 1
+                break
+            key = (header.namespace, header.block_id)
+            if header.tombstone:
+                f.tombstones.append((key, header.target_file, header.target_offset))
+                loc = self._index.get(key)
+                if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
+                    self._forget(key)
+            else:
+                loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent)
+                self._remember(key, loc)
+                last = (key, loc)
+            offset += header.record_bytes
+        # Only a file's last record can be torn by a crash mid-append: verify it now.
+        if last is not None and self._index.get(last[0]) is last[1]:
+            buf = bytearray(last[1].length)
+            if os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf) or checksum([buf]) != last[1].checksum:
+                self.counters["torn_records"] += 1
+                self._forget(last[0])
+
+    def _remember(self, key: BlockKey, loc: _Loc) -> None:
+        if key in self._index:
+            self._forget(key)
+        self._index[key] = loc
+        self._files[loc.file_id].live += loc.record_bytes
+        self._live_bytes += loc.record_bytes
+        self._payload_bytes += loc.length
+
+    def _forget(self, key: BlockKey) -> _Loc:
+        loc = self._index.pop(key)
+        self._files[loc.file_id].live -= loc.record_bytes
+        self._live_bytes -= loc.record_bytes
+        self._payload_bytes -= loc.length
+        return loc
+
+    # -- Tier interface -------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._payload_bytes
+
+    @property
+    def free(self) -> int:
+        return self._capacity - self._live_bytes
+
+    def fits(self, nbytes: int) -> bool:
+        return HEADER_BYTES + pad(nbytes) <= self.free
+
+    def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
+        views = [as_byte_view(p) for p in parts]
+        length = sum(v.nbytes for v in views)
+        if not self.fits(length):
+            raise TierFull(f"{self.name}: no room for {length} bytes ({self.free} of {self._capacity} free)")
+        header = RecordHeader(key[0], key[1], length, checksum(views), parent=parent)
+        loc = self._append(header, views)
+        self._remember(key, _Loc(loc[0], loc[1], length, header.checksum, parent))
+        self._maybe_compact_after_change()
+
+    def _append(self, header: RecordHeader, views: Sequence[memoryview]) -> tuple[int, int]:
+        """Write one record at the end of the active file; (file id, offset). Failure-atomic."""
+        if self._active.size and self._active.size + header.record_bytes > self._segment_bytes:
+            self._active = self._open_file(self._active.file_id + 1, create=True)
+        f = self._active
+        offset = f.size
+        tail = pad(header.payload_len) - header.payload_len
+        iov = [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
+        try:
+            written = _pwritev_all(f.fd, iov, offset)
+            if self._fsync:
+                os.fsync(f.fd)
+        except OSError as exc:
+            os.ftruncate(f.fd, offset)  # drop the partial record: the file stays valid
+            if exc.errno in _FULL_ERRNOS:
+                self.counters["full_events"] += 1
+                raise TierFull(f"{self.name}: {f.path}: {exc.strerror}") from exc
+            raise
+        f.size = offset + written
+        return f.file_id, offset
+
+    def length(self, key: BlockKey) -> int:
+        return self._loc(key).length
+
+    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
+        loc = self._loc(key)
+        view = as_byte_view(out, "output buffer")
+        if offset == 0 and view.nbytes == loc.length:
+            self.read_parts_into(key, [view])
+            return
+        if offset < 0 or offset + view.nbytes > loc.length:
+            raise ValueError(f"read of {view.nbytes} bytes at {offset} outside a block of {loc.length}")
+        whole = bytearray(loc.length)  # a partial read still verifies the whole block
+        self.read_parts_into(key, [whole])
+        view[:] = memoryview(whole)[offset:offset + view.nbytes]
+
+    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        loc = self._loc(key)
+        views = [as_byte_view(o, "output buffer") for o in outs]
+        if sum(v.nbytes for v in views) != loc.length:
+            raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
+        f = self._files[loc.file_id]
+        start = loc.offset + HEADER_BYTES
+        try:
+            direct = self._direct_fd(f)
+            if direct is not None and all(_page_aligned(v) for v in views):
+                ok = os.preadv(direct, views, start) == loc.length
+            elif direct is not None:
+                ok = self._read_bounced(direct, start, loc.length, views)
+            else:
+                ok = os.preadv(f.fd, views, start) == loc.length
+        except OSError as exc:
+            raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
+        if not ok or checksum(views) != loc.checksum:
+            self.counters["corrupt_reads"] += 1
+            self._kill(key)
+            raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
+
+    def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
+        size = pad(length)
+        if self._bounce is None or len(self._bounce) < size:
+            if self._bounce is not None:
+                self._bounce.close()
+            self._bounce = mmap.mmap(-1, max(size, 1 << 20))  # anonymous maps are page-aligned
+        bounce = memoryview(self._bounce)
+        try:
+            got = os.preadv(fd, [bounce[:size]], start)
+            if got < length:
+                return False
+            pos = 0
+            for v in views:
+                v[:] = bounce[pos:pos + v.nbytes]
+                pos += v.nbytes
+        finally:
+            bounce.release()
+        return True
+
+    def _direct_fd(self, f: _File) -> int | None:
+        if not self._odirect:
+            return None
+        if f.direct_fd is None:
+            try:
+                f.direct_fd = os.open(f.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
+                log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc.strerror)
+                self._odirect = False
+                return None
+        return f.direct_fd
+
+    def __delitem__(self, key: BlockKey) -> None:
+        self._loc(key)
+        self._kill(key)
+        self._maybe_compact_after_change()
+
+    def _kill(self, key: BlockKey) -> None:
+        """Forget ``key`` and append a tombstone so a restart forgets it too."""
+        loc = self._forget(key)
+        tomb = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=loc.file_id, target_offset=loc.offset)
+        try:
+            file_id, _ = self._append(tomb, [])
+        except (TierFull, OSError) as exc:
+            # Without the tombstone a restart may bring the block back: still correct data.
+            log.warning("%s: could not record the delete of %s: %s", self.name, key[1], exc)
+            return
+        self._files[file_id].tombstones.append((key, loc.file_id, loc.offset))
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(list(self._index))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def parent_of(self, key: BlockKey) -> str | None:
+        """The parent id recorded with ``key`` (survives restarts)."""
+        return self._loc(key).parent
+
+    # -- compaction -----------------------------------------------------------------------
+    def _needed_tombstones(self, f: _File) -> list[tuple[BlockKey, int, int]]:
+        return [t for t in f.tombstones if t[1] in self._files and t[1] != f.file_id]
+
+    def _maybe_compact_after_change(self) -> None:
+        for f in list(self._files.values()):
+            if f.size == 0 or 1.0 - f.live / f.size < self._compact_fraction:
+                continue
+            # The active file is compacted too once it is big enough to be worth sealing.
+            if f is not self._active or f.size >= min(self._segment_bytes, _MIN_COMPACT_ACTIVE):
+                self.compact(f.file_id)
+
+    def compact(self, file_id: int) -> None:
+        """Move ``file_id``'s live records (and still-needed tombstones) to the active
+        file, then unlink it. Local; costs one read and one write per live record."""
+        f = self._files[file_id]
+        if f is self._active:
+            self._active = self._open_file(max(self._files) + 1, create=True)
+        for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
+            buf = bytearray(loc.length)
+            try:
+                self.read_parts_into(key, [buf])
+            except CorruptBlock:
+                continue  # counted and dropped by the read
+            self._forget(key)
+            new_file, new_offset = self._append(RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent), [memoryview(buf)])
+            self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent))
+        for key, tfile, toff in self._needed_tombstones(f):
+            new_file, _ = self._append(RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff), [])
+            self._files[new_file].tombstones.append((key, tfile, toff))
+        self._drop_file(f)
+        self.counters["compactions"] += 1
+
+    def _drop_file(self, f: _File) -> None:
+        for fd in (f.fd, f.direct_fd):
+            if fd is not None:
+                os.close(fd)
+        os.unlink(f.path)
+        del self._files[f.file_id]
+
+    # -- misc -----------------------------------------------------------------------------
+    def _loc(self, key: BlockKey) -> _Loc:
+        try:
+            return self._index[key]
+        except KeyError:
+            raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}") from None
+
+    def close(self) -> None:
+        for f in self._files.values():
+            for fd in (f.fd, f.direct_fd):
+                if fd is not None:
+                    os.close(fd)
+        self._files.clear()
+        self._index.clear()
+        if self._bounce is not None:
+            self._bounce.close()
+            self._bounce = None
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def stats(self) -> dict[str, Any]:
+        disk = sum(f.size for f in self._files.values())
+        return {**super().stats(), **self.counters, "files": len(self._files), "disk_bytes": disk,
+                "dead_bytes": disk - self._live_bytes, "odirect": self._odirect, "on_lustre": self.on_lustre,
+                "directory": self.directory}
+
+
+def _page_aligned(view: memoryview) -> bool:
+    if view.nbytes % PAGE or view.readonly:
+        return False
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0
+
+
+def _pwritev_all(fd: int, iov: list, offset: int) -> int:
+    """``pwritev`` until every byte is written (short writes happen near a full disk)."""
+    total = sum(memoryview(b).nbytes for b in iov)
+    done = os.pwritev(fd, iov, offset)
+    while done < total:  # rare: finish the rest from one joined buffer
+        rest = b"".join(bytes(b) for b in iov)[done:]
+        n = os.pwrite(fd, rest, offset + done)
+        if n == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+    return done

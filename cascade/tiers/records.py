@@ -1,0 +1,87 @@
+"""On-disk record format of the file (Lustre) tier.
+
+Each record is a 4096-byte header followed by the payload, padded to 4096 bytes so every
+payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
+
+    offset  size  field
+    0       8     magic b"CASCREC1"
+    8       4     flags (1 = tombstone)
+    12      4     namespace length n (<= 255)
+    16      16    block id (raw bytes)
+    32      8     payload length
+    40      8     payload checksum (XXH3-64)
+    48      8     tombstone target: file id of the killed record (else 0)
+    56      8     tombstone target: offset of the killed record (else 0)
+    64      16    parent block id (raw bytes; flag 2 says it is set)
+    80      n     namespace (UTF-8)
+    80+n    4     CRC-32 of bytes [0, 80+n)
+
+A header whose magic or CRC does not match is not a record; a payload whose checksum
+does not match is corrupt. Neither is ever served as data.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+PAGE = 4096
+HEADER_BYTES = PAGE
+MAGIC = b"CASCREC1"
+FLAG_TOMBSTONE = 1
+FLAG_PARENT = 2
+_FIXED = struct.Struct("<8sII16sQQQQ16s")
+MAX_NAMESPACE_BYTES = 255
+
+
+def pad(n: int) -> int:
+    """``n`` rounded up to a whole page."""
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    namespace: str
+    block_id: str
+    payload_len: int
+    checksum: int
+    tombstone: bool = False
+    target_file: int = 0
+    target_offset: int = 0
+    parent: str | None = None
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes the whole record occupies in its file (header + padded payload)."""
+        return HEADER_BYTES + pad(self.payload_len)
+
+    def pack(self) -> bytes:
+        ns = self.namespace.encode()
+        if len(ns) > MAX_NAMESPACE_BYTES:
+            raise ValueError(f"namespace longer than {MAX_NAMESPACE_BYTES} bytes")
+        flags = (FLAG_TOMBSTONE if self.tombstone else 0) | (FLAG_PARENT if self.parent else 0)
+        head = _FIXED.pack(
+            MAGIC, flags, len(ns), bytes.fromhex(self.block_id), self.payload_len, self.checksum,
+            self.target_file, self.target_offset, bytes.fromhex(self.parent) if self.parent else bytes(16),
+        ) + ns
+        head += struct.pack("<I", zlib.crc32(head))
+        return head.ljust(HEADER_BYTES, b"\0")
+
+
+def unpack_header(buf: bytes) -> RecordHeader | None:
+    """The header in ``buf`` (at least 4096 bytes), or None if it is not a valid header."""
+    if len(buf) < _FIXED.size + 4 or buf[:8] != MAGIC:
+        return None
+    magic, flags, ns_len, raw_id, payload_len, digest, tfile, toff, raw_parent = _FIXED.unpack_from(buf)
+    end = _FIXED.size + ns_len
+    if ns_len > MAX_NAMESPACE_BYTES or len(buf) < end + 4:
+        return None
+    (crc,) = struct.unpack_from("<I", buf, end)
+    if crc != zlib.crc32(buf[:end]):
+        return None
+    try:
+        namespace = buf[_FIXED.size:end].decode()
+    except UnicodeDecodeError:
+        return None
+    parent = raw_parent.hex() if flags & FLAG_PARENT else None
+    return RecordHeader(namespace, raw_id.hex(), payload_len, digest, bool(flags & FLAG_TOMBSTONE), tfile, toff, parent)

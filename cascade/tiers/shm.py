@@ -1,0 +1,123 @@
+"""SHM tier: blocks in a node-local ``/dev/shm`` slab (mmap).
+
+The slab is one file, mode 0600, named ``cascade-<pid>-<128 random bits>`` so no other
+user can guess or open it. It is removed on :meth:`close`, at interpreter exit, and, for
+slabs whose process died (SIGKILL), by the next tier opened in the same directory.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import secrets
+import weakref
+from typing import Any
+
+from ..errors import TierFull
+from .slab_tier import SlabTier, _nbytes
+
+log = logging.getLogger(__name__)
+_NAME_RE = re.compile(r"^cascade-(\d+)-[0-9a-f]{32}$")
+
+
+def remove_stale_slabs(directory: str) -> list[str]:
+    """Delete this user's slab files whose owning process is gone; return their paths."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _NAME_RE.match(name)
+        if not m or _pid_alive(int(m.group(1))):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class ShmTier(SlabTier):
+    """A ``capacity``-byte mmap'd slab in ``directory`` (default ``/dev/shm``).
+
+    Pages are only backed by memory once written, so a large capacity costs nothing
+    until used. Filling tmpfs beyond its size raises :class:`TierFull` (SIGBUS is avoided
+    by reserving the file's blocks with ``posix_fallocate`` up front).
+    """
+
+    name = "shm"
+
+    def __init__(self, capacity: int, directory: str = "/dev/shm", *, verify: bool = False) -> None:
+        super().__init__(capacity, verify=verify)
+        for path in remove_stale_slabs(directory):
+            log.info("removed stale SHM slab %s (its process is gone)", path)
+        self.path = os.path.join(directory, f"cascade-{os.getpid()}-{secrets.token_hex(16)}")
+        self._mmap: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        if capacity == 0:
+            self._finalizer = None
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        # Unlink at exit even if close() is never called; weakref keeps the tier collectable.
+        self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, capacity)
+            except OSError as exc:
+                raise TierFull(f"shm: cannot reserve {capacity} bytes in {directory}: {exc.strerror}") from exc
+            self._mmap = mmap.mmap(fd, capacity)
+        except BaseException:
+            os.close(fd)
+            self._finalizer()
+            raise
+        os.close(fd)
+        self._view = memoryview(self._mmap)
+
+    def _copy_in(self, offset: int, part: Any) -> int:
+        n = _nbytes(part)
+        self._view[offset:offset + n] = memoryview(part).cast("B")
+        return n
+
+    def _copy_out(self, offset: int, out: Any) -> None:
+        dst = memoryview(out).cast("B")
+        dst[:] = self._view[offset:offset + dst.nbytes]
+
+    def _slab_view(self, offset: int, length: int) -> Any:
+        return self._view[offset:offset + length]
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+        if self._finalizer is not None:
+            self._finalizer()
+        self._index.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "path": self.path}
+

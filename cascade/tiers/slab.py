@@ -1,0 +1,68 @@
+"""First-fit allocator of byte ranges inside one fixed slab (GPU, SHM, REMOTE tiers).
+
+Pure bookkeeping: it hands out ``(offset, length)`` ranges and coalesces freed ones. Costs
+O(log n) to free and O(n) worst case to allocate (first fit over the free list, which stays
+short when blocks are of one size, the common case). Not thread-safe.
+"""
+from __future__ import annotations
+
+import bisect
+
+from ..errors import TierFull
+
+ALIGN = 64  # cache-line alignment of every range: keeps copies on the fast path
+
+
+def _round_up(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+class SlabAllocator:
+    """Allocate aligned ranges from ``[0, size)``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._starts: list[int] = [0] if size > 0 else []  # sorted free-range starts
+        self._lengths: dict[int, int] = {0: size} if size > 0 else {}
+        self.allocated = 0  # bytes handed out, after alignment padding
+
+    def alloc(self, nbytes: int) -> int:
+        """Offset of a fresh range of at least ``nbytes``; :class:`TierFull` if none is free."""
+        need = _round_up(max(nbytes, 1))
+        for i, start in enumerate(self._starts):
+            length = self._lengths[start]
+            if length >= need:
+                del self._lengths[start]
+                if length == need:
+                    del self._starts[i]
+                else:
+                    self._starts[i] = start + need
+                    self._lengths[start + need] = length - need
+                self.allocated += need
+                return start
+        raise TierFull(f"no free range of {nbytes} bytes in a slab of {self.size} ({self.size - self.allocated} free, fragmented)")
+
+    def free(self, offset: int, nbytes: int) -> None:
+        """Return the range at ``offset`` (``nbytes`` as passed to :meth:`alloc`)."""
+        length = _round_up(max(nbytes, 1))
+        self.allocated -= length
+        i = bisect.bisect_left(self._starts, offset)
+        # merge with the following free range
+        if i < len(self._starts) and self._starts[i] == offset + length:
+            length += self._lengths.pop(self._starts[i])
+            del self._starts[i]
+        # merge with the preceding free range
+        if i > 0 and self._starts[i - 1] + self._lengths[self._starts[i - 1]] == offset:
+            self._lengths[self._starts[i - 1]] += length
+            return
+        self._starts.insert(i, offset)
+        self._lengths[offset] = length
+
+    def can_fit(self, nbytes: int) -> bool:
+        need = _round_up(max(nbytes, 1))
+        return any(length >= need for length in self._lengths.values())
+
+    @staticmethod
+    def footprint(nbytes: int) -> int:
+        """Bytes a range of ``nbytes`` really takes (alignment included)."""
+        return _round_up(max(nbytes, 1))

@@ -1,0 +1,148 @@
+"""A tier that keeps blocks in one preallocated slab: the shared core of GPU and SHM.
+
+Subclasses provide the slab and two copies (``_copy_in``, ``_copy_out``); this class
+does the index, allocation, accounting and optional checksums.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..checksum import checksum
+from ..errors import BlockNotFound, CorruptBlock, TierFull
+from ..identity import as_byte_view
+from .base import BlockKey, Tier
+from .slab import SlabAllocator
+
+
+@dataclass(slots=True)
+class _Slot:
+    offset: int
+    length: int
+    checksum: int | None
+
+
+class SlabTier(Tier):
+    """Blocks in ``[0, capacity)`` of a slab, placed by a first-fit allocator.
+
+    ``verify=True`` stores an XXH3 checksum per block and checks it on every read
+    (costs about one extra pass over the data).
+    """
+
+    def __init__(self, capacity: int, *, verify: bool = False) -> None:
+        self._capacity = capacity
+        self._alloc = SlabAllocator(capacity)
+        self._index: dict[BlockKey, _Slot] = {}
+        self._used = 0
+        self._verify = verify
+
+    # -- subclass hooks ---------------------------------------------------------------
+    def _copy_in(self, offset: int, part: Any) -> int:
+        """Copy buffer ``part`` to slab ``offset``; return its byte length."""
+        raise NotImplementedError
+
+    def _copy_out(self, offset: int, out: Any) -> None:
+        """Copy ``len(out)`` slab bytes from ``offset`` into the buffer ``out``."""
+        raise NotImplementedError
+
+    def _slab_view(self, offset: int, length: int) -> Any:
+        """A read-only buffer over slab bytes (for checksums)."""
+        raise NotImplementedError
+
+    # -- Tier interface ---------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def free(self) -> int:
+        return self._capacity - self._alloc.allocated
+
+    def fits(self, nbytes: int) -> bool:
+        return self._alloc.can_fit(nbytes)
+
+    def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
+        nbytes = sum(_nbytes(p) for p in parts)
+        if nbytes > self._capacity:
+            raise TierFull(f"{self.name}: block of {nbytes} bytes exceeds the tier's capacity of {self._capacity}")
+        offset = self._alloc.alloc(nbytes)
+        try:
+            pos = offset
+            for part in parts:
+                pos += self._copy_in(pos, part)
+        except BaseException:
+            self._alloc.free(offset, nbytes)
+            raise
+        if key in self._index:
+            self._release(key)
+        digest = checksum([self._slab_view(offset, nbytes)]) if self._verify else None
+        self._index[key] = _Slot(offset, nbytes, digest)
+        self._used += nbytes
+
+    def length(self, key: BlockKey) -> int:
+        return self._slot(key).length
+
+    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
+        slot = self._slot(key)
+        n = _nbytes(out)
+        if offset < 0 or offset + n > slot.length:
+            raise ValueError(f"read of {n} bytes at {offset} outside a block of {slot.length}")
+        if self._verify and offset == 0 and n == slot.length:
+            self._check(key, slot)
+        self._copy_out(slot.offset + offset, out)
+
+    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        slot = self._slot(key)
+        if sum(_nbytes(o) for o in outs) != slot.length:
+            raise ValueError(f"output buffers hold {sum(_nbytes(o) for o in outs)} bytes, block has {slot.length}")
+        if self._verify:
+            self._check(key, slot)
+        pos = slot.offset
+        for out in outs:
+            self._copy_out(pos, out)
+            pos += _nbytes(out)
+
+    def __delitem__(self, key: BlockKey) -> None:
+        self._slot(key)
+        self._release(key)
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(list(self._index))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    # -- helpers ----------------------------------------------------------------------
+    def _slot(self, key: BlockKey) -> _Slot:
+        try:
+            return self._index[key]
+        except KeyError:
+            raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}") from None
+
+    def _release(self, key: BlockKey) -> None:
+        slot = self._index.pop(key)
+        self._alloc.free(slot.offset, slot.length)
+        self._used -= slot.length
+
+    def _check(self, key: BlockKey, slot: _Slot) -> None:
+        if checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
+            self._release(key)
+            raise CorruptBlock(f"{self.name}: block {key[1]} failed its checksum (dropped)")
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "allocated": self._alloc.allocated}
+
+
+def _nbytes(buf: Any) -> int:
+    nbytes = getattr(buf, "nbytes", None)
+    if nbytes is not None and hasattr(buf, "__cuda_array_interface__"):
+        return int(nbytes)
+    return as_byte_view(buf).nbytes

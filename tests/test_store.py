@@ -1,0 +1,256 @@
+"""CascadeStore on one rank: API, dedup, namespaces, policy rules, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cascade import (BlockNotFound, BlockPinned, CascadeStore, Config, InvalidBlock, TierFull,
+                     block_id)
+
+
+def make_block(spec, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(spec.shape).astype(spec.dtype),
+            rng.standard_normal(spec.shape).astype(spec.dtype))
+
+
+@pytest.fixture
+def store(tiny_config):
+    with CascadeStore(tiny_config) as s:
+        yield s
+
+
+def test_put_get_roundtrip_and_id_is_content_digest(store):
+    k, v = make_block(store.spec, 1)
+    bid = store.put(k, v)
+    assert bid == block_id(k, v) and len(bid) == 32
+    got_k, got_v = store.get(bid)
+    assert np.array_equal(got_k, k) and np.array_equal(got_v, v)
+    assert got_k.dtype == k.dtype and got_k.shape == k.shape
+
+
+def test_sha256_ids_selectable(tiny_config):
+    with CascadeStore(tiny_config.replace(hash_algo="sha256")) as s:
+        k, v = make_block(s.spec, 2)
+        assert s.put(k, v) == block_id(k, v, algo="sha256") != block_id(k, v)
+
+
+def test_get_into_fills_caller_buffers(store):
+    k, v = make_block(store.spec, 3)
+    bid = store.put(k, v)
+    ko, vo = store.spec.empty()
+    assert store.get_into(bid, ko, vo)
+    assert np.array_equal(ko, k) and np.array_equal(vo, v)
+    assert not store.get_into("f" * 32, ko, vo)
+
+
+def test_dedup_adds_a_reference_not_a_copy(store):
+    k, v = make_block(store.spec, 4)
+    first = store.put(k, v)
+    second = store.put(k.copy(), v.copy())
+    stats = store.stats()
+    assert first == second and len(store) == 1
+    assert stats["stored"] == 1 and stats["deduped"] == 1 and stats["puts"] == 2
+    assert store.stats()["tiers"]["shm"]["blocks"] == 1
+
+
+def test_namespaces_isolate_tenants(store):
+    k, v = make_block(store.spec, 5)
+    bid = store.put(k, v, namespace="tenant-a")
+    assert store.get(bid, namespace="tenant-b") is None
+    assert not store.contains(bid, namespace="tenant-b")
+    assert store.longest_prefix([bid], namespace="tenant-b") == 0
+    # the same content put by another tenant is stored again, not deduplicated
+    store.put(k, v, namespace="tenant-b")
+    assert store.stats()["deduped"] == 0 and len(store) == 2
+
+
+def test_caller_id_and_verify(store):
+    k, v = make_block(store.spec, 6)
+    assert store.put(k, v, block_id="a" * 32) == "a" * 32
+    with pytest.raises(InvalidBlock, match="does not match"):
+        store.put(k, v, block_id="b" * 32, verify=True)
+    assert store.put(k, v, block_id=block_id(k, v), verify=True) == block_id(k, v)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda s: (np.zeros((1, 2, 3), s.spec.dtype), np.zeros(s.spec.shape, s.spec.dtype)),  # shape
+    lambda s: (np.zeros(s.spec.shape, np.float32), np.zeros(s.spec.shape, np.float32)),  # dtype
+    lambda s: (np.zeros(s.spec.shape[::-1], s.spec.dtype).T, np.zeros(s.spec.shape, s.spec.dtype)),  # layout
+    lambda s: (b"bytes", b"bytes"),  # not an array
+])
+def test_bad_input_is_a_clear_error_and_loses_nothing(store, bad):
+    k, v = make_block(store.spec, 7)
+    bid = store.put(k, v)
+    with pytest.raises(InvalidBlock):
+        store.put(*bad(store))
+    assert store.get(bid) is not None and len(store) == 1
+
+
+def test_malformed_ids_and_namespaces(store):
+    with pytest.raises(InvalidBlock, match="malformed block id"):
+        store.get("not-an-id")
+    with pytest.raises(InvalidBlock, match="malformed namespace"):
+        store.get("0" * 32, namespace="")
+    with pytest.raises(BlockNotFound):
+        store.delete("0" * 32)
+    with pytest.raises(KeyError):
+        store.pin("0" * 32)
+
+
+def test_longest_prefix_and_chains(store):
+    blocks = [make_block(store.spec, 10 + i) for i in range(5)]
+    ids = store.put_many(blocks, chain=True)
+    assert store.longest_prefix(ids) == 5
+    store.delete(ids[2])
+    assert store.longest_prefix(ids) == 2
+    assert store.contains_many(ids) == [True, True, False, True, True]
+
+
+def test_pinned_blocks_are_never_evicted(tiny_config):
+    cfg = tiny_config.replace(file_bytes=0)  # one tier: eviction drops
+    with CascadeStore(cfg) as s:
+        k, v = make_block(s.spec, 20)
+        pinned = s.put(k, v)
+        s.pin(pinned)
+        for i in range(200):
+            s.put(*make_block(s.spec, 100 + i))
+        assert s.contains(pinned)
+        with pytest.raises(BlockPinned):
+            s.delete(pinned)
+        s.unpin(pinned)
+        s.delete(pinned)
+
+
+def test_all_pinned_tier_refuses_put(tiny_config):
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=4 * 4096)
+    with CascadeStore(cfg) as s:
+        ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
+        for b in ids:
+            s.pin(b)
+        with pytest.raises(TierFull, match="pinned"):
+            s.put(*make_block(s.spec, 99))
+        assert all(s.contains(b) for b in ids)
+        assert s.stats()["rejected"] == 1
+
+
+def test_leaf_first_never_orphans_a_prefix(tiny_config):
+    """Semantic eviction drops a chain's tail before its head."""
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=8 * 4096)
+    with CascadeStore(cfg) as s:
+        chain = s.put_many([make_block(s.spec, 200 + i) for i in range(6)], chain=True)
+        for b in chain[:1]:  # the head is also the most used block
+            s.get(b)
+        others = [s.put(*make_block(s.spec, 300 + i)) for i in range(6)]
+        cached = s.contains_many(chain)
+        # whatever survived is a prefix: no cached block after an evicted one
+        assert cached == sorted(cached, reverse=True), cached
+        assert others
+
+
+def test_lru_selectable_evicts_least_recent(tiny_config):
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=4 * 4096, policy="lru")
+    with CascadeStore(cfg) as s:
+        ids = [s.put(*make_block(s.spec, 400 + i)) for i in range(4)]
+        s.get(ids[0])
+        s.put(*make_block(s.spec, 500))
+        assert s.contains(ids[0]) and not s.contains(ids[1])
+
+
+def test_frequency_beats_recency_in_semantic_policy(tiny_config):
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=4 * 4096)
+    with CascadeStore(cfg) as s:
+        hot = s.put(*make_block(s.spec, 600))
+        for _ in range(5):
+            s.get(hot)
+        for i in range(10):  # a scan of one-time blocks
+            s.put(*make_block(s.spec, 700 + i))
+        assert s.contains(hot)
+
+
+def test_eviction_demotes_to_file_tier_and_hits_promote(store):
+    ids = [store.put(*make_block(store.spec, 800 + i)) for i in range(100)]
+    stats = store.stats()["tiers"]
+    assert stats["shm"]["demotions"] >= 36 and stats["lustre"]["blocks"] >= 36
+    assert all(store.contains(b) for b in ids)  # nothing dropped: the file tier had room
+    victim = next(b for b in ids if store._meta[("default", b)].tier == 1)
+    assert store.get(victim) is not None
+    assert store.stats()["tiers"]["lustre"]["promotions"] == 1
+    assert store._meta[("default", victim)].tier == 0
+
+
+def test_ttl_expires_blocks(tiny_config, monkeypatch):
+    import cascade.store as store_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    with CascadeStore(tiny_config) as s:
+        bid = s.put(*make_block(s.spec, 900), ttl=10)
+        clock[0] += 5
+        assert s.get(bid) is not None  # last-use TTL: this use restarts the clock
+        clock[0] += 9
+        assert s.contains(bid)
+        clock[0] += 2
+        assert s.get(bid) is None and s.stats()["expired"] == 1
+        pinned = s.put(*make_block(s.spec, 901), ttl=1)
+        s.pin(pinned)
+        clock[0] += 100
+        assert s.contains(pinned)  # a pinned block never expires
+
+
+def test_first_use_ttl(tiny_config, monkeypatch):
+    import cascade.store as store_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    with CascadeStore(tiny_config.replace(ttl_mode="first_use")) as s:
+        bid = s.put(*make_block(s.spec, 902), ttl=10)
+        clock[0] = 8
+        assert s.get(bid) is not None
+        clock[0] = 11
+        assert not s.contains(bid)
+
+
+def test_priority_protects_a_block(tiny_config):
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=4 * 4096)
+    with CascadeStore(cfg) as s:
+        keep = s.put(*make_block(s.spec, 1000), priority=4)
+        for i in range(10):
+            s.put(*make_block(s.spec, 1100 + i))
+        assert s.contains(keep)
+
+
+def test_stats_add_up(store):
+    for i in range(80):
+        store.put(*make_block(store.spec, 1200 + i % 60))
+    st = store.stats()
+    assert st["puts"] == st["stored"] + st["deduped"] + st["rejected"] == 80
+    assert st["deduped"] == 20
+    tiers = st["tiers"]
+    assert tiers["shm"]["blocks"] + tiers["lustre"]["blocks"] == st["blocks"] == 60
+
+
+def test_concurrent_threads_keep_invariants(store):
+    import threading
+
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(40):
+                k, v = make_block(store.spec, seed * 1000 + i % 25)
+                bid = store.put(k, v)
+                got = store.get(bid)
+                if got is not None and not (np.array_equal(got[0], k) and np.array_equal(got[1], v)):
+                    errors.append(bid)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    st = store.stats()
+    assert errors == []
+    assert st["puts"] == st["stored"] + st["deduped"] + st["rejected"] == 160
