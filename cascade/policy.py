@@ -9,8 +9,9 @@ Semantic policy (default):
    ``t`` or a faster tier (a prefix's head outlives its tail);
 2. pinned blocks (ref-count > 0) are never chosen;
 3. among the rest the lowest value goes first, value = frequency x sharing x recompute
-   cost x 2**priority, aged GreedyDual-style: a block's score is ``clock[t] + value`` at its
-   last use, and the tier's clock rises to each victim's score, so recency counts too.
+   cost x 2**priority, aged GreedyDual-style: a block's score is ``clock + value`` with the
+   clock read at its last use, and the clock rises to each victim's score, so recency counts
+   too. Changes that are not uses (a child added or dropped, a pin) keep the clock reading.
 
 LRU (``policy="lru"``) keeps rule 2 only and orders by last use, for comparison.
 Each tier has a heap of candidate entries with lazy invalidation: O(log n) per change.
@@ -43,6 +44,7 @@ class BlockMeta:
     first_use: float = 0.0
     last_use: float = 0.0
     child_tiers: list[int] = field(default_factory=list)  # cached children per tier
+    base: float = 0.0  # policy clock at the last use (semantic score = base + value)
     version: int = 0  # bumps on every change; stale heap entries are skipped
 
     def children_at_or_above(self, tier: int) -> int:
@@ -62,7 +64,7 @@ class Policy:
         self.ttl_mode = ttl_mode
         self.num_tiers = num_tiers
         self._heaps: list[list[tuple[float, int, int, BlockMeta]]] = [[] for _ in range(num_tiers)]
-        self._clock = [0.0] * num_tiers
+        self._clock = 0.0  # GreedyDual inflation value, shared by all tiers
         self._live = [0] * num_tiers
         self._seq = itertools.count()
 
@@ -70,6 +72,7 @@ class Policy:
     def admitted(self, meta: BlockMeta, now: float) -> None:
         """A new block entered ``meta.tier``."""
         meta.first_use = meta.last_use = now
+        meta.base = self._clock
         if not meta.child_tiers:
             meta.child_tiers = [0] * self.num_tiers
         self._live[meta.tier] += 1
@@ -79,6 +82,7 @@ class Policy:
         """A hit (or a dedup put) on ``meta``."""
         meta.hits += 1
         meta.last_use = now
+        meta.base = self._clock
         self._push(meta)
 
     def moved(self, meta: BlockMeta, old_tier: int) -> None:
@@ -116,7 +120,7 @@ class Policy:
                 heapq.heappop(heap)  # pushed again when it becomes eligible (changed())
                 continue
             if self.kind == "semantic":
-                self._clock[tier] = max(self._clock[tier], score)
+                self._clock = max(self._clock, score)
             return meta
         return None
 
@@ -127,11 +131,19 @@ class Policy:
         return (meta.last_use if self.ttl_mode == "last_use" else meta.first_use) + meta.ttl
 
     def value(self, meta: BlockMeta) -> float:
-        """Worth of keeping ``meta`` (semantic): frequency x sharing x cost x 2**priority."""
+        """Worth of keeping ``meta`` (semantic): the expected recompute time it saves,
+        frequency x sharing x (reuse prior x recompute cost) x 2**priority.
+
+        Deeper blocks cost more to recompute (their tokens attend over a longer prefix)
+        but are reused less: on the Mooncake conversation trace a new block's chance of
+        reuse falls from 31% at depth 0-4 to 21% past depth 30, and heads are shared by
+        more sequences. The product of the two, tuned on that trace, falls with depth.
+        """
         frequency = 1 + meta.hits
         sharing = max(meta.shares, meta.children(), 1)
-        recompute = 1.0 + math.log2(1 + meta.depth) / 8  # deeper tokens attend over more
-        return frequency * sharing * recompute * 2.0 ** meta.priority
+        recompute = 1.0 + math.log2(1 + meta.depth) / 8
+        reuse_prior = 1.0 / (1.0 + meta.depth / 10)
+        return frequency * sharing * recompute * reuse_prior * 2.0 ** meta.priority
 
     # -- internals ----------------------------------------------------------------------
     def _push(self, meta: BlockMeta) -> None:
@@ -139,7 +151,7 @@ class Policy:
         if self.kind == "lru":
             score = meta.last_use
         else:
-            score = self._clock[meta.tier] + self.value(meta)
+            score = meta.base + self.value(meta)
         heap = self._heaps[meta.tier]
         heapq.heappush(heap, (score, next(self._seq), meta.version, meta))
         if len(heap) > 4 * self._live[meta.tier] + 64:

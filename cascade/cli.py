@@ -1,0 +1,141 @@
+"""The ``cascade`` command: ``info``, ``run`` (the main job) and ``stats``."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import __version__
+from .config import Config
+from .errors import CascadeError
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides: dict[str, Any] = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CascadeError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return Config.load(args.config or os.environ.get("CASCADE_CONFIG"), **overrides)
+
+
+def _versions() -> dict[str, str]:
+    versions = {"cascade": __version__, "python": platform.python_version()}
+    for mod in ("numpy", "blake3", "xxhash", "mpi4py", "cupy"):
+        try:
+            versions[mod] = getattr(__import__(mod), "__version__", "installed")
+        except ImportError:
+            versions[mod] = "not installed"
+    return versions
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print the tiers this machine offers with the current config."""
+    from .models import BlockSpec
+    from .tiers.gpu import cupy_module
+    from .tiers.lustre_fs import is_lustre
+
+    cfg = _config(args)
+    spec = BlockSpec.for_model(cfg.model, cfg.block_tokens)
+    gpu = cupy_module()
+    file_parent = cfg.file_dir if os.path.isdir(cfg.file_dir) else os.path.dirname(cfg.file_dir.rstrip("/")) or "."
+    info = {
+        "versions": _versions(),
+        "block": {"model": cfg.model, "block_tokens": cfg.block_tokens, "shape": spec.shape,
+                  "dtype": spec.dtype, "bytes": spec.block_bytes},
+        "tiers": {
+            "gpu": {"capacity": cfg.gpu_bytes, "available": gpu is not None,
+                    "note": "cupy device memory" if gpu else "off: no usable GPU (tests run this tier with numpy)"},
+            "shm": {"capacity": cfg.shm_bytes, "dir": cfg.shm_dir, "exists": os.path.isdir(cfg.shm_dir)},
+            "remote": {"capacity": cfg.remote_bytes, "note": "other ranks' DRAM over MPI RMA (multi-rank runs)"},
+            "lustre": {"capacity": cfg.file_bytes, "dir": cfg.file_dir,
+                       "on_lustre": os.path.isdir(file_parent) and is_lustre(file_parent),
+                       "stripe": [cfg.lustre_stripe_count, cfg.lustre_stripe_size]},
+        },
+        "policy": cfg.policy,
+    }
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Replay the built-in workload (or ``--trace``) against a store; print the report."""
+    if args.ranks > 1:
+        from .distributed.launcher import run_local_ranks
+
+        return run_local_ranks(args.ranks, sys.argv[2:])
+    from .replay import replay
+    from .report import summary, tier_table
+    from .store import CascadeStore
+    from .trace import read_trace
+    from .workload import WorkloadParams, generate
+
+    cfg = _config(args)
+    if args.trace:
+        requests = read_trace(args.trace, limit=args.requests)
+        source = args.trace
+    else:
+        requests = generate(WorkloadParams(), seed=args.seed)[: args.requests]
+        source = f"built-in workload (seed {args.seed})"
+    print(f"cascade run: {len(requests)} requests from {source}; model {cfg.model}, "
+          f"{cfg.block_tokens} tokens per block", flush=True)
+    t0 = time.perf_counter()
+    with CascadeStore(cfg) as store:
+        result = replay(store, requests, progress=not args.quiet, seed=args.seed)
+    elapsed = time.perf_counter() - t0
+    stats = result.store_stats
+    moved = sum(t.get("bytes_read", 0) + t.get("bytes_written", 0) for t in stats["tiers"].values())
+    print(tier_table(stats))
+    print(summary(stats))
+    print(f"references {result.references}: block hit ratio {result.block_hit_ratio:.1%}, token hit "
+          f"ratio {result.token_hit_ratio:.1%}; {elapsed:.1f} s, {moved / elapsed / 1e9:.2f} GB/s moved")
+    if args.results:
+        out = Path(args.results)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"cascade_run_1n_{time.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps({"command": sys.argv, "config": cfg.as_dict(), "versions": _versions(),
+                                    "source": source, "elapsed_s": elapsed, **result.as_dict()}, indent=2, default=str))
+        print(f"results: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cascade {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the tiers do")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML file with a [cascade] table (or CASCADE_CONFIG)")
+    common.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
+    sub.add_parser("info", parents=[common], help="tiers, capacities, paths and versions").set_defaults(func=cmd_info)
+    run = sub.add_parser("run", parents=[common], help="the main job: replay a workload, report per tier")
+    run.add_argument("--trace", help="Mooncake-format JSONL trace (default: the built-in workload generator)")
+    run.add_argument("--requests", type=int, default=None, help="replay only the first N requests")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--ranks", type=int, default=1, help="run N local MPI ranks (mpiexec)")
+    run.add_argument("--results", help="write a results JSON into this directory")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except CascadeError as exc:
+        print(f"cascade: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
