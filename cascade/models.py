@@ -5,11 +5,15 @@ key and value each have shape ``(layers, kv_heads, block_tokens, head_dim)``.
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from .errors import ConfigError, InvalidBlock
+
+PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,12 @@ class BlockSpec:
             raise ConfigError(f"flat block size must be an even number of bytes >= 2, got {nbytes}")
         return cls((nbytes // 2,), "uint8")
 
-    @property
+    @cached_property
     def half_bytes(self) -> int:
         """Bytes of the key (and of the value)."""
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
-    @property
+    @cached_property
     def block_bytes(self) -> int:
         """Bytes of key plus value."""
         return 2 * self.half_bytes
@@ -73,6 +77,17 @@ class BlockSpec:
     def empty(self, xp=np):
         """A fresh uninitialised (key, value) pair of this spec, in array module ``xp``."""
         return xp.empty(self.shape, dtype=self.dtype), xp.empty(self.shape, dtype=self.dtype)
+
+    def empty_aligned(self):
+        """A (key, value) pair on page-aligned host memory: file-tier reads with O_DIRECT
+        then land in them without a bounce copy (when ``half_bytes`` is a multiple of 4096)."""
+        half = self.half_bytes
+        stride = (half + PAGE - 1) // PAGE * PAGE
+        buf = mmap.mmap(-1, 2 * stride)
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        key = raw[:half].view(self.dtype).reshape(self.shape)
+        value = raw[stride:stride + half].view(self.dtype).reshape(self.shape)
+        return key, value
 
     def check(self, array, what: str) -> None:
         """Raise :class:`InvalidBlock` unless ``array`` has this shape and dtype and is C-contiguous."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from .tiers.shm import ShmTier
 
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
+_OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
 def build_tiers(config: Config, *, rank: int = 0, array_module=None) -> list[Tier]:
@@ -82,6 +84,7 @@ class CascadeStore:
         self.tier_counters = [TierCounters() for _ in self.tiers]
         self._meta: dict[BlockKey, BlockMeta] = {}
         self._lock = threading.RLock()
+        self._hasher: ThreadPoolExecutor | None = None
         self._recover()
 
     # -- construction -------------------------------------------------------------------
@@ -145,9 +148,18 @@ class CascadeStore:
         check_namespace(namespace)
         if parent is not None:
             check_id(parent)
+        staged = None
         if block_id is None or verify:
-            digest = compute_block_id(key, value, algo=self.config.hash_algo)
+            if self._can_overlap():
+                # Copy into the fastest tier while another thread hashes (BLAKE3 and
+                # SHA-256 release the GIL): the put costs max(copy, hash), not the sum.
+                pending = self._hash_pool().submit(compute_block_id, key, value, algo=self.config.hash_algo)
+                staged = self._stage(parts)
+                digest = pending.result()
+            else:
+                digest = compute_block_id(key, value, algo=self.config.hash_algo)
             if block_id is not None and check_id(block_id) != digest:
+                self._discard(staged)
                 raise InvalidBlock(f"block_id {block_id} does not match the content digest {digest}")
             block_id = digest
         bkey = self._key(block_id, namespace)
@@ -156,6 +168,7 @@ class CascadeStore:
             now = time.monotonic()
             meta = self._meta.get(bkey)
             if meta is not None and not self._expired(meta, now):
+                self._discard(staged)
                 meta.shares += 1
                 self.policy.touched(meta, now)
                 self.counters.deduped += 1
@@ -163,7 +176,10 @@ class CascadeStore:
             if meta is not None:
                 self._drop(meta)
             try:
-                self._place(bkey, parts, parent)
+                if staged is not None:
+                    self.tiers[0].commit(bkey, staged)
+                else:
+                    self._place(bkey, parts, parent)
             except TierFull:
                 self.counters.rejected += 1
                 raise
@@ -176,6 +192,31 @@ class CascadeStore:
             self.counters.stored += 1
             self.tier_counters[0].bytes_written += meta.nbytes
             return block_id
+
+    def _can_overlap(self) -> bool:
+        return self.spec.block_bytes >= _OVERLAP_MIN_BYTES and hasattr(self.tiers[0], "stage")
+
+    def _hash_pool(self) -> ThreadPoolExecutor:
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
+        return self._hasher
+
+    def _stage(self, parts: list[Any]) -> tuple[int, int] | None:
+        """Copy a block into the fastest tier's free space (not yet published)."""
+        with self._lock:
+            self._make_room(0, self.spec.block_bytes)
+            try:
+                return self.tiers[0].stage(parts)
+            except TierFull:
+                self.tier_counters[0].full_events += 1
+                self.counters.puts += 1
+                self.counters.rejected += 1
+                raise
+
+    def _discard(self, staged: tuple[int, int] | None) -> None:
+        if staged is not None:
+            with self._lock:
+                self.tiers[0].discard(staged)
 
     def _place(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> None:
         """Write a new block into the fastest tier, evicting as needed."""
@@ -452,6 +493,9 @@ class CascadeStore:
             for tier in self.tiers:
                 tier.close()
             self._meta.clear()
+            if self._hasher is not None:
+                self._hasher.shutdown()
+                self._hasher = None
 
     def __enter__(self) -> "CascadeStore":
         return self

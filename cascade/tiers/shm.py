@@ -87,7 +87,8 @@ class ShmTier(SlabTier):
                 os.posix_fallocate(fd, 0, capacity)
             except OSError as exc:
                 raise TierFull(f"shm: cannot reserve {capacity} bytes in {directory}: {exc.strerror}") from exc
-            self._mmap = mmap.mmap(fd, capacity)
+            # MAP_POPULATE: fault the (already reserved) pages in now, not on the first puts
+            self._mmap = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         except BaseException:
             os.close(fd)
             self._finalizer()

@@ -67,6 +67,12 @@ class SlabTier(Tier):
         return self._alloc.can_fit(nbytes)
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
+        self.commit(key, self.stage(parts))
+
+    def stage(self, parts: Sequence[Any]) -> tuple[int, int]:
+        """Copy ``parts`` into fresh slab space not yet visible under any key; returns a
+        handle for :meth:`commit` or :meth:`discard`. Lets the store copy a block while
+        its id is still being hashed. :class:`TierFull` if it does not fit."""
         nbytes = sum(_nbytes(p) for p in parts)
         if nbytes > self._capacity:
             raise TierFull(f"{self.name}: block of {nbytes} bytes exceeds the tier's capacity of {self._capacity}")
@@ -78,11 +84,20 @@ class SlabTier(Tier):
         except BaseException:
             self._alloc.free(offset, nbytes)
             raise
+        return offset, nbytes
+
+    def commit(self, key: BlockKey, staged: tuple[int, int]) -> None:
+        """Publish staged bytes under ``key`` (replacing an existing block of that key)."""
+        offset, nbytes = staged
         if key in self._index:
             self._release(key)
         digest = checksum([self._slab_view(offset, nbytes)]) if self._verify else None
         self._index[key] = _Slot(offset, nbytes, digest)
         self._used += nbytes
+
+    def discard(self, staged: tuple[int, int]) -> None:
+        """Free staged bytes that will not be committed."""
+        self._alloc.free(*staged)
 
     def length(self, key: BlockKey) -> int:
         return self._slot(key).length

@@ -1,0 +1,1 @@
+"""Benchmark workloads: each module exposes ``run(options) -> dict`` (JSON-able)."""

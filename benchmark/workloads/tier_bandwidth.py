@@ -1,0 +1,168 @@
+"""tier_bandwidth: put / get_into GB/s of each Cascade tier for 64 KiB - 64 MiB blocks.
+
+Measured in one run beside this machine's limits: memcpy at the same size, and raw
+sequential write + O_DIRECT read of a file on the file tier's file system. Reported:
+
+- per tier (gpu with numpy as array module — no GPU here —, shm, lustre): ``put`` and
+  ``get_into`` GB/s (median of per-block times), and ratios to memcpy (DRAM tiers) or to
+  the raw O_DIRECT read (lustre, a cold read: O_DIRECT bypasses the page cache);
+- the store's ``put`` including BLAKE3 content hashing, ratio to memcpy;
+- the store's resident memory overhead beyond the data it holds at 1 MiB blocks.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+from cascade.tiers.file_tier import FileTier
+from cascade.tiers.gpu import GpuTier
+from cascade.tiers.shm import ShmTier
+
+from ..machine import memcpy_gbps, raw_file_gbps
+from ..timing import gbps, summarize
+
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _blocks_for(size: int, total: int) -> int:
+    return max(4, total // size)
+
+
+def _tier_round(tier, spec: BlockSpec, n: int) -> dict[str, Any]:
+    """Put n distinct blocks into a tier, then read each back with read_parts_into."""
+    import time
+
+    key, value = spec.empty_aligned()
+    key[...] = 1
+    value[...] = 2
+    keys = [("bench", f"{i:032x}") for i in range(n)]
+    put_s, get_s = [], []
+    for k in keys:
+        t0 = time.perf_counter()
+        tier.put(k, [key, value])
+        put_s.append(time.perf_counter() - t0)
+    out_k, out_v = spec.empty_aligned()
+    for k in keys:
+        t0 = time.perf_counter()
+        tier.read_parts_into(k, [out_k, out_v])
+        get_s.append(time.perf_counter() - t0)
+    assert np.array_equal(out_v.view(np.uint8), value.view(np.uint8))
+    for k in keys:
+        del tier[k]
+    ps, gs = summarize(put_s[1:] or put_s), summarize(get_s[1:] or get_s)
+    return {"blocks": n, "put_gbps": gbps(spec.block_bytes, ps["median"]), "get_gbps": gbps(spec.block_bytes, gs["median"]),
+            "put_samples_s": put_s, "get_samples_s": get_s, "put": ps, "get": gs}
+
+
+def _store_put_with_hashing(size: int, n: int, shm_dir: str) -> dict[str, Any]:
+    """CascadeStore.put of n distinct blocks (ids computed by BLAKE3) into SHM."""
+    import time
+
+    spec = BlockSpec.flat(size)
+    cfg = Config(shm_bytes=(n + 2) * size + (1 << 20), file_bytes=0, shm_dir=shm_dir)
+    with CascadeStore(cfg, block_spec=spec) as store:
+        key, value = spec.empty_aligned()
+        key[...] = 3
+        value[...] = 4
+        samples = []
+        for i in range(n):
+            key[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)  # distinct content
+            t0 = time.perf_counter()
+            store.put(key, value)
+            samples.append(time.perf_counter() - t0)
+        assert store.stats()["stored"] == n
+    s = summarize(samples[1:])
+    return {"blocks": n, "put_gbps": gbps(size, s["median"]), "put": s, "samples_s": samples}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_overhead(block_bytes: int = 1 << 20, blocks: int = 512, shm_dir: str = "/dev/shm") -> dict[str, Any]:
+    """Resident bytes the store adds beyond the data it holds (SHM tier, 1 MiB blocks)."""
+    spec = BlockSpec.flat(block_bytes)
+    key, value = spec.empty()
+    key[...] = 5
+    value[...] = 6
+    cfg = Config(shm_bytes=blocks * block_bytes + (1 << 20), file_bytes=0, shm_dir=shm_dir)
+    before = _rss_bytes()
+    with CascadeStore(cfg, block_spec=spec) as store:
+        for i in range(blocks):
+            key[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)
+            store.put(key, value)
+        after = _rss_bytes()
+    data = blocks * block_bytes
+    overhead = after - before - data
+    return {"block_bytes": block_bytes, "blocks": blocks, "data_bytes": data, "rss_delta_bytes": after - before,
+            "overhead_bytes": overhead, "overhead_fraction": overhead / data}
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    """Run the sweep. Options: ``sizes`` (bytes), ``total_bytes`` per size and tier,
+    ``file_dir`` (file-tier directory; a temp dir under it is used and removed)."""
+    sizes = options.get("sizes") or SIZES
+    total = int(options.get("total_bytes") or 256 << 20)
+    base = options.get("file_dir") or Config().file_dir
+    os.makedirs(base, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="tier_bw_", dir=base)
+    rows = []
+    try:
+        for size in tqdm(sizes, desc="tier_bandwidth", unit="size"):
+            spec = BlockSpec.flat(size)
+            n = _blocks_for(size, total)
+            capacity = n * (size + 2 * 4096) + (4 << 20)
+            row: dict[str, Any] = {"block_bytes": size, "memcpy": memcpy_gbps(size),
+                                   "raw_file": raw_file_gbps(workdir, size, n * size)}
+            tiers = {
+                "gpu": GpuTier(capacity, np),
+                "shm": ShmTier(capacity),
+                "lustre": FileTier(capacity, os.path.join(workdir, "agg"), segment_bytes=max(1 << 30, 2 * size)),
+            }
+            for name, tier in tiers.items():
+                try:
+                    row[name] = _tier_round(tier, spec, n)
+                finally:
+                    tier.close()
+            row["store_put_hashed"] = _store_put_with_hashing(size, n, "/dev/shm")
+            mem = row["memcpy"]["gbps"]
+            raw_read = row["raw_file"]["read_gbps"]
+            row["ratios"] = {
+                "gpu_numpy_get_vs_memcpy": row["gpu"]["get_gbps"] / mem,
+                "shm_get_vs_memcpy": row["shm"]["get_gbps"] / mem,
+                "shm_put_vs_memcpy": row["shm"]["put_gbps"] / mem,
+                "store_put_hashed_vs_memcpy": row["store_put_hashed"]["put_gbps"] / mem,
+                "lustre_cold_get_vs_raw_odirect_read": row["lustre"]["get_gbps"] / raw_read,
+                "lustre_put_vs_raw_write": row["lustre"]["put_gbps"] / row["raw_file"]["write_gbps"],
+            }
+            rows.append(row)
+        overhead = memory_overhead()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"rows": rows, "memory_overhead": overhead, "notes": [
+        "gpu tier measured with numpy as its array module: no GPU on this machine",
+        "lustre tier on the local file system (no Lustre here); gets are O_DIRECT cold reads",
+    ]}
+
+
+def table(result: dict[str, Any]) -> str:
+    """A compact text table of the sweep."""
+    lines = [f"{'block':>8} {'memcpy':>7} {'rawrd':>6} {'gpu p/g':>11} {'shm p/g':>11} {'lustre p/g':>11} {'put+hash':>8}  ratios shm_get/mem lustre_get/raw put+hash/mem"]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['block_bytes'] >> 10:>6}Ki {r['memcpy']['gbps']:>7.2f} {r['raw_file']['read_gbps']:>6.2f} "
+            f"{r['gpu']['put_gbps']:>5.2f}/{r['gpu']['get_gbps']:<5.2f} {r['shm']['put_gbps']:>5.2f}/{r['shm']['get_gbps']:<5.2f} "
+            f"{r['lustre']['put_gbps']:>5.2f}/{r['lustre']['get_gbps']:<5.2f} {r['store_put_hashed']['put_gbps']:>8.2f}  "
+            f"{r['ratios']['shm_get_vs_memcpy']:.2f} {r['ratios']['lustre_cold_get_vs_raw_odirect_read']:.2f} "
+            f"{r['ratios']['store_put_hashed_vs_memcpy']:.2f}")
+    m = result["memory_overhead"]
+    lines.append(f"memory overhead at {m['block_bytes'] >> 20} MiB blocks: {m['overhead_fraction']:.2%} of {m['data_bytes'] >> 20} MiB")
+    return "\n".join(lines)
