@@ -1,0 +1,499 @@
+"""The global block directory: ``(namespace, id) -> DirectoryEntry``, sharded over ranks.
+
+Design
+------
+The owner of a key is ``identity.id_owner(id, comm.size)`` (first 8 id bytes mod size).
+Every rank exposes its shard as one ``Win.Allocate`` window holding a fixed
+open-addressing table of fixed-size entries (see :mod:`.layout`), and every operation is
+one-sided: the calling rank reads and updates the owner's memory with ``Get``,
+``Compare_and_swap``, ``Fetch_and_op`` and ``Accumulate`` inside a ``Lock_all`` epoch
+opened once at construction, each operation completed with ``Flush``. No rank serves
+requests, so no rank funnels the job: load spreads with the (uniform) ids, and a rank busy
+in Python does not delay lookups into its shard (tests/mpi/test_directory_mpi.py measures
+it). Rejected: a fresh ``Lock`` per operation (with MPICH it waits for the target to enter
+MPI), ``Create_dynamic`` windows (need target progress), a server thread per rank (the GIL
+ties it to the busy rank) and a central directory rank (a funnel).
+
+Consistency
+-----------
+* Reads take a whole bucket with one ``Get``; a slot counts only if VALID and its seal (a
+  hash of its words seeded with its version) matches, so torn reads are retried.
+* A slot changes hands only by ``Compare_and_swap`` on its CTL word, which also holds the
+  pin and child counts: "remove only if unpinned" and "pin this incarnation" are atomic.
+* Inserts and removes of keys with the same home bucket serialise on that bucket's lock
+  word, which makes dedup exact (one insert per key wins) while tombstones stay reusable.
+  Lookups, pins and location updates take no lock.
+
+Cost per operation in round trips (one RT ~3 us here; uncontended, entry in its home bucket;
+each overflow bucket adds one): ``lookup`` 1; ``lookup_many`` 1 per batch (one indexed
+``Get`` per owner, owners overlapped); ``insert_if_absent`` 5 when new, 4 when present;
+``update_location`` 4; ``add_ref``/``release``/``add_child``/``remove_child`` 2; ``remove`` 4.
+
+MPI assumptions: the unified memory model (checked), and a ``Get`` racing an atomic on the
+same aligned word returns the old or the new word (multi-word tears are caught by the
+seal). Between nodes, whether atomics complete without the target's help depends on the
+network (hardware atomics, e.g. Slingshot, do; active-message fallbacks need
+``MPIR_CVAR_ASYNC_PROGRESS=1``); on one node, MPICH runs them in shared memory.
+
+Thread-safety: a directory object is not thread-safe; use one per thread or a lock.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import BlockNotFound, CascadeError, TierFull
+from ..identity import check_id, check_namespace, id_owner
+from . import layout as L
+from .layout import DirectoryEntry
+from .rma import Backoff, allocate_window, free_window, load_mpi
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..tiers.base import BlockKey
+
+__all__ = ["DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
+
+
+class DirectoryFull(TierFull):
+    """A directory shard has no free slot within the probe limit of a key's home bucket."""
+
+
+class PinUnderflow(CascadeError, ValueError):
+    """``release``/``remove_child`` without a matching ``add_ref``/``add_child``."""
+
+
+class Removal(str, enum.Enum):
+    """Outcome of :meth:`ShardedDirectory.remove`."""
+
+    REMOVED = "removed"
+    ABSENT = "absent"
+    PINNED = "pinned"              # refs > 0: someone is reading it; try later
+    HAS_CHILDREN = "has_children"  # leaf_only=True and cached children remain
+    MISMATCH = "mismatch"          # the entry no longer points where ``expect`` said
+
+
+class ShardedDirectory:
+    """Global directory, one shard per rank of ``comm``. Collective: the constructor,
+    :meth:`free` (and the context manager); every other method is local and one-sided."""
+
+    def __init__(self, comm: MPI.Comm, slots_per_rank: int = 1 << 16) -> None:
+        MPI = load_mpi()
+        self._MPI = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        if comm.allreduce(slots_per_rank, op=MPI.MAX) != comm.allreduce(slots_per_rank, op=MPI.MIN):
+            raise ValueError("every rank must pass the same slots_per_rank")
+        self.nbuckets = L.buckets_for(slots_per_rank)
+        self.slots_per_rank = self.nbuckets * L.BUCKET_SLOTS
+        self._max_probe = L.max_probe(self.nbuckets)
+        self._win: MPI.Win | None = allocate_window(comm, self.nbuckets * L.BUCKET_BYTES, 8)
+        self._raw = bytearray(L.BUCKET_BYTES)  # one bucket, read by single-key operations
+        self._bucket = np.frombuffer(self._raw, dtype=np.uint64)
+        self._origin = np.zeros(1, dtype=np.uint64)
+        self._compare = np.zeros(1, dtype=np.uint64)
+        self._result = np.zeros(1, dtype=np.uint64)
+        self._namespaces: dict[str, bytes] = {}
+        self._in_flight: list[np.ndarray] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def free(self) -> None:
+        """Collective: release the window. Idempotent."""
+        if self._win is not None:
+            free_window(self._win)
+            self._win = None
+
+    def __enter__(self) -> ShardedDirectory:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    # -- public operations ---------------------------------------------------------------
+    def owner(self, block_id: str) -> int:
+        """Rank whose shard holds ``block_id``. Local, no communication."""
+        return id_owner(block_id, self.size)
+
+    def lookup(self, namespace: str, block_id: str) -> DirectoryEntry | None:
+        """The entry of a key, or None. One-sided; 1 round trip."""
+        owner, home, key = self._key(namespace, block_id)
+        found = self._search(owner, home, key)[0]
+        return found[3] if found else None
+
+    def lookup_many(self, keys: Sequence[BlockKey]) -> list[DirectoryEntry | None]:
+        """Entries of many keys, in order. One-sided: per round one indexed ``Get`` per
+        owner, all owners in flight together; keys are matched with numpy. A second round
+        only for keys living in overflow buckets (or caught mid-write)."""
+        n = len(keys)
+        results: list[DirectoryEntry | None] = [None] * n
+        if n == 0:
+            return results
+        ids = L.ids_to_words([block_id for _, block_id in keys])
+        nsmap = {ns: self._namespace(ns)[0] for ns in {ns for ns, _ in keys}}
+        nss = np.frombuffer(b"".join([nsmap[ns] for ns, _ in keys]), dtype=np.uint64)
+        words = np.column_stack([nss, ids])  # (n, 3): the NS, ID_HI, ID_LO words
+        owners = L.owners_of(ids, self.size).astype(np.int64)
+        homes = L.homes_of(nss, ids, self.nbuckets).astype(np.int64)
+        distance = np.zeros(n, dtype=np.int64)
+        reach = np.zeros(n, dtype=np.int64)
+        pending = np.arange(n)
+        backoff = None
+        while pending.size:
+            rows = self._gather_buckets(owners[pending], (homes[pending] + distance[pending]) % self.nbuckets)
+            first = distance[pending] == 0
+            reach[pending[first]] = rows[first, L.MAXDIST]
+            slots = rows[:, L.HEADER_WORDS:].reshape(-1, L.BUCKET_SLOTS, L.ENTRY_WORDS)
+            match = (slots[:, :, L.NS:L.ID_LO + 1] == words[pending, None, :]).all(axis=2)
+            state = slots[:, :, L.CTL] & np.uint64(3)
+            valid = match & (state == L.VALID)
+            busy = (match & (state == L.WRITING)).any(axis=1)
+            hit = valid.any(axis=1)
+            hit_rows = np.nonzero(hit)[0]
+            order = pending.tolist()
+            chosen = L.entries_of(slots[hit_rows, valid[hit_rows].argmax(axis=1)])
+            for row, entry in zip(hit_rows.tolist(), chosen):
+                if entry is None:  # torn read: take it again
+                    hit[row], busy[row] = False, True
+                else:
+                    results[order[row]] = entry
+            busy &= ~hit
+            distance[pending[busy]] = 0
+            onward = ~hit & ~busy & (distance[pending] < reach[pending])
+            distance[pending[onward]] += 1
+            pending = pending[busy | onward]
+            if busy.any():
+                backoff = backoff or Backoff("directory lookup_many")
+                backoff.wait()
+        return results
+
+    def insert_if_absent(self, namespace: str, block_id: str,
+                         entry: DirectoryEntry) -> tuple[bool, DirectoryEntry]:
+        """Insert ``entry`` unless the key is present; if present, atomically add one to its
+        share count instead (cross-rank dedup: exactly one concurrent insert wins).
+        Returns ``(inserted, current entry)``. :class:`DirectoryFull` when no slot is free
+        near the key's home. One-sided, 5 round trips (4 when present)."""
+        owner, home, key = self._key(namespace, block_id)
+        self._lock(owner, home)
+        try:
+            return self._insert_locked(owner, home, key, entry)
+        finally:
+            self._unlock(owner, home)
+
+    def update_location(self, namespace: str, block_id: str, *, tier: int, rank: int, location: int,
+                        length: int | None = None, checksum: int | None = None,
+                        expect: DirectoryEntry | None = None) -> tuple[bool, DirectoryEntry | None]:
+        """Point the entry at new bytes (e.g. after demotion or a move to another rank).
+        With ``expect``, only if the entry still has ``expect``'s (tier, rank, location).
+        Returns ``(updated, current entry or None when absent)``. One-sided, 4 round trips."""
+        owner, home, key = self._key(namespace, block_id)
+        backoff = Backoff(f"directory update of {block_id} on rank {owner}")
+        while True:
+            found = self._find(owner, home, key)
+            if found is None:
+                return False, None
+            bucket, i, ctl, current = found
+            if expect is not None and current.placement() != expect.placement():
+                return False, current
+            writing = L.next_ctl(ctl, L.WRITING)
+            disp = L.slot_disp(bucket, i)
+            if self._cas(owner, disp + L.CTL, ctl, writing) != ctl:
+                backoff.wait()  # pinned, unpinned or updated meanwhile: look again
+                continue
+            final = L.next_ctl(writing, L.VALID)
+            new = dataclasses.replace(
+                current, tier=tier, rank=rank, location=location,
+                length=current.length if length is None else length,
+                checksum=current.checksum if checksum is None else checksum,
+                refs=L.ctl_refs(final), children=L.ctl_children(final), version=L.ctl_version(final))
+            slot = np.frombuffer(L.pack_slot(key, final, new), dtype=np.uint64)
+            # SHARES is left alone: a concurrent insert may be adding to it.
+            self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
+            self._win.Put(slot[L.PLACE:L.CHECKSUM + 1], owner, disp + L.PLACE)
+            self._win.Flush(owner)
+            self._store(owner, disp + L.CTL, final)
+            self._flush(owner)
+            return True, new
+
+    def add_ref(self, namespace: str, block_id: str, n: int = 1) -> int:
+        """Pin: add ``n`` to the entry's cluster-wide ref count; returns the new count.
+        :class:`BlockNotFound` when absent. One-sided, 2 round trips."""
+        return self._adjust(namespace, block_id, L.REFS_SHIFT, n)
+
+    def release(self, namespace: str, block_id: str, n: int = 1) -> int:
+        """Unpin (see :meth:`add_ref`); :class:`PinUnderflow` below zero."""
+        return self._adjust(namespace, block_id, L.REFS_SHIFT, -n)
+
+    def add_child(self, namespace: str, parent_id: str, n: int = 1) -> int:
+        """Count ``n`` more cached children of ``parent_id``; returns the new count."""
+        return self._adjust(namespace, parent_id, L.CHILDREN_SHIFT, n)
+
+    def remove_child(self, namespace: str, parent_id: str, n: int = 1) -> int:
+        """Count ``n`` fewer cached children (see :meth:`add_child`)."""
+        return self._adjust(namespace, parent_id, L.CHILDREN_SHIFT, -n)
+
+    def remove(self, namespace: str, block_id: str, *, expect: DirectoryEntry | None = None,
+               leaf_only: bool = False) -> Removal:
+        """Remove the entry unless it is pinned (or, with ``leaf_only``, has cached
+        children, or, with ``expect``, no longer has ``expect``'s placement). The caller
+        frees the bytes only on :attr:`Removal.REMOVED`. One-sided, 4 round trips."""
+        owner, home, key = self._key(namespace, block_id)
+        self._lock(owner, home)
+        try:
+            backoff = Backoff(f"directory remove of {block_id} on rank {owner}")
+            while True:
+                found = self._find(owner, home, key)
+                if found is None:
+                    return Removal.ABSENT
+                bucket, i, ctl, current = found
+                if expect is not None and current.placement() != expect.placement():
+                    return Removal.MISMATCH
+                if current.refs:
+                    return Removal.PINNED
+                if leaf_only and current.children:
+                    return Removal.HAS_CHILDREN
+                deleted = L.next_ctl(ctl, L.DELETED, keep_counts=False)
+                if self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, deleted) == ctl:
+                    return Removal.REMOVED
+                backoff.wait()
+        finally:
+            self._unlock(owner, home)
+
+    # -- own shard -----------------------------------------------------------------------
+    def local_entries(self) -> Iterator[tuple[bytes, str, DirectoryEntry]]:
+        """``(namespace hash, block id, entry)`` of every live entry of this rank's shard
+        (compare the hash with :func:`.layout.namespace_hash`). Local: one ``Get`` of the
+        shard, then buckets caught mid-write are read again."""
+        snapshot = self._snapshot()
+        for bucket in range(self.nbuckets):
+            buf, off = snapshot, bucket * L.BUCKET_BYTES
+            backoff = Backoff(f"directory scan of rank {self.rank}")
+            while True:
+                ctls = L.slot_ctls(buf, off)
+                reads = [L.read_slot(buf, off + L.slot_offset(i)) if ctl & 3 == L.VALID else None
+                         for i, ctl in enumerate(ctls)]
+                if all(ctl & 3 != L.WRITING and (ctl & 3 != L.VALID or read)
+                       for ctl, read in zip(ctls, reads)):
+                    break
+                backoff.wait()
+                buf, off = self._get_bucket(self.rank, bucket), 0
+            items = []
+            for i, read in enumerate(reads):
+                if read is not None:
+                    key_off = off + L.slot_offset(i) + 8 * L.NS
+                    key = bytes(buf[key_off:key_off + L.KEY_BYTES])
+                    items.append((key[:8], key[8:].hex(), read[1]))
+            yield from items
+
+    def local_stats(self) -> dict[str, object]:
+        """Counts of this rank's shard: slots by state, load, longest probe, pins, shares
+        and bytes per tier. Local (reads its own window)."""
+        words = np.frombuffer(self._snapshot(), dtype=np.uint64).reshape(self.nbuckets, L.BUCKET_WORDS)
+        slots = words[:, L.HEADER_WORDS:].reshape(-1, L.ENTRY_WORDS)
+        states = (slots[:, L.CTL] & np.uint64(3)).astype(np.int64)
+        valid = slots[states == L.VALID]
+        tiers = (valid[:, L.PLACE] & np.uint64(0xFF)).astype(np.int64)
+        counts = np.bincount(states, minlength=4)
+        return {
+            "slots": self.slots_per_rank,
+            **{L.STATE_NAMES[s]: int(counts[s]) for s in range(4)},
+            "load": float(counts[L.VALID] + counts[L.WRITING]) / self.slots_per_rank,
+            "max_probe_distance": int(words[:, L.MAXDIST].max()),
+            "refs": int(((valid[:, L.CTL] >> np.uint64(L.REFS_SHIFT)) & np.uint64(L.COUNT_MAX)).sum()),
+            "shares": int(valid[:, L.SHARES].sum()),
+            "bytes_by_tier": {int(t): int(valid[tiers == t, L.LENGTH].sum()) for t in np.unique(tiers)},
+        }
+
+    # -- internals -----------------------------------------------------------------------
+    def _namespace(self, namespace: str) -> tuple[bytes, int]:
+        """The namespace's 8 key bytes and their little-endian value (validated once)."""
+        known = self._namespaces.get(namespace)
+        if known is None:
+            nshash = L.namespace_hash(check_namespace(namespace))
+            known = self._namespaces[namespace] = (nshash, int.from_bytes(nshash, "little"))
+        return known
+
+    def _key(self, namespace: str, block_id: str) -> tuple[int, int, bytes]:
+        """``(owner, home bucket, 24 key bytes)``; :class:`InvalidBlock` for a bad id."""
+        try:
+            raw = bytes.fromhex(block_id)
+            ok = len(raw) == 16 and raw.hex() == block_id  # exactly 32 lowercase hex digits
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            check_id(block_id)  # raises with the standard message
+        nshash, nsword = self._namespace(namespace)
+        return (int.from_bytes(raw[:8], "big") % self.size,
+                (nsword ^ int.from_bytes(raw[8:], "little")) % self.nbuckets, nshash + raw)
+
+    def _snapshot(self) -> bytearray:
+        """A copy of this rank's whole shard, read with one Get (consistent per word)."""
+        snapshot = bytearray(self.nbuckets * L.BUCKET_BYTES)
+        self._win.Get(np.frombuffer(snapshot, dtype=np.uint64), self.rank, 0)
+        self._win.Flush_local(self.rank)
+        return snapshot
+
+    def _get_bucket(self, owner: int, bucket: int) -> bytearray:
+        self._win.Get(self._bucket, owner, L.bucket_disp(bucket))
+        self._win.Flush_local(owner)
+        return self._raw
+
+    def _gather_buckets(self, owners: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+        """Bucket ``buckets[i]`` of rank ``owners[i]`` as row i of a ``(n, BUCKET_WORDS)``
+        array: one indexed Get per owner (each distinct bucket once), all in flight."""
+        MPI = self._MPI
+        rows = np.empty((len(owners), L.BUCKET_WORDS), dtype=np.uint64)
+        fetched, types = [], []
+        for owner in np.unique(owners).tolist():
+            sel = np.nonzero(owners == owner)[0]
+            distinct, inverse = np.unique(buckets[sel], return_inverse=True)
+            got = np.empty((len(distinct), L.BUCKET_WORDS), dtype=np.uint64)
+            target = MPI.UINT64_T.Create_indexed_block(
+                L.BUCKET_WORDS, (distinct * L.BUCKET_WORDS).tolist()).Commit()
+            self._win.Get(got, owner, (0, 1, target))
+            fetched.append((owner, sel, inverse, got))
+            types.append(target)
+        for owner, sel, inverse, got in fetched:
+            self._win.Flush_local(owner)
+            rows[sel] = got[inverse]
+        for target in types:
+            target.Free()
+        return rows
+
+    def _cas(self, owner: int, disp: int, compare: int, value: int) -> int:
+        self._origin[0], self._compare[0] = value, compare
+        self._win.Compare_and_swap(self._origin, self._compare, self._result, owner, disp)
+        self._win.Flush(owner)
+        return int(self._result[0])
+
+    def _store(self, owner: int, disp: int, value: int) -> None:
+        """Atomic replace of one word; completes at the caller's next :meth:`_flush`."""
+        origin = np.array([value], dtype=np.uint64)
+        self._in_flight.append(origin)  # an origin buffer must live until the Flush
+        self._win.Accumulate(origin, owner, disp, self._MPI.REPLACE)
+
+    def _flush(self, owner: int) -> None:
+        self._win.Flush(owner)
+        self._in_flight.clear()
+
+    def _adjust(self, namespace: str, block_id: str, shift: int, delta: int) -> int:
+        """CAS ``delta`` onto the count at ``shift`` of the key's CTL word: only this
+        incarnation of the entry, never below zero. Returns the new count."""
+        owner, home, key = self._key(namespace, block_id)
+        backoff = Backoff(f"directory count update of {block_id} on rank {owner}")
+        found = self._find(owner, home, key)
+        while found is not None:
+            bucket, i, ctl, _ = found
+            count = (ctl >> shift & L.COUNT_MAX) + delta
+            if count < 0:
+                raise PinUnderflow(f"{block_id}: count would drop below zero (unbalanced release)")
+            if count > L.COUNT_MAX:
+                raise OverflowError(f"{block_id}: count would exceed {L.COUNT_MAX}")
+            old = self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, ctl + (delta << shift))
+            if old == ctl:
+                return count
+            if old & 3 == L.VALID and L.ctl_version(old) == L.ctl_version(ctl):
+                found = (bucket, i, old, None)  # only the counts moved: retry at once
+            else:
+                backoff.wait()
+                found = self._find(owner, home, key)
+        raise BlockNotFound(f"{namespace}/{block_id} is not in the directory")
+
+    def _lock(self, owner: int, home: int) -> None:
+        disp = L.bucket_disp(home) + L.LOCK
+        backoff = Backoff(f"directory bucket lock {home} on rank {owner}")
+        while (holder := self._cas(owner, disp, 0, self.rank + 1)) != 0:
+            if holder == self.rank + 1:
+                raise RuntimeError("directory bucket lock taken twice by one rank (re-entrant call?)")
+            backoff.wait()
+
+    def _unlock(self, owner: int, home: int) -> None:
+        self._store(owner, L.bucket_disp(home) + L.LOCK, 0)
+        self._flush(owner)
+
+    def _find(self, owner: int, home: int, key: bytes) -> tuple[int, int, int, DirectoryEntry] | None:
+        """``(bucket, slot, ctl, entry)`` of the key's VALID slot, or None."""
+        return self._search(owner, home, key)[0]
+
+    def _search(self, owner: int, home: int, key: bytes, want_free: bool = False):
+        """Read the buckets that may hold the key (home .. home + MAXDIST), waiting out
+        in-flight writes to a slot carrying it. Returns ``(hit, reach, free)``: the hit as
+        in :meth:`_find`, the home's MAXDIST, and (with ``want_free``) the first free
+        slot seen as ``(bucket, slot, ctl)``."""
+        backoff = None
+        while True:
+            buf = self._get_bucket(owner, home)
+            reach = L.bucket_reach(buf)
+            busy, free = False, None
+            for distance in range(reach + 1):
+                bucket = L.probe_bucket(home, distance, self.nbuckets)
+                if distance:
+                    buf = self._get_bucket(owner, bucket)
+                hit, slot_busy = L.find_in_bucket(buf, key)
+                if hit is not None:
+                    return (bucket, *hit), reach, None
+                busy |= slot_busy
+                if want_free and free is None:
+                    free = _first_free(buf, bucket)
+            if not busy:
+                return None, reach, free
+            backoff = backoff or Backoff(f"directory lookup on rank {owner}")
+            backoff.wait()
+
+    def _insert_locked(self, owner: int, home: int, key: bytes,
+                       entry: DirectoryEntry) -> tuple[bool, DirectoryEntry]:
+        # The bucket lock keeps other inserts of this key out: a miss stays a miss.
+        found, reach, free = self._search(owner, home, key, want_free=True)
+        if found is not None:
+            bucket, i, _, current = found
+            self._origin[0] = 1
+            self._win.Fetch_and_op(self._origin, self._result, owner,
+                                   L.slot_disp(bucket, i) + L.SHARES, self._MPI.SUM)
+            self._win.Flush(owner)
+            return False, dataclasses.replace(current, shares=int(self._result[0]) + 1)
+        bucket, i, writing = self._claim(owner, home, free, 0 if free else reach + 1, entry)
+        final = L.next_ctl(writing, L.VALID)
+        disp = L.slot_disp(bucket, i)
+        slot = np.frombuffer(L.pack_slot(key, final, entry), dtype=np.uint64)
+        self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
+        self._win.Put(slot[L.NS:], owner, disp + L.NS)
+        distance = (bucket - home) % self.nbuckets
+        if distance > reach:
+            self._store(owner, L.bucket_disp(home) + L.MAXDIST, distance)
+        self._flush(owner)
+        self._store(owner, disp + L.CTL, final)  # completed by the unlock's Flush
+        return True, dataclasses.replace(entry, version=L.ctl_version(final))
+
+    def _claim(self, owner: int, home: int, free: tuple[int, int, int] | None, start: int,
+               entry: DirectoryEntry) -> tuple[int, int, int]:
+        """CAS a free slot to WRITING: ``free`` first, then the probe sequence from
+        distance ``start``. Returns ``(bucket, slot, writing ctl)``."""
+        candidates = [free] if free else []
+        distance = start
+        while True:
+            for bucket, i, ctl in candidates:
+                writing = L.make_ctl(L.WRITING, entry.refs, entry.children, L.ctl_version(ctl) + 1)
+                if self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, writing) == ctl:
+                    return bucket, i, writing
+            if distance > self._max_probe:
+                break
+            bucket = L.probe_bucket(home, distance, self.nbuckets)
+            candidates = [(bucket, i, ctl) for i, ctl in enumerate(L.slot_ctls(self._get_bucket(owner, bucket)))
+                          if ctl & 3 in (L.EMPTY, L.DELETED)]
+            distance += 1
+        raise DirectoryFull(
+            f"directory shard of rank {owner} is full around bucket {home}: no free slot within "
+            f"{self._max_probe + 1} buckets of {L.BUCKET_SLOTS} (slots_per_rank={self.slots_per_rank}); "
+            f"raise slots_per_rank")
+
+
+def _first_free(buf: bytearray, bucket: int) -> tuple[int, int, int] | None:
+    for i, ctl in enumerate(L.slot_ctls(buf)):
+        if ctl & 3 in (L.EMPTY, L.DELETED):
+            return bucket, i, ctl
+    return None

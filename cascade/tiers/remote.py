@@ -1,0 +1,233 @@
+"""REMOTE tier: blocks kept in other ranks' DRAM, exposed as MPI RMA windows.
+
+Bytes move with one-sided ``Put`` / ``Get`` between the caller's buffers and the target
+window (no pickling, no copy through a staging buffer); space comes from chunk leases on
+the targets (see :mod:`cascade.distributed.window_slab`). Targets are the other ranks:
+those on this rank's node first (shared memory), other nodes only when those are full. A
+tier on a one-rank communicator has capacity 0: every put raises :class:`TierFull`.
+
+Reading a block that another rank put: take ``(rank, location, length)`` from the
+directory entry, pin it (``ShardedDirectory.add_ref``) so its owner does not free it, call
+:meth:`RemoteTier.read_remote`, then release. The owner frees bytes only after a
+directory ``remove`` that did not report the block pinned.
+
+Collective: the constructor and :meth:`close` (every rank of ``comm`` must call them).
+Everything else is local and one-sided. Not thread-safe (as every tier).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
+from ..errors import BlockNotFound, InvalidBlock, TierFull
+from ..identity import as_byte_view
+from .base import BlockKey, Tier
+from .slab import SlabAllocator
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+@dataclass(eq=False)
+class _Lease:
+    rank: int
+    first: int          # first chunk
+    run: int            # chunks
+    base: int           # byte offset of the lease in the rank's window
+    alloc: SlabAllocator
+    blocks: int = 0
+
+
+@dataclass
+class _Block:
+    lease: _Lease
+    offset: int         # inside the lease
+    length: int
+
+
+class RemoteTier(Tier):
+    """Blocks in the DRAM windows of the other ranks of ``comm``. Every rank exposes
+    ``nbytes`` (rounded down to whole ``chunk_bytes``) to the others."""
+
+    name = "remote"
+
+    def __init__(self, comm: MPI.Comm, nbytes: int, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.slab: WindowSlab | None = WindowSlab(comm, nbytes, chunk_bytes=chunk_bytes)
+        self.rank = comm.Get_rank()
+        size = comm.Get_size()
+        others = [(self.rank + k) % size for k in range(1, size)]  # rotated: spreads the load
+        usable = [t for t in others if self.slab.chunks[t]]
+        here = self.slab.nodes[self.rank]
+        self._groups = [g for g in ([t for t in usable if self.slab.nodes[t] == here],
+                                    [t for t in usable if self.slab.nodes[t] != here]) if g]
+        self._capacity = sum(self.slab.window_bytes(t) for t in usable)
+        self._leases: dict[int, list[_Lease]] = {t: [] for t in usable}
+        self._blocks: dict[BlockKey, _Block] = {}
+        self._used = 0
+
+    # -- capacity ------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Bytes of all other ranks' windows: the pool this rank draws from (shared with
+        the other ranks, so :attr:`free` is the better guide)."""
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def free(self) -> int:
+        """Bytes free in this rank's leases plus unleased chunks on every target (reads
+        the targets' lease bitmaps: one overlapped round trip)."""
+        spare = sum(lease.alloc.size - lease.alloc.allocated for ls in self._leases.values() for lease in ls)
+        if not self._leases:
+            return spare
+        bitmaps = self.slab.bitmaps(list(self._leases))
+        chunk = self.slab.chunk_bytes
+        return spare + sum((self.slab.chunks[t] - sum(bin(w).count("1") for w in words)) * chunk
+                           for t, words in bitmaps.items())
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a lease has room for ``nbytes`` or some target a free run of chunks."""
+        if any(lease.alloc.can_fit(nbytes) for ls in self._leases.values() for lease in ls):
+            return True
+        return any(self._free_target(group, nbytes) is not None for group in self._groups)
+
+    # -- Tier interface ------------------------------------------------------------------
+    def put(self, key: BlockKey, parts: Sequence[Any]) -> None:
+        """Store the parts back to back on some other rank: one ``Put`` per part and one
+        ``Flush`` (plus 2 round trips when a new lease is needed). Raises :class:`TierFull`
+        when no target has room; the tier is then unchanged."""
+        views = [as_byte_view(p, "block part") for p in parts]
+        nbytes = sum(v.nbytes for v in views)
+        lease, offset = self._allocate(nbytes)
+        try:
+            self.slab.put(lease.rank, lease.base + offset, views)
+        except BaseException:
+            self._free(lease, offset, nbytes)
+            raise
+        if key in self._blocks:
+            self._drop(key)
+        self._blocks[key] = _Block(lease, offset, nbytes)
+        self._used += nbytes
+
+    def length(self, key: BlockKey) -> int:
+        return self._block(key).length
+
+    def location(self, key: BlockKey) -> tuple[int, int, int]:
+        """``(rank, location, length)`` of a block: what to publish in the directory so
+        that any rank can :meth:`read_remote` it."""
+        block = self._block(key)
+        return block.lease.rank, block.lease.base + block.offset, block.length
+
+    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
+        """One ``Get`` from the holding rank straight into ``out``, then ``Flush``."""
+        block = self._block(key)
+        view = _writable(out)
+        if offset < 0 or offset + view.nbytes > block.length:
+            raise InvalidBlock(f"read of {view.nbytes} bytes at offset {offset} of a {block.length}-byte block")
+        self.slab.get_into(block.lease.rank, block.lease.base + block.offset + offset, view)
+
+    def read_remote(self, rank: int, location: int, out: Any) -> None:
+        """Read ``len(out)`` bytes at ``location`` of ``rank``'s window (a block another
+        rank put; take rank and location from its directory entry and pin it first)."""
+        self.slab.get_into(rank, location, _writable(out))
+
+    def __delitem__(self, key: BlockKey) -> None:
+        self._block(key)
+        self._drop(key)
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        return iter(list(self._blocks))
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def close(self) -> None:
+        """Collective: free the windows (all blocks are lost). Idempotent."""
+        if self.slab is not None:
+            self._blocks.clear()
+            self._leases.clear()
+            self._used = 0
+            self.slab.free()
+            self.slab = None
+
+    def stats(self) -> dict[str, Any]:
+        leases = [lease for ls in self._leases.values() for lease in ls]
+        return {**super().stats(), "leases": len(leases),
+                "leased_bytes": sum(lease.alloc.size for lease in leases),
+                "targets": [t for group in self._groups for t in group]}
+
+    # -- internals -----------------------------------------------------------------------
+    def _block(self, key: BlockKey) -> _Block:
+        try:
+            return self._blocks[key]
+        except KeyError:
+            raise BlockNotFound(f"{key[0]}/{key[1]} is not in the remote tier") from None
+
+    def _allocate(self, nbytes: int) -> tuple[_Lease, int]:
+        """Room for ``nbytes``: in a lease on this node, a new lease on this node, a lease
+        elsewhere, a new lease elsewhere, in that order."""
+        for group in self._groups:
+            for target in group:
+                for lease in self._leases[target]:
+                    if lease.alloc.can_fit(nbytes):
+                        lease.blocks += 1
+                        return lease, lease.alloc.alloc(nbytes)
+            found = self._free_target(group, nbytes)
+            while found is not None:
+                target, words = found
+                lease = self._lease(target, nbytes, words)
+                if lease is not None:
+                    lease.blocks += 1
+                    return lease, lease.alloc.alloc(nbytes)
+                found = self._free_target(group, nbytes)  # lost a race for the run: re-read
+        raise TierFull(f"remote tier: no rank has {nbytes} contiguous bytes free "
+                       f"({self._capacity} bytes on {sum(map(len, self._groups))} other ranks, "
+                       f"chunks of {self.slab.chunk_bytes if self.slab else 0})")
+
+    def _free_target(self, group: list[int], nbytes: int) -> tuple[int, list[int]] | None:
+        """The target of ``group`` with the most free chunks among those with a free run
+        big enough, and its bitmap words; one overlapped round trip."""
+        run = chunks_needed(SlabAllocator.footprint(nbytes), self.slab.chunk_bytes)
+        best, best_free = None, 0
+        for target, words in self.slab.bitmaps(group).items():
+            chunks = self.slab.chunks[target]
+            has_run = any(find_run(w, min(WORD_BITS, chunks - i * WORD_BITS), run) is not None
+                          for i, w in enumerate(words))
+            free = chunks - sum(bin(w).count("1") for w in words)
+            if has_run and free > best_free:
+                best, best_free = (target, words), free
+        return best
+
+    def _lease(self, target: int, nbytes: int, words: list[int]) -> _Lease | None:
+        run = chunks_needed(SlabAllocator.footprint(nbytes), self.slab.chunk_bytes)
+        first = self.slab.lease(target, run, words)
+        if first is None:
+            return None
+        chunk = self.slab.chunk_bytes
+        lease = _Lease(target, first, run, first * chunk, SlabAllocator(run * chunk))
+        self._leases[target].append(lease)
+        return lease
+
+    def _drop(self, key: BlockKey) -> None:
+        block = self._blocks.pop(key)
+        self._used -= block.length
+        self._free(block.lease, block.offset, block.length)
+
+    def _free(self, lease: _Lease, offset: int, nbytes: int) -> None:
+        lease.alloc.free(offset, nbytes)
+        lease.blocks -= 1
+        if lease.blocks == 0:  # give the chunks back for any rank to lease
+            self._leases[lease.rank].remove(lease)
+            self.slab.unlease(lease.rank, lease.first, lease.run)
+
+
+def _writable(out: Any) -> memoryview:
+    view = as_byte_view(out, "output buffer")
+    if view.readonly:
+        raise InvalidBlock("output buffer is read-only")
+    return view

@@ -1,0 +1,148 @@
+"""The REMOTE tier at 1 and N ranks (see conftest.py for how to run)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xxhash
+
+from cascade.distributed import DirectoryEntry, ShardedDirectory
+from cascade.errors import BlockNotFound, InvalidBlock, TierFull
+from cascade.tiers.remote import RemoteTier
+
+MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
+
+NS = "tenant-a/llama"
+CHUNK = 1 << 20
+REMOTE = 2  # tier number used in directory entries here
+
+
+def block(rank: int, k: int) -> np.ndarray:
+    """Deterministic bytes any rank can regenerate; sizes from 0 to ~2.5 chunks."""
+    rng = np.random.default_rng([rank, k])
+    sizes = [0, 1, 63, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 5 * CHUNK // 2]
+    return rng.integers(0, 256, size=sizes[k % len(sizes)], dtype=np.uint8)
+
+
+def key(rank: int, k: int) -> tuple[str, str]:
+    return NS, f"{rank:08x}{k:024x}"
+
+
+@pytest.fixture
+def tier(comm):
+    with RemoteTier(comm, 32 * CHUNK, chunk_bytes=CHUNK) as t:
+        yield t
+
+
+def test_a_one_rank_communicator_has_no_remote_space(comm, everywhere):
+    with RemoteTier(MPI.COMM_SELF, 16 * CHUNK, chunk_bytes=CHUNK) as alone:
+        assert (alone.capacity, alone.used, alone.free, len(alone)) == (0, 0, 0, 0)
+        assert not alone.fits(1)
+        with pytest.raises(TierFull):
+            alone.put(key(0, 1), [b"x"])
+        assert len(alone) == 0 and alone.stats()["targets"] == []
+
+
+def test_put_and_read_are_byte_exact_across_ranks(comm, tier, everywhere):
+    if comm.size == 1:
+        with pytest.raises(TierFull):
+            tier.put(key(0, 3), [block(0, 3)])
+        return
+    mine = {key(comm.rank, k): block(comm.rank, k) for k in range(16)}
+    for k, data in mine.items():
+        tier.put(k, [data[: len(data) // 3], data[len(data) // 3:]])  # parts, not concatenated
+    assert everywhere(all(tier.length(k) == len(d) for k, d in mine.items()))
+    assert everywhere(tier.used == sum(len(d) for d in mine.values()))
+    ok = True
+    for k, data in mine.items():
+        out = np.empty_like(data)
+        tier.read_into(k, out)
+        ok &= bool((out == data).all()) and tier[k] == data.tobytes()
+        rank, _, length = tier.location(k)
+        ok &= rank != comm.rank and length == len(data)
+    assert everywhere(ok)
+    # Every rank reads every other rank's blocks from wherever they were put.
+    where = comm.allgather({k: tier.location(k) for k in mine})
+    for owner, blocks in enumerate(where):
+        for (_, block_id), (rank, location, length) in blocks.items():
+            out = bytearray(length)
+            tier.read_remote(rank, location, out)
+            ok &= bytes(out) == block(owner, int(block_id[8:], 16)).tobytes()
+    assert everywhere(ok)
+
+
+def test_blocks_found_through_the_directory(comm, tier, everywhere):
+    """The intended flow: put, publish in the directory, others look up, pin, read, release."""
+    with ShardedDirectory(comm, slots_per_rank=1024) as directory:
+        mine = [key(comm.rank, k) for k in (3, 6, 7)] if comm.size > 1 else []
+        for k in mine:
+            data = block(comm.rank, int(k[1][8:], 16))
+            tier.put(k, [data])
+            rank, location, length = tier.location(k)
+            directory.insert_if_absent(*k, DirectoryEntry(REMOTE, rank, location, length,
+                                                          checksum=xxhash.xxh3_64_intdigest(data)))
+        comm.Barrier()
+        ok = True
+        for other in range(comm.size):
+            for k in [key(other, j) for j in (3, 6, 7)] if comm.size > 1 else []:
+                directory.add_ref(*k)
+                entry = directory.lookup(*k)
+                out = np.empty(entry.length, dtype=np.uint8)
+                tier.read_remote(entry.rank, entry.location, out)
+                ok &= xxhash.xxh3_64_intdigest(out) == entry.checksum
+                ok &= out.tobytes() == block(other, int(k[1][8:], 16)).tobytes()
+                directory.release(*k)
+        assert everywhere(ok)
+        comm.Barrier()
+
+
+def test_partial_reads_and_errors(comm, tier, everywhere):
+    if comm.size == 1:
+        pytest.skip("needs a second rank to hold the bytes")
+    data = block(comm.rank, 7)  # 2.5 chunks: spans a lease of 3 chunks
+    tier.put(key(comm.rank, 7), [data])
+    k = key(comm.rank, 7)
+    head, tail = np.empty(100, np.uint8), np.empty(len(data) - 100, np.uint8)
+    tier.read_parts_into(k, [head, tail])
+    piece = bytearray(10)
+    tier.read_into(k, piece, offset=len(data) - 10)
+    ok = (head == data[:100]).all() and (tail == data[100:]).all() and bytes(piece) == data[-10:].tobytes()
+    assert everywhere(ok)
+    with pytest.raises(InvalidBlock):
+        tier.read_into(k, bytearray(11), offset=len(data) - 10)
+    with pytest.raises(InvalidBlock):
+        tier.read_into(k, b"read-only")
+    with pytest.raises(BlockNotFound):
+        tier.read_into(key(comm.rank, 99), bytearray(1))
+    with pytest.raises(BlockNotFound):
+        del tier[key(comm.rank, 99)]
+    with pytest.raises(ValueError):
+        tier.read_remote(tier.location(k)[0], tier.slab.window_bytes(tier.location(k)[0]), bytearray(1))
+    # Replacing a key keeps one copy of the new bytes.
+    tier.put(k, [b"new bytes"])
+    assert everywhere(tier[k] == b"new bytes" and len(tier) == 1 and tier.used == 9)
+    comm.Barrier()
+
+
+def test_full_tier_raises_and_stays_unchanged_then_space_returns(comm, tier, everywhere):
+    stored, full = [], False
+    for k in range(10_000):
+        try:
+            tier.put(key(comm.rank, k), [np.full(CHUNK // 2, k % 251, np.uint8)])
+        except TierFull:
+            full = True
+            break
+        stored.append(key(comm.rank, k))
+    assert everywhere(full)
+    comm.Barrier()  # everybody is full now: the pool is exhausted
+    used, count = tier.used, len(tier)
+    with pytest.raises(TierFull):
+        tier.put(key(comm.rank, 10_001), [np.zeros(CHUNK // 2, np.uint8)])
+    assert everywhere((tier.used, len(tier)) == (used, count))
+    assert everywhere(comm.allreduce(tier.used) <= comm.allreduce(tier.capacity) // max(comm.size - 1, 1))
+    ok = all(tier[k][:1] == bytes([i % 251]) for i, k in enumerate(stored))
+    assert everywhere(ok)
+    for k in stored:
+        del tier[k]
+    comm.Barrier()
+    assert everywhere(tier.stats()["leases"] == 0 and tier.used == 0)
+    assert everywhere(tier.free == tier.capacity)
