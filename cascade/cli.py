@@ -106,6 +106,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print the stats files a running or finished job wrote (``stats_dir``)."""
+    from .metrics import aggregate, prometheus_text
+    from .report import summary, tier_table
+    from .stats import read_stats_files
+
+    directory = args.dir or _config(args).stats_dir
+    if not directory:
+        raise CascadeError("no stats directory: pass DIR or set stats_dir (CASCADE_STATS_DIR)")
+    per_rank = read_stats_files(directory)
+    if not per_rank:
+        raise CascadeError(f"no stats_rank*.json files in {directory}")
+    if args.prometheus:
+        print(prometheus_text(per_rank), end="")
+        return 0
+    total = aggregate(per_rank)
+    print(f"{total['ranks']} rank(s) in {directory}")
+    print(tier_table(total))
+    print(summary(total))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cascade {__version__}")
@@ -123,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results", help="write a results JSON into this directory")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    stats = sub.add_parser("stats", parents=[common], help="stats of a running or finished job")
+    stats.add_argument("dir", nargs="?", help="the job's stats_dir (default: config stats_dir)")
+    stats.add_argument("--prometheus", action="store_true", help="Prometheus text format")
+    stats.set_defaults(func=cmd_stats)
     return parser
 
 

@@ -28,6 +28,8 @@ ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
+stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
+stats_interval              10.0             seconds between stats-file refreshes
 ==========================  ===============  ==================================================
 
 ``file_dir`` defaults to ``$SCRATCH/cascade`` when ``SCRATCH`` is set (Lustre on
@@ -102,6 +104,8 @@ class Config:
     default_ttl: float = 0.0
     verify_dram_reads: bool = False
     promote_on_hit: bool = True
+    stats_dir: str = ""
+    stats_interval: float = 10.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -165,7 +169,7 @@ class Config:
 
 
 # CASCADE_* variables that are not configuration keys (used by launch/test tooling).
-_NON_CONFIG_ENV = frozenset({"config", "log_level", "stats_dir"})
+_NON_CONFIG_ENV = frozenset({"config", "log_level"})
 
 
 def _check_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:

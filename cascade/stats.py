@@ -1,7 +1,12 @@
 """Counters the store keeps per tier and overall (read with ``CascadeStore.stats()``)."""
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -39,3 +44,24 @@ class StoreCounters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def stats_path(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"stats_rank{rank:03d}.json"
+
+
+def write_stats_file(directory: str | os.PathLike, rank: int, stats: dict[str, Any]) -> Path:
+    """Atomically replace this rank's stats file (write a temp file, then rename)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = stats_path(directory, rank)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".stats_rank{rank:03d}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(stats, f, default=str)
+    os.replace(tmp, path)
+    return path
+
+
+def read_stats_files(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every rank's stats file in ``directory``, ordered by rank."""
+    files = sorted(Path(directory).glob("stats_rank*.json"))
+    return [json.loads(f.read_text()) for f in files]

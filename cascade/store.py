@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .errors import BlockNotFound, BlockPinned, CorruptBlock, InvalidBlock, TierFull
+from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
-from .stats import StoreCounters, TierCounters
+from .histogram import LatencyHistogram
+from .stats import StoreCounters, TierCounters, write_stats_file
 from .tiers.base import BlockKey, Tier
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
@@ -82,10 +83,19 @@ class CascadeStore:
         self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode)
         self.counters = StoreCounters()
         self.tier_counters = [TierCounters() for _ in self.tiers]
+        self.get_latency = [LatencyHistogram() for _ in self.tiers]  # per serving tier
+        self.put_latency = LatencyHistogram()
+        self.rank = rank
+        self._stats_written = 0.0
         self._meta: dict[BlockKey, BlockMeta] = {}
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            for tier in self.tiers:
+                tier.close()
+            raise
 
     # -- construction -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -93,6 +103,12 @@ class CascadeStore:
         now = time.monotonic()
         for t, tier in enumerate(self.tiers):
             parent_of = getattr(tier, "parent_of", None)
+            sizes = {tier.length(key) for key in tier}
+            if sizes - {self.spec.block_bytes}:
+                raise ConfigError(
+                    f"{tier.name} tier in {getattr(tier, 'directory', '?')} holds blocks of "
+                    f"{sorted(sizes)} bytes but this store's blocks are {self.spec.block_bytes} bytes "
+                    f"({self.config.model}, {self.config.block_tokens} tokens): use another file_dir")
             for key in tier:
                 meta = BlockMeta(key, tier.length(key), t, parent=parent_of(key) if parent_of else None,
                                  ttl=self.config.default_ttl)
@@ -102,6 +118,9 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
+        for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
+            while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
+                self._demote(victim)
 
     def _depth(self, meta: BlockMeta) -> int:
         depth, seen, parent = 0, set(), meta.parent
@@ -148,6 +167,7 @@ class CascadeStore:
         check_namespace(namespace)
         if parent is not None:
             check_id(parent)
+        started = time.perf_counter()
         staged = None
         if block_id is None or verify:
             if self._can_overlap():
@@ -191,6 +211,8 @@ class CascadeStore:
             self._link_child(meta)
             self.counters.stored += 1
             self.tier_counters[0].bytes_written += meta.nbytes
+            self.put_latency.record(time.perf_counter() - started)
+            self._maybe_write_stats()
             return block_id
 
     def _can_overlap(self) -> bool:
@@ -349,6 +371,7 @@ class CascadeStore:
 
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
         bkey = self._key(block_id, namespace)
+        started = time.perf_counter()
         with self._lock:
             self.counters.gets += 1
             now = time.monotonic()
@@ -373,11 +396,13 @@ class CascadeStore:
             counters = self.tier_counters[t]
             counters.hits += 1
             counters.bytes_read += meta.nbytes
+            self.get_latency[t].record(time.perf_counter() - started)
             for faster in self.tier_counters[:t]:
                 faster.misses += 1
             self.policy.touched(meta, now)
             if t > 0 and self.config.promote_on_hit:
                 self._promote(meta, outs)
+            self._maybe_write_stats()
             return True
 
     def _miss(self, served_by: int) -> bool:
@@ -481,15 +506,32 @@ class CascadeStore:
         promotions, demotions, corruptions, full events, plus tier facts)."""
         with self._lock:
             tiers = {}
-            for tier, counters in zip(self.tiers, self.tier_counters):
-                tiers[tier.name] = {**tier.stats(), "bytes": tier.used, **counters.as_dict()}
-            return {"blocks": len(self._meta), **self.counters.as_dict(), "tiers": tiers,
-                    "policy": self.policy.kind, "block_bytes": self.spec.block_bytes}
+            for tier, counters, hist in zip(self.tiers, self.tier_counters, self.get_latency):
+                tiers[tier.name] = {**tier.stats(), "bytes": tier.used, **counters.as_dict(),
+                                    "get_latency": hist.as_dict()}
+            return {"rank": self.rank, "blocks": len(self._meta), **self.counters.as_dict(), "tiers": tiers,
+                    "put_latency": self.put_latency.as_dict(), "policy": self.policy.kind,
+                    "block_bytes": self.spec.block_bytes}
+
+    def _maybe_write_stats(self, force: bool = False) -> None:
+        """Refresh ``stats_rank<r>.json`` in ``config.stats_dir`` (if set) every
+        ``stats_interval`` seconds, so ``cascade stats`` can watch a running job."""
+        if not self.config.stats_dir:
+            return
+        now = time.monotonic()
+        if force or now - self._stats_written >= self.config.stats_interval:
+            self._stats_written = now
+            try:
+                write_stats_file(self.config.stats_dir, self.rank, self.stats())
+            except OSError as exc:
+                log.warning("cannot write stats file in %s: %s", self.config.stats_dir, exc)
 
     def close(self) -> None:
         """Release every tier (SHM slabs are removed; file-tier data stays for a warm
         restart). Idempotent."""
         with self._lock:
+            if self._meta or self.counters.puts or self.counters.gets:
+                self._maybe_write_stats(force=True)
             for tier in self.tiers:
                 tier.close()
             self._meta.clear()

@@ -139,3 +139,25 @@ def test_sigkill_mid_write_loses_no_acknowledged_block(tmp_path, kill_after):
             got = s.get(bid)
             assert got is not None, f"acknowledged block {i} lost"
             assert np.array_equal(got[0], k) and np.array_equal(got[1], v)
+
+
+def test_reopen_with_other_block_size_is_a_clear_error(tmp_path):
+    from cascade import ConfigError
+
+    cfg = file_only(tmp_path)
+    with CascadeStore(cfg) as s:
+        s.put(*blocks(s.spec, 1)[0])
+    with pytest.raises(ConfigError, match="use another file_dir"):
+        CascadeStore(cfg.replace(block_tokens=32))
+    with CascadeStore(cfg) as s:  # nothing was lost by the refused open
+        assert len(s) == 1
+
+
+def test_reopen_with_smaller_capacity_sheds_blocks(tmp_path):
+    cfg = file_only(tmp_path)
+    with CascadeStore(cfg) as s:
+        ids = s.put_many(blocks(s.spec, 40, seed=9), chain=True)
+    small = cfg.replace(file_bytes=10 * 8192)
+    with CascadeStore(small) as s:
+        assert len(s) == 10 and s.tiers[0].free >= 0
+        assert s.longest_prefix(ids) == 10  # leaf-first: the chain's head survived

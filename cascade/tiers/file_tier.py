@@ -331,6 +331,11 @@ class FileTier(Tier):
     def __contains__(self, key: object) -> bool:
         return key in self._index
 
+    def location(self, key: BlockKey) -> int:
+        """The block's record as one integer (file id and offset) for the directory."""
+        loc = self._loc(key)
+        return encode_location(loc.file_id, loc.offset)
+
     def parent_of(self, key: BlockKey) -> str | None:
         """The parent id recorded with ``key`` (survives restarts)."""
         return self._loc(key).parent
@@ -401,6 +406,41 @@ class FileTier(Tier):
         return {**super().stats(), **self.counters, "files": len(self._files), "disk_bytes": disk,
                 "dead_bytes": disk - self._live_bytes, "odirect": self._odirect, "on_lustre": self.on_lustre,
                 "directory": self.directory}
+
+
+_OFFSET_BITS = 40  # records start below 1 TiB in a file; file ids take the upper 24 bits
+
+
+def encode_location(file_id: int, offset: int) -> int:
+    return (file_id << _OFFSET_BITS) | offset
+
+
+def decode_location(location: int) -> tuple[int, int]:
+    return location >> _OFFSET_BITS, location & ((1 << _OFFSET_BITS) - 1)
+
+
+def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: Sequence[Any]) -> None:
+    """Read a record of any rank's aggregated files (on a shared file system) into
+    ``outs``, checking that the header names ``key`` and that the payload checksum holds.
+    :class:`BlockNotFound` when the file or record is gone (compacted, deleted),
+    :class:`CorruptBlock` when the bytes fail verification. Local; reads only."""
+    file_id, offset = decode_location(location)
+    path = os.path.join(directory, f"agg_rank{rank:03d}_{file_id:06d}.bin")
+    views = [as_byte_view(o, "output buffer") for o in outs]
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise BlockNotFound(f"{path} is gone (compacted or removed)") from None
+    try:
+        header = unpack_header(os.pread(fd, HEADER_BYTES, offset))
+        if header is None or header.tombstone or (header.namespace, header.block_id) != key:
+            raise BlockNotFound(f"no record of {key[1]} at {path}:{offset}")
+        if header.payload_len != sum(v.nbytes for v in views):
+            raise CorruptBlock(f"record of {key[1]} at {path}:{offset} has {header.payload_len} bytes")
+        if os.preadv(fd, views, offset + HEADER_BYTES) != header.payload_len or checksum(views) != header.checksum:
+            raise CorruptBlock(f"record of {key[1]} at {path}:{offset} is truncated or fails its checksum")
+    finally:
+        os.close(fd)
 
 
 def _page_aligned(view: memoryview) -> bool:

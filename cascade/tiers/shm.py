@@ -122,3 +122,40 @@ class ShmTier(SlabTier):
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "path": self.path}
 
+
+
+class ShmPeerSlabs:
+    """Read-only maps of other ranks' SHM slabs on this node (node-local reads, no MPI).
+
+    Ranks of one node exchange their slab paths once (see ``cascade.distributed``); a
+    block that a node peer holds in SHM is then copied straight out of its slab.
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
+
+    def read_into(self, path: str, offset: int, outs: list[Any]) -> None:
+        """Copy the bytes at ``offset`` of the slab ``path`` into ``outs`` (in order)."""
+        view = self._view(path)
+        pos = offset
+        for out in outs:
+            dst = memoryview(out).cast("B")
+            dst[:] = view[pos:pos + dst.nbytes]
+            pos += dst.nbytes
+
+    def _view(self, path: str) -> memoryview:
+        entry = self._maps.get(path)
+        if entry is None:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            entry = self._maps[path] = (mm, memoryview(mm))
+        return entry[1]
+
+    def close(self) -> None:
+        for mm, view in self._maps.values():
+            view.release()
+            mm.close()
+        self._maps.clear()

@@ -102,6 +102,10 @@ class SlabTier(Tier):
     def length(self, key: BlockKey) -> int:
         return self._slot(key).length
 
+    def offset(self, key: BlockKey) -> int:
+        """Where the block starts in the slab (its location for node peers)."""
+        return self._slot(key).offset
+
     def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
         slot = self._slot(key)
         n = _nbytes(out)
