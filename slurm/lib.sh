@@ -40,13 +40,14 @@ if [[ -z ${CASCADE_FILE_DIR:-} ]]; then
 fi
 
 # cascade_srun NODES RANKS_PER_NODE CMD...: one job step of NODES x RANKS_PER_NODE ranks.
-# `python -m mpi4py` in CMD makes a rank's uncaught exception abort the whole step.
+# `python -m mpi4py` in CMD makes a rank's uncaught exception abort the whole step;
+# --kill-on-bad-exit also ends it when a rank dies without a word (signal, os._exit).
 cascade_srun() {
   local nodes=$1 per_node=$2 extra=()
   shift 2
   mapfile -t extra < <(profile_srun_opts "$per_node")
-  srun "${SRUN_OPTS[@]}" "${extra[@]}" --nodes="$nodes" --ntasks=$((nodes * per_node)) \
-    --ntasks-per-node="$per_node" "$@"
+  srun "${SRUN_OPTS[@]}" "${extra[@]}" --kill-on-bad-exit=1 --nodes="$nodes" \
+    --ntasks=$((nodes * per_node)) --ntasks-per-node="$per_node" "$@"
 }
 
 # The job's file tier is garbage afterwards, on every node when FILE_BASE is node-local.

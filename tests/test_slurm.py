@@ -161,18 +161,26 @@ def test_single_node_script_runs_the_distributed_workload(
 
 
 FAILING_RANK = """\
+import os
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 if comm.rank == 1:
-    raise RuntimeError("rank 1 fails on purpose")
-comm.Barrier()  # without an abort the other ranks would wait here forever
-print(f"rank {comm.rank} passed the barrier", flush=True)
+    print("rank 1 fails on purpose", flush=True)
+    {failure}
+comm.Barrier()  # unless the step is ended the other ranks wait here forever
+print(f"rank {{comm.rank}} passed the barrier", flush=True)
 """
 
 
-def test_a_failing_rank_ends_the_step_promptly(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("failure", [
+    "raise RuntimeError('boom')",  # python -m mpi4py turns this into MPI_Abort
+    "os._exit(3)",  # no MPI_Abort: the cluster's KillOnBadExit must end the step
+])
+def test_a_failing_rank_ends_the_step_promptly(
+    cluster: Cluster, tmp_path: Path, failure: str
+) -> None:
     script, out = tmp_path / "fail.py", tmp_path / "job.out"
-    script.write_text(FAILING_RANK)
+    script.write_text(FAILING_RANK.format(failure=failure))
     job_id, submitted = _sbatch(
         cluster, ["--ntasks=4", f"--wrap=srun --mpi=pmi2 python -m mpi4py {script}"], out
     )

@@ -69,6 +69,15 @@ fi
 [[ -s $KEY ]] || (umask 077; head -c 1024 /dev/urandom >"$KEY")
 chmod 600 "$KEY"
 
+# MPICH names its shared-memory slab after the PMI job id ("JOB.STEP") and leaves it in
+# /dev/shm when a step is killed; a later step with the same id attaches to the stale
+# slab and hangs in MPI_Init. Job ids therefore start at a random number each time
+# slurmctld starts with fresh state, so neither a restarted nor a concurrent local
+# cluster reuses one; a running slurmctld keeps its number.
+first_id=
+if running slurmctld && [[ -f $CONF ]]; then first_id=$(sed -n 's/^FirstJobId=//p' "$CONF"); fi
+first_id=${first_id:-$(( ((RANDOM << 15) | RANDOM) % 60000000 + 1000 ))}
+
 cat >"$CONF.tmp" <<EOF
 # Written by Cascade's slurm/local/start.sh; edits are overwritten.
 ClusterName=cascade
@@ -82,6 +91,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SOCK
 StateSaveLocation=$DIR/state
+FirstJobId=$first_id
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd.pid
@@ -104,7 +114,9 @@ MpiDefault=$MPI
 ReturnToService=2
 # the advertised CPU count may exceed the real cores; do not drain the node for it
 SlurmdParameters=config_overrides
-# a failing step is killed within seconds, not the default 30
+# a task that exits non-zero ends its whole step (MPI ranks would wait for it forever),
+# and the rest are killed within seconds, not the default 30
+KillOnBadExit=1
 KillWait=5
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 State=UNKNOWN
 PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
