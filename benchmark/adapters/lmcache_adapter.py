@@ -1,0 +1,345 @@
+"""LMCache 0.5.x driven through its own ``StorageManager`` on CPU, without vLLM or a GPU.
+
+Three adapters share this module:
+
+=================  ====================================================================
+``lmcache_cpu``    ``LocalCPUBackend`` only (``local_cpu=True``, no disk)
+``lmcache_disk``   ``LocalDiskBackend``; the CPU backend is only LMCache's staging pool
+                   (``local_cpu=False``), as LMCache always creates it
+``lmcache_cpu_disk`` ``LocalCPUBackend`` in front of ``LocalDiskBackend`` (every put goes
+                   to both tiers; a disk hit is written back into the CPU tier by LMCache)
+=================  ====================================================================
+
+How a block maps onto LMCache (what a vLLM connector would hand it):
+
+* key: ``CacheEngineKey(model_name, world_size=1, worker_id=rank, chunk_hash, uint8)``
+  with ``chunk_hash = int(block_id, 16)`` (the 128-bit id is the chunk's prefix hash).
+* data: one ``MemoryObj`` from LMCache's own allocator (``StorageManager.allocate``) in
+  its ``KV_2LTD`` format, shape ``[2, 1, 1, n]`` uint8: row 0 the key (K) bytes, row 1
+  the value (V) bytes — the byte image of a ``[2, layers, tokens, hidden]`` chunk. A
+  block whose key and value differ in size is stored flat as ``[1, 1, 1, k + v]``.
+  The sizes of each block are kept beside the store (a serving engine knows them from
+  the model shape); whether a block is present is always asked of LMCache.
+
+Copies LMCache's API forces: put copies the caller's bytes into the ``MemoryObj``
+(LMCache only stores its own allocations; this is the GPU->CPU copy of a real
+deployment); the CPU backend then keeps that object (no copy), the disk backend
+writes it to one file per chunk (``<dir>/<key>.pt``) from a background thread. get
+copies the stored object into the caller's buffers (the CPU->GPU copy of a real
+deployment); from disk, LMCache first reads the file into a staging object (one more
+copy). Known LMCache behaviour worked around here: a key is never overwritten (a put of
+a present id is skipped, which is correct for content ids), and ``StorageManager.get``
+does not return when the CPU tier is off, so reads use ``contains`` and then
+``batched_get(location=<backend that has it>)``.
+
+Not thread-safe: one adapter per rank, driven from one thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from typing import Any
+
+from .base import (AdapterUnavailable, Buffer, StorageAdapter, byte_view, process_rank,
+                   writable_view)
+
+_CPU = "LocalCPUBackend"
+_DISK = "LocalDiskBackend"
+_GIB = float(1 << 30)
+
+
+def _import_lmcache():
+    """Import torch and LMCache's storage layer; AdapterUnavailable with the reason."""
+    # LMCache reads these at import time: no usage telemetry, quiet logs.
+    os.environ["LMCACHE_TRACK_USAGE"] = "false"
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
+    try:
+        import torch
+        import lmcache
+        from lmcache.utils import CacheEngineKey
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.event_manager import EventManager
+        from lmcache.v1.memory_management import MemoryFormat
+        from lmcache.v1.metadata import LMCacheMetadata
+        from lmcache.v1.storage_backend.storage_manager import StorageManager
+    except ImportError as exc:
+        raise AdapterUnavailable(
+            f"LMCache is not importable ({exc}); install it with "
+            "third_party/install.sh (pins in third_party/lmcache/requirements.txt)") from exc
+    version = getattr(lmcache, "__version__", "unknown")
+    if not version.startswith("0.5."):
+        raise AdapterUnavailable(f"LMCache {version} is installed; this adapter drives 0.5.x")
+    return dict(torch=torch, lmcache=lmcache, CacheEngineKey=CacheEngineKey,
+                LMCacheEngineConfig=LMCacheEngineConfig, EventManager=EventManager,
+                MemoryFormat=MemoryFormat, LMCacheMetadata=LMCacheMetadata,
+                StorageManager=StorageManager)
+
+
+class _LMCacheAdapter(StorageAdapter):
+    """Shared implementation; the subclasses fix which LMCache backends are on."""
+
+    has_eviction = True
+    _use_cpu = True
+    _use_disk = False
+
+    def __init__(self, model_name: str = "cascade-bench", chunk_tokens: int = 16,
+                 cpu_bytes: int | None = None, staging_bytes: int = 256 << 20,
+                 wait_for_disk: bool | None = None, torch_threads: int = 1,
+                 disk_io_threads: int | None = None, keep_files: bool = False) -> None:
+        """Options:
+
+        ``model_name``/``chunk_tokens``: recorded in LMCache's metadata and keys;
+        ``cpu_bytes``: size of the CPU tier in ``lmcache_cpu_disk`` (default: the
+        capacity; the disk tier always gets the capacity, and since every put lands on
+        disk the distinct data held is the capacity); ``staging_bytes``: the CPU pool
+        LMCache needs as a staging buffer in ``lmcache_disk``; ``wait_for_disk``:
+        ``put`` returns only once the disk write finished (default on for
+        ``lmcache_disk``, off for ``lmcache_cpu_disk`` where the CPU tier serves reads at
+        once); ``torch_threads``: ``torch.set_num_threads``; ``disk_io_threads``:
+        LMCache's ``disk_io_threads``; ``keep_files``: leave the disk files at close.
+        """
+        super().__init__()
+        self._model = model_name
+        self._chunk_tokens = int(chunk_tokens)
+        self._cpu_bytes = cpu_bytes
+        self._staging_bytes = int(staging_bytes)
+        self._wait_for_disk = self._use_disk and not self._use_cpu if wait_for_disk is None \
+            else bool(wait_for_disk) and self._use_disk
+        self._torch_threads = int(torch_threads)
+        self._disk_io_threads = disk_io_threads
+        self._keep_files = keep_files
+        self._lm: dict[str, Any] = {}
+        self._sm = None
+        self._disk = None
+        self._disk_dir = ""
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._keys: dict[str, Any] = {}
+        self._rank = 0
+        self._config_summary: dict[str, object] = {}
+
+    @staticmethod
+    def probe() -> str | None:
+        try:
+            _import_lmcache()
+        except AdapterUnavailable as exc:
+            return str(exc)
+        return None
+
+    # -- life cycle -------------------------------------------------------------------
+    def initialize(self, capacity_bytes: int, data_dir: str) -> None:
+        super().initialize(capacity_bytes, data_dir)
+        lm = self._lm = _import_lmcache()
+        torch = lm["torch"]
+        torch.set_num_threads(self._torch_threads)
+        self._rank = process_rank()
+
+        cap_gb = self.capacity_bytes / _GIB
+        if self._use_cpu:
+            cpu_gb = (self._cpu_bytes if self._cpu_bytes else self.capacity_bytes) / _GIB
+        else:
+            cpu_gb = min(self._staging_bytes, self.capacity_bytes) / _GIB
+        cfg: dict[str, object] = {
+            "chunk_size": self._chunk_tokens,
+            "local_cpu": self._use_cpu,
+            "max_local_cpu_size": cpu_gb,
+            "local_disk": None,
+            "max_local_disk_size": 0.0,
+            "cache_policy": "LRU",
+            "save_unfull_chunk": True,
+        }
+        if self._use_disk:
+            self._disk_dir = os.path.join(
+                self.data_dir, f"lmcache_rank{self._rank:03d}_{os.getpid()}_{id(self):x}")
+            os.makedirs(self._disk_dir, exist_ok=True)
+            cfg["local_disk"] = self._disk_dir + "/"
+            cfg["max_local_disk_size"] = cap_gb
+            if self._disk_io_threads:
+                cfg["extra_config"] = {"disk_io_threads": int(self._disk_io_threads)}
+        self._config_summary = {k: v for k, v in cfg.items()}
+        try:
+            config = lm["LMCacheEngineConfig"].from_defaults(**cfg)
+            metadata = lm["LMCacheMetadata"](
+                model_name=self._model, world_size=1, local_world_size=1,
+                worker_id=self._rank, local_worker_id=0, kv_dtype=torch.uint8,
+                kv_shape=(1, 2, self._chunk_tokens, 1, 1), role="worker",
+                chunk_size=self._chunk_tokens)
+            self._sm = lm["StorageManager"](config, metadata, lm["EventManager"]())
+        except Exception:
+            self.close()
+            raise
+        backends = list(self._sm.storage_backends)
+        if _CPU not in backends or (self._use_disk and _DISK not in backends):
+            self.close()
+            raise AdapterUnavailable(f"LMCache created backends {backends}, expected "
+                                     f"{_CPU}{' and ' + _DISK if self._use_disk else ''}")
+        self._disk = self._sm.storage_backends.get(_DISK)
+
+    def close(self) -> None:
+        if self._sm is not None:
+            try:
+                self.flush()
+            finally:
+                self._sm.close()
+                self._sm = None
+                self._disk = None
+        if self._disk_dir and not self._keep_files:
+            shutil.rmtree(self._disk_dir, ignore_errors=True)
+        self._disk_dir = ""
+        self._sizes.clear()
+        self._keys.clear()
+
+    # -- mapping ----------------------------------------------------------------------
+    def _key(self, block_id: str):
+        key = self._keys.get(block_id)
+        if key is None:
+            try:
+                chunk_hash = int(block_id, 16)
+            except ValueError:  # not a hex id: hash it, as LMCache hashes token runs
+                chunk_hash = int.from_bytes(hashlib.blake2b(block_id.encode(),
+                                                            digest_size=16).digest(), "big")
+            key = self._lm["CacheEngineKey"](self._model, 1, self._rank, chunk_hash,
+                                             self._lm["torch"].uint8)
+            self._keys[block_id] = key
+        return key
+
+    def _where(self, key) -> str | None:
+        return self._sm.contains(key)
+
+    def _wait_written(self, keys) -> None:
+        """Poll LMCache's in-flight disk writes until ``keys`` are on disk."""
+        if self._disk is None:
+            return
+        delay = 50e-6
+        while any(self._disk.exists_in_put_tasks(k) for k in keys):
+            time.sleep(delay)
+            delay = min(delay * 2, 2e-3)
+
+    # -- blocks -----------------------------------------------------------------------
+    def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
+        import numpy as np
+        kv = byte_view(key, "key")
+        vv = byte_view(value, "value")
+        ck = self._key(block_id)
+        if self._where(ck) is not None or (
+                self._disk is not None and self._disk.exists_in_put_tasks(ck)):
+            return  # LMCache never overwrites a chunk; content ids make it the same bytes
+        torch = self._lm["torch"]
+        if kv.nbytes == vv.nbytes:
+            shape = torch.Size([2, 1, 1, kv.nbytes])
+        else:
+            shape = torch.Size([1, 1, 1, kv.nbytes + vv.nbytes])
+        obj = self._sm.allocate(shape, torch.uint8, fmt=self._lm["MemoryFormat"].KV_2LTD)
+        if obj is None:
+            raise MemoryError(f"LMCache could not allocate {kv.nbytes + vv.nbytes} bytes "
+                              f"(CPU pool {self._config_summary['max_local_cpu_size']} GiB)")
+        dst = obj.tensor.reshape(-1).numpy()
+        dst[:kv.nbytes] = np.frombuffer(kv, np.uint8)
+        dst[kv.nbytes:] = np.frombuffer(vv, np.uint8)
+        # batched_put hands the object to every backend and drops our reference.
+        self._sm.batched_put([ck], [obj])
+        self._sizes[block_id] = (kv.nbytes, vv.nbytes)
+        if self._wait_for_disk:
+            self._wait_written([ck])
+
+    def _fetch(self, block_id: str):
+        """The MemoryObj of a block (caller must ``ref_count_down``), or None."""
+        ck = self._key(block_id)
+        where = self._where(ck)
+        if where is None:
+            return None
+        obj = self._sm.batched_get([ck], location=where)[0]
+        return obj
+
+    def _sizes_of(self, block_id: str, obj) -> tuple[int, int]:
+        sizes = self._sizes.get(block_id)
+        if sizes is not None:
+            return sizes
+        shape = tuple(obj.tensor.shape)  # a block stored by another adapter instance
+        n = int(obj.tensor.numel())
+        return (n // 2, n // 2) if shape[0] == 2 else (n, 0)
+
+    def get(self, block_id: str) -> tuple[bytes, bytes] | None:
+        obj = self._fetch(block_id)
+        if obj is None:
+            return None
+        try:
+            klen, _ = self._sizes_of(block_id, obj)
+            raw = obj.tensor.reshape(-1).numpy()
+            return raw[:klen].tobytes(), raw[klen:].tobytes()
+        finally:
+            obj.ref_count_down()
+
+    def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
+        import numpy as np
+        kv = writable_view(key_out, "key_out")
+        vv = writable_view(value_out, "value_out")
+        obj = self._fetch(block_id)
+        if obj is None:
+            return False
+        try:
+            klen, vlen = self._sizes_of(block_id, obj)
+            self._check_sizes(block_id, kv, vv, klen, vlen)
+            raw = obj.tensor.reshape(-1).numpy()
+            np.frombuffer(kv, np.uint8)[:] = raw[:klen]
+            np.frombuffer(vv, np.uint8)[:] = raw[klen:klen + vlen]
+        finally:
+            obj.ref_count_down()
+        return True
+
+    def contains(self, block_id: str) -> bool:
+        return self._where(self._key(block_id)) is not None
+
+    def delete(self, block_id: str) -> None:
+        ck = self._key(block_id)
+        self._wait_written([ck])  # a queued disk write would re-insert the key later
+        self._sm.remove(ck)
+        self._sizes.pop(block_id, None)
+
+    def clear(self) -> None:
+        keys = list(self._keys.values())
+        self._wait_written(keys)
+        present = [k for k in keys if self._where(k) is not None]
+        if present:
+            self._sm.batched_remove(present)
+        self._sizes.clear()
+        self._keys.clear()
+
+    def flush(self) -> None:
+        if self._sm is not None:
+            self._wait_written(list(self._keys.values()))
+
+    # -- reporting --------------------------------------------------------------------
+    def versions(self) -> dict[str, str]:
+        lm = self._lm or _import_lmcache()
+        return {"lmcache": lm["lmcache"].__version__, "torch": lm["torch"].__version__}
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "lmcache_config": self._config_summary,
+                "wait_for_disk": self._wait_for_disk, "disk_dir": self._disk_dir,
+                "torch_threads": self._torch_threads}
+
+
+class LMCacheCPUAdapter(_LMCacheAdapter):
+    """LMCache's CPU backend alone (LRU in host memory)."""
+
+    name = "lmcache_cpu"
+    _use_cpu = True
+    _use_disk = False
+
+
+class LMCacheDiskAdapter(_LMCacheAdapter):
+    """LMCache's local-disk backend (the CPU pool only stages transfers)."""
+
+    name = "lmcache_disk"
+    _use_cpu = False
+    _use_disk = True
+
+
+class LMCacheCPUDiskAdapter(_LMCacheAdapter):
+    """LMCache's CPU backend in front of its local-disk backend."""
+
+    name = "lmcache_cpu_disk"
+    _use_cpu = True
+    _use_disk = True

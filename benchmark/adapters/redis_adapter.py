@@ -1,0 +1,181 @@
+"""Redis: a real ``redis-server`` (Debian package) on 127.0.0.1, driven with redis-py.
+
+The adapter starts its own server on a free loopback port with no persistence
+(``--save "" --appendonly no``), ``maxmemory`` = the benchmark capacity and
+``allkeys-lru`` (so Redis evicts on its own: ``has_eviction``), and stops it by PID at
+:meth:`close`. The server's launch options live in ``third_party/redis/redis.conf``;
+the port, memory limit and directory are given on the command line.
+
+Block layout: one Redis hash per block is two lookups per field on the server; instead a
+block is two plain string keys, ``<prefix>k:<id>`` and ``<prefix>v:<id>``, written and
+read in one pipeline (one round trip). Eviction is per key, so a read that finds only one
+half of a pair counts as a miss (and removes the orphan half).
+
+Copies on the way (what the protocol forces): put sends the caller's buffers through the
+socket (redis-py joins small commands but writes large values as separate chunks, no
+copy of the payload in Python); get receives each value into a new ``bytes`` (hiredis
+or the pure-Python parser); ``get_into`` then copies those bytes into the caller's
+buffers (one extra memcpy per block).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from .base import (AdapterUnavailable, Buffer, StorageAdapter, byte_view, free_loopback_port,
+                   start_server, stop_process, wait_for_port, writable_view)
+
+_CONF = Path(__file__).resolve().parents[2] / "third_party" / "redis" / "redis.conf"
+# Redis' own bookkeeping (dict entries, SDS headers, jemalloc rounding) counts against
+# maxmemory; a block of two large strings costs a few hundred bytes more than its data.
+_STARTUP_TIMEOUT_S = 15.0
+
+
+class RedisAdapter(StorageAdapter):
+    """Blocks in a private ``redis-server`` on loopback. Not thread-safe (one client)."""
+
+    name = "redis"
+    has_eviction = True
+
+    def __init__(self, server_binary: str | None = None, unix_socket: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        """``server_binary``: path of redis-server (default: found on PATH);
+        ``unix_socket``: talk over a Unix socket in the data dir instead of TCP loopback;
+        ``extra_args``: more ``--option value`` words for the server."""
+        super().__init__()
+        self._binary = server_binary
+        self._unix_socket = unix_socket
+        self._extra_args = tuple(extra_args)
+        self._proc: subprocess.Popen | None = None
+        self._client = None
+        self._port = 0
+        self._prefix = b""
+        self._workdir = ""
+        self._server_version = ""
+
+    @staticmethod
+    def probe() -> str | None:
+        """Why this adapter cannot start here, or ``None``."""
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            return "python package 'redis' is missing (pip install -r third_party/redis/requirements.txt)"
+        if shutil.which("redis-server") is None:
+            return "redis-server is not on PATH (apt-get install redis-server; see third_party/install.sh)"
+        return None
+
+    def initialize(self, capacity_bytes: int, data_dir: str) -> None:
+        super().initialize(capacity_bytes, data_dir)
+        reason = None if self._binary else self.probe()
+        if reason:
+            raise AdapterUnavailable(reason)
+        import redis
+
+        binary = self._binary or shutil.which("redis-server")
+        self._workdir = os.path.join(self.data_dir, f"redis_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+        os.makedirs(self._workdir, exist_ok=True)
+        self._port = free_loopback_port()
+        log_path = os.path.join(self._workdir, "redis.log")
+        args = [binary]
+        if _CONF.exists():
+            args.append(str(_CONF))
+        args += [
+            "--bind", "127.0.0.1",
+            "--port", str(self._port),
+            "--protected-mode", "yes",
+            "--save", "",
+            "--appendonly", "no",
+            "--maxmemory", str(self.capacity_bytes),
+            "--maxmemory-policy", "allkeys-lru",
+            "--dir", self._workdir,
+            "--logfile", log_path,
+            "--daemonize", "no",
+        ]
+        sock_path = os.path.join(self._workdir, "redis.sock")
+        if self._unix_socket:
+            args += ["--unixsocket", sock_path, "--unixsocketperm", "700"]
+        args += list(self._extra_args)
+        try:
+            self._proc = start_server(args, os.path.join(self._workdir, "stdout.log"))
+            wait_for_port(self._port, self._proc, _STARTUP_TIMEOUT_S, "redis-server", log_path)
+            if self._unix_socket:
+                self._client = redis.Redis(unix_socket_path=sock_path)
+            else:
+                self._client = redis.Redis(host="127.0.0.1", port=self._port)
+            info = self._client.info("server")
+        except BaseException:
+            self.close()
+            raise
+        self._server_version = str(info.get("redis_version", ""))
+        self._prefix = f"blk:{uuid.uuid4().hex[:8]}:".encode()
+
+    def _keys(self, block_id: str) -> tuple[bytes, bytes]:
+        bid = block_id.encode()
+        return self._prefix + b"k:" + bid, self._prefix + b"v:" + bid
+
+    def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
+        kname, vname = self._keys(block_id)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(kname, byte_view(key, "key"))
+        pipe.set(vname, byte_view(value, "value"))
+        pipe.execute()
+
+    def _fetch(self, block_id: str) -> tuple[bytes, bytes] | None:
+        kname, vname = self._keys(block_id)
+        key, value = self._client.mget(kname, vname)
+        if key is None or value is None:
+            if key is not None or value is not None:  # LRU took one half: drop the other
+                self._client.delete(kname, vname)
+            return None
+        return key, value
+
+    def get(self, block_id: str) -> tuple[bytes, bytes] | None:
+        return self._fetch(block_id)
+
+    def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
+        kv = writable_view(key_out, "key_out")
+        vv = writable_view(value_out, "value_out")
+        got = self._fetch(block_id)
+        if got is None:
+            return False
+        self._check_sizes(block_id, kv, vv, len(got[0]), len(got[1]))
+        kv[:] = got[0]
+        vv[:] = got[1]
+        return True
+
+    def contains(self, block_id: str) -> bool:
+        return self._client.exists(*self._keys(block_id)) == 2
+
+    def delete(self, block_id: str) -> None:
+        self._client.delete(*self._keys(block_id))
+
+    def clear(self) -> None:
+        # The server is private to this adapter, so FLUSHDB removes only our blocks.
+        self._client.flushdb()
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None
+        stop_process(self._proc)
+        self._proc = None
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = ""
+
+    def server_pids(self) -> list[int]:
+        return [self._proc.pid] if self._proc is not None else []
+
+    def versions(self) -> dict[str, str]:
+        import redis
+        return {"redis-server": self._server_version, "redis-py": redis.__version__}
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "port": self._port, "unix_socket": self._unix_socket,
+                "maxmemory_policy": "allkeys-lru", "persistence": "off"}
