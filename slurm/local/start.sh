@@ -27,7 +27,8 @@
 # and srun exports the caller's environment (PATH, VIRTUAL_ENV) to every task.
 set -euo pipefail
 
-DIR=${LOCAL_SLURM_DIR:-${TMPDIR:-/tmp}/cascade-slurm}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 CPUS=${LOCAL_SLURM_CPUS:-8}
 PORT=${LOCAL_SLURM_PORT:-6817}
 MPI=${LOCAL_SLURM_MPI:-pmi2}
@@ -39,10 +40,6 @@ KEY=$DIR/munge/key
 # many TMPDIRs are 0700), and socket paths are short: keep it in /run, one per DIR
 SOCK=/run/cascade-munge-$(printf %s "$DIR" | cksum | cut -d' ' -f1)/socket
 
-say() { echo "[cascade-slurm] $*" >&2; }
-# running NAME: the pid in run/NAME.pid is alive and is NAME (a stale file may name a
-# recycled pid that now belongs to something else)
-running() { local f=$DIR/run/$1.pid; [[ -s $f && $(cat "/proc/$(cat "$f")/comm" 2>/dev/null) == "$1" ]]; }
 stop_all() { local d; for d in slurmd slurmctld munged; do running "$d" && kill -TERM "$(cat "$DIR/run/$d.pid")"; done; return 0; }
 
 # exit 2 and 3 let callers (tests) tell "no SLURM possible here" from "SLURM broke"
@@ -136,13 +133,13 @@ fi
 # slurmctld aborts if munged does not answer yet: wait for a credential round trip
 for _ in $(seq 50); do munge -n -S "$SOCK" 2>/dev/null | unmunge -S "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 if ! munge -n -S "$SOCK" | unmunge -S "$SOCK" >/dev/null; then
-  say "munged does not answer"; tail -n 5 "$DIR/log/munged.log" >&2 || true; exit 1
+  say "munged does not answer"; tail -n 5 "$DIR/log/munged.log" >&2 || true; stop_all; exit 1
 fi
 
 started=0
 if ! running slurmctld; then
   say "starting slurmctld"
-  # -c: fresh state, so job ids and leftover jobs of an earlier run never leak in
+  # -c: fresh state, so jobs of an earlier run never come back
   rm -rf "${DIR:?}/state/"*
   slurmctld -c -f "$CONF"
   started=1

@@ -11,11 +11,9 @@
 #   LOCAL_SLURM_PURGE  1: delete the state directory after stopping  (default 0)
 set -euo pipefail
 
-DIR=${LOCAL_SLURM_DIR:-${TMPDIR:-/tmp}/cascade-slurm}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export SLURM_CONF=$DIR/slurm.conf
-
-say() { echo "[cascade-slurm] $*" >&2; }
-running() { local f=$DIR/run/$1.pid; [[ -s $f && $(cat "/proc/$(cat "$f")/comm" 2>/dev/null) == "$1" ]]; }
 
 # stop NAME...: SIGTERM each running daemon, wait up to 20 s for all, then SIGKILL
 stop() {
@@ -30,7 +28,7 @@ stop() {
   ((${#pids[@]})) || return 0
   for _ in $(seq 200); do
     left=()
-    for p in "${pids[@]}"; do [[ -d /proc/$p ]] && left+=("$p"); done
+    for p in "${pids[@]}"; do alive "$p" && left+=("$p"); done
     ((${#left[@]})) || return 0
     sleep 0.1
   done
