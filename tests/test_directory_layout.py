@@ -188,6 +188,9 @@ def test_find_in_bucket_matches_aligned_live_copies_only():
                         6: L.pack_slot(key, L.make_ctl(L.VALID, version=8), live)})
     hit, busy = L.find_in_bucket(buf, key)
     assert hit == (6, L.make_ctl(L.VALID, version=8), dataclasses.replace(live, version=8)) and not busy
+    assert L.read_live(buf, key) is None  # the fast path takes only a live first copy
+    only_live = _bucket_with({6: L.pack_slot(key, L.make_ctl(L.VALID, version=8), live)})
+    assert L.read_live(only_live, key) == hit[2]
     twice = bytearray(L.BUCKET_BYTES) + buf
     assert L.find_in_bucket(twice, key, L.BUCKET_BYTES)[0][0] == 6
     assert L.find_in_bucket(twice, key, 0) == (None, False)
@@ -200,6 +203,7 @@ def test_find_in_bucket_reports_a_slot_in_flight_as_busy(state):
     raw = L.pack_slot(key, L.make_ctl(state, version=2), _entry())
     raw[8 * L.LOCATION] ^= 1  # for VALID: a torn read
     assert L.find_in_bucket(_bucket_with({4: raw}), key) == (None, True)
+    assert L.read_live(_bucket_with({4: raw}), key) is None
 
 
 def test_entries_of_equals_read_slot_and_catches_tears():

@@ -39,7 +39,6 @@ Thread-safety: a directory object is not thread-safe; use one per thread or a lo
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -79,12 +78,14 @@ class Removal(str, enum.Enum):
 
 
 class ShardedDirectory:
-    """Global directory, one shard per rank of ``comm``. Collective: the constructor,
-    :meth:`free` (and the context manager); every other method is local and one-sided."""
+    """Global directory, one shard of ``slots_per_rank`` entries (~82 bytes each) per rank
+    of ``comm`` (default ``MPI.COMM_SELF``). Collective: the constructor, :meth:`free` (and
+    the context manager); every other method is local and one-sided."""
 
-    def __init__(self, comm: MPI.Comm, slots_per_rank: int = 1 << 16) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, slots_per_rank: int = 1 << 16) -> None:
         MPI = load_mpi()
         self._MPI = MPI
+        comm = MPI.COMM_SELF if comm is None else comm
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -99,7 +100,7 @@ class ShardedDirectory:
         self._origin = np.zeros(1, dtype=np.uint64)
         self._compare = np.zeros(1, dtype=np.uint64)
         self._result = np.zeros(1, dtype=np.uint64)
-        self._namespaces: dict[str, bytes] = {}
+        self._namespaces: dict[str, tuple[bytes, int]] = {}
         self._in_flight: list[np.ndarray] = []
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -123,7 +124,14 @@ class ShardedDirectory:
     def lookup(self, namespace: str, block_id: str) -> DirectoryEntry | None:
         """The entry of a key, or None. One-sided; 1 round trip."""
         owner, home, key = self._key(namespace, block_id)
-        found = self._search(owner, home, key)[0]
+        self._win.Get(self._bucket, owner, home * L.BUCKET_WORDS)
+        self._win.Flush_local(owner)
+        entry = L.read_live(self._raw, key)
+        if entry is not None:
+            return entry
+        if L.bucket_reach(self._raw) == 0 and self._raw.find(key) < 0:
+            return None  # a plain miss
+        found = self._find(owner, home, key)  # overflow buckets, or an entry in flight
         return found[3] if found else None
 
     def lookup_many(self, keys: Sequence[BlockKey]) -> list[DirectoryEntry | None]:
@@ -206,11 +214,9 @@ class ShardedDirectory:
                 backoff.wait()  # pinned, unpinned or updated meanwhile: look again
                 continue
             final = L.next_ctl(writing, L.VALID)
-            new = dataclasses.replace(
-                current, tier=tier, rank=rank, location=location,
-                length=current.length if length is None else length,
-                checksum=current.checksum if checksum is None else checksum,
-                refs=L.ctl_refs(final), children=L.ctl_children(final), version=L.ctl_version(final))
+            new = DirectoryEntry(tier, rank, location, current.length if length is None else length,
+                                 current.checksum if checksum is None else checksum, L.ctl_refs(final),
+                                 current.shares, L.ctl_children(final), L.ctl_version(final))
             slot = np.frombuffer(L.pack_slot(key, final, new), dtype=np.uint64)
             # SHARES is left alone: a concurrent insert may be adding to it.
             self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
@@ -355,7 +361,7 @@ class ShardedDirectory:
             got = np.empty((len(distinct), L.BUCKET_WORDS), dtype=np.uint64)
             target = MPI.UINT64_T.Create_indexed_block(
                 L.BUCKET_WORDS, (distinct * L.BUCKET_WORDS).tolist()).Commit()
-            self._win.Get(got, owner, (0, 1, target))
+            self._win.Get([got, MPI.UINT64_T], owner, (0, 1, target))
             fetched.append((owner, sel, inverse, got))
             types.append(target)
         for owner, sel, inverse, got in fetched:
@@ -455,7 +461,8 @@ class ShardedDirectory:
             self._win.Fetch_and_op(self._origin, self._result, owner,
                                    L.slot_disp(bucket, i) + L.SHARES, self._MPI.SUM)
             self._win.Flush(owner)
-            return False, dataclasses.replace(current, shares=int(self._result[0]) + 1)
+            current.shares = int(self._result[0]) + 1  # our own snapshot object
+            return False, current
         bucket, i, writing = self._claim(owner, home, free, 0 if free else reach + 1, entry)
         final = L.next_ctl(writing, L.VALID)
         disp = L.slot_disp(bucket, i)
@@ -467,7 +474,8 @@ class ShardedDirectory:
             self._store(owner, L.bucket_disp(home) + L.MAXDIST, distance)
         self._flush(owner)
         self._store(owner, disp + L.CTL, final)  # completed by the unlock's Flush
-        return True, dataclasses.replace(entry, version=L.ctl_version(final))
+        return True, DirectoryEntry(entry.tier, entry.rank, entry.location, entry.length, entry.checksum,
+                                    entry.refs, entry.shares, entry.children, L.ctl_version(final))
 
     def _claim(self, owner: int, home: int, free: tuple[int, int, int] | None, start: int,
                entry: DirectoryEntry) -> tuple[int, int, int]:

@@ -73,6 +73,8 @@ class WindowSlab:
         if comm.allreduce(chunk_bytes, op=MPI.MAX) != comm.allreduce(chunk_bytes, op=MPI.MIN):
             raise ValueError("every rank must pass the same chunk_bytes")
         self.chunks: list[int] = comm.allgather(nbytes // chunk_bytes)  # per rank
+        self._sizes = [c * chunk_bytes for c in self.chunks]
+        self._BYTE = MPI.BYTE
         self.nodes = node_ids(comm)
         mine = self.chunks[self.rank]
         self._data: MPI.Win | None = allocate_window(comm, mine * chunk_bytes, 1, zero=False)
@@ -82,7 +84,7 @@ class WindowSlab:
         self._result = np.zeros(1, dtype=np.uint64)
 
     def window_bytes(self, rank: int) -> int:
-        return self.chunks[rank] * self.chunk_bytes
+        return self._sizes[rank]
 
     # -- leases ------------------------------------------------------------------------
     def bitmaps(self, targets: Sequence[int]) -> dict[int, list[int]]:
@@ -129,22 +131,28 @@ class WindowSlab:
     def put(self, target: int, offset: int, views: Sequence[memoryview]) -> None:
         """Write the byte views back to back at ``offset`` of ``target``'s window, then
         Flush (the bytes are visible to every rank on return)."""
-        BYTE = self._MPI.BYTE
+        BYTE = self._BYTE
         for view in views:
             if view.nbytes:
                 self._data.Put([view, BYTE], target, (offset, view.nbytes, BYTE))
             offset += view.nbytes
         self._data.Flush(target)
 
-    def get_into(self, target: int, offset: int, out: memoryview) -> None:
-        """Read ``out.nbytes`` bytes at ``offset`` of ``target``'s window into ``out``."""
-        if offset < 0 or offset + out.nbytes > self.window_bytes(target):
-            raise ValueError(f"read of {out.nbytes} bytes at {offset} is outside rank {target}'s "
-                             f"window of {self.window_bytes(target)} bytes")
-        if out.nbytes:
-            BYTE = self._MPI.BYTE
-            self._data.Get([out, BYTE], target, (offset, out.nbytes, BYTE))
-            self._data.Flush_local(target)
+    def get_into(self, target: int, offset: int, outs: Sequence[memoryview]) -> None:
+        """Read the bytes at ``offset`` of ``target``'s window into the byte views
+        ``outs`` back to back: one ``Get`` per view, one ``Flush``."""
+        end = offset
+        for out in outs:
+            end += out.nbytes
+        if offset < 0 or end > self._sizes[target]:
+            raise ValueError(f"read of {end - offset} bytes at {offset} is outside rank {target}'s "
+                             f"window of {self._sizes[target]} bytes")
+        win, BYTE = self._data, self._BYTE
+        for out in outs:
+            if n := out.nbytes:
+                win.Get([out, BYTE], target, (offset, n, BYTE))
+                offset += n
+        win.Flush_local(target)
 
     def free(self) -> None:
         """Collective: release both windows. Idempotent."""

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
-from ..errors import BlockNotFound, InvalidBlock, TierFull
+from ..checksum import checksum
+from ..distributed.rma import load_mpi
+from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier
 from .slab import SlabAllocator
@@ -40,21 +42,28 @@ class _Lease:
     blocks: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     lease: _Lease
     offset: int         # inside the lease
     length: int
+    checksum: int | None
 
 
 class RemoteTier(Tier):
-    """Blocks in the DRAM windows of the other ranks of ``comm``. Every rank exposes
-    ``nbytes`` (rounded down to whole ``chunk_bytes``) to the others."""
+    """Blocks in the DRAM windows of the other ranks of ``comm`` (default
+    ``MPI.COMM_SELF``: no other rank, capacity 0). Every rank exposes ``exposed_bytes``
+    (rounded down to whole ``chunk_bytes``) to the others. ``verify=True`` keeps an XXH3
+    checksum per block and checks whole-block reads (:class:`CorruptBlock` on mismatch)."""
 
     name = "remote"
 
-    def __init__(self, comm: MPI.Comm, nbytes: int, *, chunk_bytes: int = CHUNK_BYTES) -> None:
-        self.slab: WindowSlab | None = WindowSlab(comm, nbytes, chunk_bytes=chunk_bytes)
+    def __init__(self, comm: MPI.Comm | None = None, exposed_bytes: int = 0, *,
+                 chunk_bytes: int = CHUNK_BYTES, verify: bool = False) -> None:
+        if comm is None:
+            comm = load_mpi().COMM_SELF
+        self.slab: WindowSlab | None = WindowSlab(comm, exposed_bytes, chunk_bytes=chunk_bytes)
+        self._verify = verify
         self.rank = comm.Get_rank()
         size = comm.Get_size()
         others = [(self.rank + k) % size for k in range(1, size)]  # rotated: spreads the load
@@ -97,10 +106,11 @@ class RemoteTier(Tier):
         return any(self._free_target(group, nbytes) is not None for group in self._groups)
 
     # -- Tier interface ------------------------------------------------------------------
-    def put(self, key: BlockKey, parts: Sequence[Any]) -> None:
+    def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
         """Store the parts back to back on some other rank: one ``Put`` per part and one
         ``Flush`` (plus 2 round trips when a new lease is needed). Raises :class:`TierFull`
-        when no target has room; the tier is then unchanged."""
+        when no target has room; the tier is then unchanged. ``parent`` is not kept
+        (nothing here survives a restart)."""
         views = [as_byte_view(p, "block part") for p in parts]
         nbytes = sum(v.nbytes for v in views)
         lease, offset = self._allocate(nbytes)
@@ -111,7 +121,7 @@ class RemoteTier(Tier):
             raise
         if key in self._blocks:
             self._drop(key)
-        self._blocks[key] = _Block(lease, offset, nbytes)
+        self._blocks[key] = _Block(lease, offset, nbytes, checksum(views) if self._verify else None)
         self._used += nbytes
 
     def length(self, key: BlockKey) -> int:
@@ -127,14 +137,31 @@ class RemoteTier(Tier):
         """One ``Get`` from the holding rank straight into ``out``, then ``Flush``."""
         block = self._block(key)
         view = _writable(out)
-        if offset < 0 or offset + view.nbytes > block.length:
-            raise InvalidBlock(f"read of {view.nbytes} bytes at offset {offset} of a {block.length}-byte block")
-        self.slab.get_into(block.lease.rank, block.lease.base + block.offset + offset, view)
+        n = view.nbytes
+        if offset < 0 or offset + n > block.length:
+            raise InvalidBlock(f"read of {n} bytes at offset {offset} of a {block.length}-byte block")
+        self.slab.get_into(block.lease.rank, block.lease.base + block.offset + offset, (view,))
+        if block.checksum is not None and n == block.length:
+            _check(key, [view], block.checksum)
 
-    def read_remote(self, rank: int, location: int, out: Any) -> None:
-        """Read ``len(out)`` bytes at ``location`` of ``rank``'s window (a block another
-        rank put; take rank and location from its directory entry and pin it first)."""
-        self.slab.get_into(rank, location, _writable(out))
+    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        """The whole block scattered into ``outs``: one ``Get`` per buffer, one ``Flush``."""
+        block = self._block(key)
+        views = [_writable(o) for o in outs]
+        if sum(v.nbytes for v in views) != block.length:
+            raise InvalidBlock(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {block.length}")
+        self.slab.get_into(block.lease.rank, block.lease.base + block.offset, views)
+        if block.checksum is not None:
+            _check(key, views, block.checksum)
+
+    def read_remote(self, rank: int, location: int, out: Any, *, checksum: int | None = None) -> None:
+        """Read ``len(out)`` bytes at ``location`` of ``rank``'s window: a block another
+        rank put (take rank, location, length and checksum from its directory entry, and
+        pin it first). With ``checksum``, :class:`CorruptBlock` if the bytes differ."""
+        view = _writable(out)
+        self.slab.get_into(rank, location, (view,))
+        if checksum is not None:
+            _check((rank, location), [view], checksum)
 
     def __delitem__(self, key: BlockKey) -> None:
         self._block(key)
@@ -151,6 +178,7 @@ class RemoteTier(Tier):
         if self.slab is not None:
             self._blocks.clear()
             self._leases.clear()
+            self._groups = []
             self._used = 0
             self.slab.free()
             self.slab = None
@@ -163,10 +191,10 @@ class RemoteTier(Tier):
 
     # -- internals -----------------------------------------------------------------------
     def _block(self, key: BlockKey) -> _Block:
-        try:
-            return self._blocks[key]
-        except KeyError:
-            raise BlockNotFound(f"{key[0]}/{key[1]} is not in the remote tier") from None
+        block = self._blocks.get(key)
+        if block is None:
+            raise BlockNotFound(f"{key[0]}/{key[1]} is not in the remote tier")
+        return block
 
     def _allocate(self, nbytes: int) -> tuple[_Lease, int]:
         """Room for ``nbytes``: in a lease on this node, a new lease on this node, a lease
@@ -226,8 +254,18 @@ class RemoteTier(Tier):
             self.slab.unlease(lease.rank, lease.first, lease.run)
 
 
+def _check(what: object, views: list[memoryview], expected: int) -> None:
+    if checksum(views) != expected:
+        raise CorruptBlock(f"remote tier: {what} failed its checksum")
+
+
 def _writable(out: Any) -> memoryview:
-    view = as_byte_view(out, "output buffer")
+    try:
+        view = memoryview(out)  # the common case, a flat byte buffer, needs nothing more
+    except TypeError:
+        view = None
+    if view is None or view.ndim != 1 or view.format != "B" or not view.c_contiguous:
+        view = as_byte_view(out, "output buffer")
     if view.readonly:
         raise InvalidBlock("output buffer is read-only")
     return view

@@ -6,7 +6,7 @@ import pytest
 import xxhash
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
-from cascade.errors import BlockNotFound, InvalidBlock, TierFull
+from cascade.errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from cascade.tiers.remote import RemoteTier
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
@@ -29,12 +29,12 @@ def key(rank: int, k: int) -> tuple[str, str]:
 
 @pytest.fixture
 def tier(comm):
-    with RemoteTier(comm, 32 * CHUNK, chunk_bytes=CHUNK) as t:
+    with RemoteTier(comm, 32 * CHUNK, chunk_bytes=CHUNK, verify=True) as t:
         yield t
 
 
 def test_a_one_rank_communicator_has_no_remote_space(comm, everywhere):
-    with RemoteTier(MPI.COMM_SELF, 16 * CHUNK, chunk_bytes=CHUNK) as alone:
+    with RemoteTier(exposed_bytes=16 * CHUNK, chunk_bytes=CHUNK) as alone:  # comm defaults to COMM_SELF
         assert (alone.capacity, alone.used, alone.free, len(alone)) == (0, 0, 0, 0)
         assert not alone.fits(1)
         with pytest.raises(TierFull):
@@ -106,17 +106,29 @@ def test_partial_reads_and_errors(comm, tier, everywhere):
     piece = bytearray(10)
     tier.read_into(k, piece, offset=len(data) - 10)
     ok = (head == data[:100]).all() and (tail == data[100:]).all() and bytes(piece) == data[-10:].tobytes()
-    assert everywhere(ok)
     with pytest.raises(InvalidBlock):
         tier.read_into(k, bytearray(11), offset=len(data) - 10)
     with pytest.raises(InvalidBlock):
         tier.read_into(k, b"read-only")
+    with pytest.raises(InvalidBlock):
+        tier.read_into(k, 12345)  # not a buffer
+    wide = np.empty(len(data) // 4, np.uint32)  # any C-contiguous dtype is read as bytes
+    tier.read_into(k, wide)
+    ok &= wide.view(np.uint8).tobytes() == data[: wide.nbytes].tobytes()
+    assert everywhere(ok)
     with pytest.raises(BlockNotFound):
         tier.read_into(key(comm.rank, 99), bytearray(1))
     with pytest.raises(BlockNotFound):
         del tier[key(comm.rank, 99)]
     with pytest.raises(ValueError):
         tier.read_remote(tier.location(k)[0], tier.slab.window_bytes(tier.location(k)[0]), bytearray(1))
+    # A block changed behind the tier's back is caught (verify=True), here and via the directory's checksum.
+    rank, location, length = tier.location(k)
+    tier.slab.put(rank, location + 5, [memoryview(bytes([data[5] ^ 0xFF]))])
+    with pytest.raises(CorruptBlock):
+        tier.read_into(k, np.empty(len(data), np.uint8))
+    with pytest.raises(CorruptBlock):
+        tier.read_remote(rank, location, bytearray(length), checksum=xxhash.xxh3_64_intdigest(data))
     # Replacing a key keeps one copy of the new bytes.
     tier.put(k, [b"new bytes"])
     assert everywhere(tier[k] == b"new bytes" and len(tier) == 1 and tier.used == 9)
