@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 from ..checksum import checksum
 from ..distributed.rma import load_mpi
+from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier

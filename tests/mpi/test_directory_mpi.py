@@ -111,15 +111,20 @@ def test_a_busy_rank_does_not_stall_lookups_into_its_shard(comm, directory, ever
     else:
         start = time.perf_counter()
         while time.perf_counter() - start < 0.8 * busy_seconds:
+            block_id = keys[count % len(keys)]
             t0 = time.perf_counter()
-            entry = directory.lookup(NS, keys[count % len(keys)])
+            entry = directory.lookup(NS, block_id)
+            if count % 10 == 0:  # atomics into the busy shard too: pin and unpin
+                directory.add_ref(NS, block_id)
+                directory.release(NS, block_id)
             worst = max(worst, time.perf_counter() - t0)
             found &= entry is not None
             count += 1
     worst = comm.allreduce(worst, op=MPI.MAX)
     lookups = comm.allreduce(count)
     if comm.rank == 0:
-        print(f"\nbusy rank 0 for {busy_seconds}s: {lookups} lookups into its shard, max latency {worst * 1e3:.2f} ms")
+        print(f"\nbusy rank 0 for {busy_seconds}s: {lookups} lookups (+ pins) into its shard, "
+              f"max latency {worst * 1e3:.2f} ms")
     assert everywhere(found)
     assert worst < 0.2 * busy_seconds
     assert lookups > 100 * (comm.size - 1)
