@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +32,15 @@ from ..checksum import checksum
 from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier
+from .chunked_read import read_verified
 from .lustre_fs import is_lustre, set_striping
 from .records import HEADER_BYTES, PAGE, RecordHeader, pad, unpack_header
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
+_MIN_COMPACT_ACTIVE = 64 << 20
+_READ_CHUNK = 8 << 20  # smallest read-ahead unit: hashing one chunk overlaps reading the next  # seal and compact a mostly-dead active file past this size
 
 
 @dataclass(slots=True)
@@ -94,6 +97,7 @@ class FileTier(Tier):
         self._live_bytes = 0  # record bytes of live blocks (what counts against capacity)
         self._payload_bytes = 0
         self._bounce: mmap.mmap | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "full_events": 0}
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -261,37 +265,34 @@ class FileTier(Tier):
         start = loc.offset + HEADER_BYTES
         try:
             direct = self._direct_fd(f)
-            if direct is not None and all(_page_aligned(v) for v in views):
-                ok = os.preadv(direct, views, start) == loc.length
-            elif direct is not None:
-                ok = self._read_bounced(direct, start, loc.length, views)
-            else:
-                ok = os.preadv(f.fd, views, start) == loc.length
+            bounce = None
+            if direct is not None and not all(_page_aligned(v) for v in views):
+                bounce = self._bounce_view(pad(loc.length))
+            try:
+                chunk = max(_READ_CHUNK, pad(loc.length // 4))  # big requests keep the device busy
+                ok, digest = read_verified(direct if direct is not None else f.fd, start, views,
+                                           self._reader(), chunk, bounce)
+            finally:
+                if bounce is not None:
+                    bounce.release()
         except OSError as exc:
             raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
-        if not ok or checksum(views) != loc.checksum:
+        if not ok or digest != loc.checksum:
             self.counters["corrupt_reads"] += 1
             self._kill(key)
             raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
 
-    def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
-        size = pad(length)
+    def _bounce_view(self, size: int) -> memoryview:
         if self._bounce is None or len(self._bounce) < size:
             if self._bounce is not None:
                 self._bounce.close()
             self._bounce = mmap.mmap(-1, max(size, 1 << 20))  # anonymous maps are page-aligned
-        bounce = memoryview(self._bounce)
-        try:
-            got = os.preadv(fd, [bounce[:size]], start)
-            if got < length:
-                return False
-            pos = 0
-            for v in views:
-                v[:] = bounce[pos:pos + v.nbytes]
-                pos += v.nbytes
-        finally:
-            bounce.release()
-        return True
+        return memoryview(self._bounce)
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self._read_pool is None:
+            self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-read")
+        return self._read_pool
 
     def _direct_fd(self, f: _File) -> int | None:
         if not self._odirect:
@@ -397,6 +398,9 @@ class FileTier(Tier):
         if self._bounce is not None:
             self._bounce.close()
             self._bounce = None
+        if self._read_pool is not None:
+            self._read_pool.shutdown()
+            self._read_pool = None
         if getattr(self, "_lock_fd", None) is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
