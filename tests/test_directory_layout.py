@@ -135,6 +135,14 @@ def test_placement_is_what_expect_compares():
     assert _entry().placement() == (2, 3, 1 << 40)
 
 
+@pytest.mark.parametrize("bad", [{"tier": 256}, {"rank": -1}, {"location": 1 << 64}, {"length": -1},
+                                 {"checksum": 1 << 64}, {"refs": L.COUNT_MAX + 1}, {"children": -1}])
+def test_check_entry_refuses_what_does_not_fit(bad):
+    assert L.check_entry(_entry()) == _entry()
+    with pytest.raises(ValueError):
+        L.check_entry(_entry(**bad))
+
+
 def test_pack_place_rejects_out_of_range():
     with pytest.raises(ValueError):
         L.pack_place(256, 0)

@@ -190,6 +190,7 @@ class ShardedDirectory:
         Returns ``(inserted, current entry)``. :class:`DirectoryFull` when no slot is free
         near the key's home. One-sided, 5 round trips (4 when present)."""
         owner, home, key = self._key(namespace, block_id)
+        L.check_entry(entry)
         self._lock(owner, home)
         try:
             return self._insert_locked(owner, home, key, entry)
@@ -212,14 +213,15 @@ class ShardedDirectory:
             if expect is not None and current.placement() != expect.placement():
                 return False, current
             writing = L.next_ctl(ctl, L.WRITING)
+            final = L.next_ctl(writing, L.VALID)
+            new = L.check_entry(DirectoryEntry(
+                tier, rank, location, current.length if length is None else length,
+                current.checksum if checksum is None else checksum, L.ctl_refs(final), current.shares,
+                L.ctl_children(final), L.ctl_version(final)))
             disp = L.slot_disp(bucket, i)
             if self._cas(owner, disp + L.CTL, ctl, writing) != ctl:
                 backoff.wait()  # pinned, unpinned or updated meanwhile: look again
                 continue
-            final = L.next_ctl(writing, L.VALID)
-            new = DirectoryEntry(tier, rank, location, current.length if length is None else length,
-                                 current.checksum if checksum is None else checksum, L.ctl_refs(final),
-                                 current.shares, L.ctl_children(final), L.ctl_version(final))
             slot = np.frombuffer(L.pack_slot(key, final, new), dtype=np.uint64)
             # SHARES is left alone: a concurrent insert may be adding to it.
             self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)

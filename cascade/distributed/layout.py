@@ -210,6 +210,18 @@ def pack_place(tier: int, rank: int) -> int:
     return tier | rank << _PLACE_RANK_SHIFT
 
 
+def check_entry(entry: DirectoryEntry) -> DirectoryEntry:
+    """``entry`` if every field fits its slot word(s), else ValueError (checked before a
+    slot is claimed, so a bad entry never leaves a slot half written)."""
+    pack_place(entry.tier, entry.rank)
+    make_ctl(VALID, entry.refs, entry.children)
+    for name in ("location", "length", "checksum", "shares"):
+        value = getattr(entry, name)
+        if not 0 <= value < 1 << 64:
+            raise ValueError(f"entry {name}={value} does not fit 64 unsigned bits")
+    return entry
+
+
 def pack_slot(key: bytes, ctl: int, entry: DirectoryEntry) -> bytearray:
     """The ``ENTRY_WORDS`` words of a slot holding ``entry`` under ``ctl``, sealed."""
     buf = bytearray(_ENTRY.size)

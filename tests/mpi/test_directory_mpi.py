@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cascade.distributed import DirectoryEntry, DirectoryFull, PinUnderflow, Removal, ShardedDirectory
-from cascade.errors import BlockNotFound, TierFull
+from cascade.errors import BlockNotFound, InvalidBlock, TierFull
 from cascade.identity import id_owner
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
@@ -193,6 +193,22 @@ def test_update_location_with_expect_lets_one_mover_win(comm, directory, everywh
     assert everywhere(directory.update_location(NS, "e" * 32, tier=1, rank=0, location=0) == (False, None))
     stale = placed(0, 0, 100)
     assert everywhere(directory.remove(NS, keys[0], expect=stale) is Removal.MISMATCH)
+
+
+def test_bad_entries_are_refused_before_the_table_changes(comm, directory, everywhere):
+    block_id = make_ids(400 + comm.rank, 1)[0]
+    with pytest.raises(ValueError):
+        directory.insert_if_absent(NS, block_id, placed(comm.rank, 1 << 64, 1))
+    directory.insert_if_absent(NS, block_id, placed(comm.rank, 1, 1))
+    with pytest.raises(ValueError):
+        directory.update_location(NS, block_id, tier=300, rank=0, location=0)
+    with pytest.raises(InvalidBlock):
+        directory.lookup(NS, block_id.upper())
+    with pytest.raises(InvalidBlock):
+        directory.lookup_many([(NS, block_id), ("bad namespace!", block_id)])
+    stats = directory.local_stats()
+    assert everywhere(stats["writing"] == 0 and directory.lookup(NS, block_id).location == 1)
+    assert everywhere(comm.allreduce(stats["valid"]) == comm.size)
 
 
 def test_a_full_shard_raises_tierfull_and_tombstones_are_reused(comm, everywhere):
