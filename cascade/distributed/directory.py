@@ -43,6 +43,7 @@ Thread-safety: a directory object is not thread-safe; use one per thread or a lo
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
     from ..tiers.base import BlockKey
 
 __all__ = ["DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
+
+_HEAD_BIG = struct.Struct(">Q")       # id bytes 0-7 as the owner reads them
+_TAIL_LITTLE = struct.Struct("<8xQ")  # id bytes 8-15 as the home bucket reads them
 
 
 class DirectoryFull(TierFull):
@@ -339,8 +343,9 @@ class ShardedDirectory:
         if not ok:
             check_id(block_id)  # raises with the standard message
         nshash, nsword = self._namespace(namespace)
-        return (int.from_bytes(raw[:8], "big") % self.size,
-                (nsword ^ int.from_bytes(raw[8:], "little")) % self.nbuckets, nshash + raw)
+        # = identity.id_owner and layout.home_bucket, with precompiled structs (hot path)
+        return (_HEAD_BIG.unpack_from(raw)[0] % self.size,
+                (nsword ^ _TAIL_LITTLE.unpack_from(raw)[0]) % self.nbuckets, nshash + raw)
 
     def _snapshot(self) -> bytearray:
         """A copy of this rank's whole shard, read with one Get (consistent per word)."""

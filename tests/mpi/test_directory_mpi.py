@@ -206,6 +206,7 @@ def test_bad_entries_are_refused_before_the_table_changes(comm, directory, every
         directory.lookup(NS, block_id.upper())
     with pytest.raises(InvalidBlock):
         directory.lookup_many([(NS, block_id), ("bad namespace!", block_id)])
+    comm.Barrier()  # every rank's good insert is in
     stats = directory.local_stats()
     assert everywhere(stats["writing"] == 0 and directory.lookup(NS, block_id).location == 1)
     assert everywhere(comm.allreduce(stats["valid"]) == comm.size)
