@@ -192,6 +192,7 @@ class _LMCacheAdapter(StorageAdapter):
 
     # -- mapping ----------------------------------------------------------------------
     def _key(self, block_id: str):
+        """LMCache's key of a block (remembered only for blocks we put, for clear)."""
         key = self._keys.get(block_id)
         if key is None:
             try:
@@ -201,7 +202,6 @@ class _LMCacheAdapter(StorageAdapter):
                                                             digest_size=16).digest(), "big")
             key = self._lm["CacheEngineKey"](self._model, 1, self._rank, chunk_hash,
                                              self._lm["torch"].uint8)
-            self._keys[block_id] = key
         return key
 
     def _where(self, key) -> str | None:
@@ -240,6 +240,7 @@ class _LMCacheAdapter(StorageAdapter):
         # batched_put hands the object to every backend and drops our reference.
         self._sm.batched_put([ck], [obj])
         self._sizes[block_id] = (kv.nbytes, vv.nbytes)
+        self._keys[block_id] = ck
         if self._wait_for_disk:
             self._wait_written([ck])
 
@@ -296,6 +297,7 @@ class _LMCacheAdapter(StorageAdapter):
         self._wait_written([ck])  # a queued disk write would re-insert the key later
         self._sm.remove(ck)
         self._sizes.pop(block_id, None)
+        self._keys.pop(block_id, None)
 
     def clear(self) -> None:
         keys = list(self._keys.values())

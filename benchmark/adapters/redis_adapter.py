@@ -13,8 +13,8 @@ half of a pair counts as a miss (and removes the orphan half).
 
 Copies on the way (what the protocol forces): put sends the caller's buffers through the
 socket (redis-py joins small commands but writes large values as separate chunks, no
-copy of the payload in Python); get receives each value into a new ``bytes`` (hiredis
-or the pure-Python parser); ``get_into`` then copies those bytes into the caller's
+copy of the payload in Python); get receives each value into a new ``bytes`` (hiredis,
+pinned in third_party/redis, or redis-py's pure-Python parser without it); ``get_into`` then copies those bytes into the caller's
 buffers (one extra memcpy per block).
 """
 from __future__ import annotations
@@ -174,7 +174,13 @@ class RedisAdapter(StorageAdapter):
 
     def versions(self) -> dict[str, str]:
         import redis
-        return {"redis-server": self._server_version, "redis-py": redis.__version__}
+        out = {"redis-server": self._server_version, "redis-py": redis.__version__}
+        try:
+            import hiredis
+            out["hiredis"] = hiredis.__version__
+        except ImportError:  # redis-py falls back to its pure-Python reply parser
+            out["hiredis"] = "absent"
+        return out
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "port": self._port, "unix_socket": self._unix_socket,
