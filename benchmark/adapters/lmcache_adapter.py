@@ -114,6 +114,7 @@ class _LMCacheAdapter(StorageAdapter):
         self._sm = None
         self._disk = None
         self._disk_dir = ""
+        self._prom_dir = ""
         self._sizes: dict[str, tuple[int, int]] = {}
         self._keys: dict[str, Any] = {}
         self._rank = 0
@@ -158,6 +159,13 @@ class _LMCacheAdapter(StorageAdapter):
             if self._disk_io_threads:
                 cfg["extra_config"] = {"disk_io_threads": int(self._disk_io_threads)}
         self._config_summary = {k: v for k, v in cfg.items()}
+        # LMCache's metrics logger sets PROMETHEUS_MULTIPROC_DIR (to /tmp/lmcache_prometheus)
+        # for the whole process if unset; keep it inside our directory and unset after.
+        prom_was_set = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        if not prom_was_set:
+            self._prom_dir = os.path.join(
+                self.data_dir, f"lmcache_prometheus_{os.getpid()}_{id(self):x}")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._prom_dir
         try:
             config = lm["LMCacheEngineConfig"].from_defaults(**cfg)
             metadata = lm["LMCacheMetadata"](
@@ -169,6 +177,9 @@ class _LMCacheAdapter(StorageAdapter):
         except Exception:
             self.close()
             raise
+        finally:
+            if not prom_was_set:
+                os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         backends = list(self._sm.storage_backends)
         if _CPU not in backends or (self._use_disk and _DISK not in backends):
             self.close()
@@ -187,6 +198,9 @@ class _LMCacheAdapter(StorageAdapter):
         if self._disk_dir and not self._keep_files:
             shutil.rmtree(self._disk_dir, ignore_errors=True)
         self._disk_dir = ""
+        if self._prom_dir:
+            shutil.rmtree(self._prom_dir, ignore_errors=True)
+            self._prom_dir = ""
         self._sizes.clear()
         self._keys.clear()
 
