@@ -4,26 +4,40 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cascade-installed
+PEERS  := $(VENV)/.peers-installed
+RANKS  ?= 4
 
-.PHONY: install run test test-unit test-mpi bench clean
+.PHONY: install peers run test test-unit test-mpi bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[mpi,test,bench]'
+	$(PY) -m pip install -q -e '.[mpi,test,bench]' -c third_party/constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# The main job on the embedded default: the built-in workload replayed against the
-# four-tier store (file tier in $TMPDIR), with a per-tier report.
+# The compared systems (LMCache + CPU torch, Redis, HDF5, Mooncake): see third_party/.
+$(PEERS): $(STAMP) third_party/install.sh third_party/constraints.txt $(wildcard third_party/*/requirements.txt)
+	bash third_party/install.sh $(VENV)
+	touch $(PEERS)
+
+peers: $(PEERS)
+
+# The main job on the embedded default: the built-in workload on $(RANKS) local MPI
+# ranks sharing one four-tier store (file tier in $$TMPDIR), with a per-tier report.
 run: install
-	$(VENV)/bin/cascade run --requests 400 --set file_bytes=2G
+	$(VENV)/bin/cascade run --ranks $(RANKS) --requests 200 --set shm_bytes=256M --set file_bytes=2G
 
-test: test-unit
+test: test-unit test-mpi
 
-test-unit: install
-	$(PY) -m pytest -q -p no:cacheprovider
+test-unit: install peers
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/mpi
+
+# The multi-rank suite: the same test bodies at one rank and at $(RANKS) ranks.
+test-mpi: install
+	$(PY) -m pytest -q -p no:cacheprovider tests/mpi
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--requests", type=int, default=None, help="replay only the first N requests")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--ranks", type=int, default=1, help="run N local MPI ranks (mpiexec)")
+    run.add_argument("--blocks", type=int, help="with --ranks: blocks each rank puts and all others read back")
     run.add_argument("--results", help="write a results JSON into this directory")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)

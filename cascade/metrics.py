@@ -7,7 +7,8 @@ from .histogram import LatencyHistogram
 
 _TIER_COUNTERS = ("hits", "misses", "evictions", "promotions", "demotions", "corruptions",
                   "full_events", "bytes_read", "bytes_written")
-_STORE_COUNTERS = ("puts", "stored", "deduped", "rejected", "gets", "hits", "misses", "expired", "deletes")
+_STORE_COUNTERS = ("puts", "stored", "deduped", "rejected", "gets", "hits", "misses", "expired", "deletes",
+                   "cluster_hits", "cluster_deduped", "cluster_corruptions")
 
 
 def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:

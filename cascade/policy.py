@@ -23,6 +23,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .tiers.base import BlockKey
 
@@ -45,6 +46,7 @@ class BlockMeta:
     last_use: float = 0.0
     child_tiers: list[int] = field(default_factory=list)  # cached children per tier
     base: float = 0.0  # policy clock at the last use (semantic score = base + value)
+    entry: Any = None  # the directory entry this rank published for it (multi-rank runs)
     version: int = 0  # bumps on every change; stale heap entries are skipped
 
     def children_at_or_above(self, tier: int) -> int:
@@ -94,6 +96,11 @@ class Policy:
     def changed(self, meta: BlockMeta) -> None:
         """Pins, children, priority or TTL of ``meta`` changed."""
         self._push(meta)
+
+    def set_aside(self, meta: BlockMeta) -> None:
+        """Take ``meta`` out of the candidates until the next :meth:`changed` (it was
+        chosen but may not go now, e.g. another rank pins it)."""
+        meta.version += 1
 
     def removed(self, meta: BlockMeta) -> None:
         """``meta`` left the cache."""

@@ -41,6 +41,9 @@ class StoreCounters:
     misses: int = 0
     expired: int = 0
     deletes: int = 0
+    cluster_hits: int = 0  # gets served from another rank's tiers (part of hits)
+    cluster_deduped: int = 0  # puts of blocks another rank already held (part of deduped)
+    cluster_corruptions: int = 0  # another rank's file-tier record failed verification
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -36,8 +36,13 @@ DEFAULT_NAMESPACE = "default"
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
-def build_tiers(config: Config, *, rank: int = 0, array_module=None) -> list[Tier]:
-    """The tiers ``config`` asks for, fastest first. Local (not collective).
+class _Busy(Exception):
+    """A chosen victim may not move or go now: another rank pins it or caches a child."""
+
+
+def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
+    """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
+    than one rank) is given: the REMOTE tier allocates its MPI window then.
 
     ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
     GPU tier uses cupy and is off, with a log line, when no GPU is usable.
@@ -49,6 +54,11 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None) -> list[Tie
             tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
     if config.shm_bytes > 0:
         tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+    if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
+        from .tiers.remote import RemoteTier
+
+        tiers.append(RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
+                                verify=config.verify_dram_reads))
     if config.file_bytes > 0:
         tiers.append(FileTier(
             config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
@@ -59,11 +69,25 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None) -> list[Tie
     return tiers
 
 
+def remote_chunk_bytes(exposed: int) -> int:
+    """Lease unit of the REMOTE tier: 16 MiB, smaller for small windows (at least 64
+    chunks per window, so a window is shared fairly among writers)."""
+    chunk = 16 << 20
+    while chunk > 4096 and exposed // chunk < 64:
+        chunk //= 2
+    return chunk
+
+
 class CascadeStore:
     """A tiered KV-block store. ``CascadeStore(Config(...))``; close it (or use ``with``).
 
     ``block_spec`` overrides the shape/dtype implied by ``config.model`` and
     ``config.block_tokens``; ``tiers`` replaces the configured tiers (fastest first).
+
+    ``comm`` (an mpi4py communicator) joins the ranks of ``comm`` into one cache: a global
+    directory sharded over them, the REMOTE tier over their DRAM windows, cross-rank
+    dedup, reads and pins. Then the constructor and :meth:`close` are collective. Without
+    ``comm`` (or with one rank) the store is purely local and needs no MPI.
     """
 
     def __init__(
@@ -74,23 +98,40 @@ class CascadeStore:
         tiers: Sequence[Tier] | None = None,
         array_module=None,
         rank: int = 0,
+        comm=None,
     ) -> None:
         self.config = config or Config.load()
         self.spec = block_spec or BlockSpec.for_model(self.config.model, self.config.block_tokens)
-        self.tiers: list[Tier] = list(tiers) if tiers is not None else build_tiers(self.config, rank=rank, array_module=array_module)
-        if not self.tiers:
+        clustered = comm is not None and comm.Get_size() > 1
+        if clustered:
+            rank = comm.Get_rank()
+        self.tiers: list[Tier] = list(tiers) if tiers is not None else build_tiers(
+            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None)
+        if not any(t.capacity for t in self.tiers):
+            for tier in self.tiers:
+                tier.close()
             raise TierFull("no tier has capacity: set shm_bytes, gpu_bytes or file_bytes above 0")
         self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode)
         self.counters = StoreCounters()
         self.tier_counters = [TierCounters() for _ in self.tiers]
         self.get_latency = [LatencyHistogram() for _ in self.tiers]  # per serving tier
         self.put_latency = LatencyHistogram()
+        self.cluster_latency = LatencyHistogram()  # gets served by another rank
         self.rank = rank
         self._stats_written = 0.0
         self._meta: dict[BlockKey, BlockMeta] = {}
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
+        self.cluster = None
         try:
+            if clustered:
+                from .distributed.cluster import Cluster, TierKind
+
+                shm = next((t for t in self.tiers if t.name == "shm"), None)
+                remote = next((t for t in self.tiers if t.name == "remote"), None)
+                self._kinds = [TierKind.of(t.name) for t in self.tiers]
+                self.cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
+                                       remote=remote, directory_slots=self.config.directory_slots)
             self._recover()
         except BaseException:
             for tier in self.tiers:
@@ -118,6 +159,9 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
+        if self.cluster is not None:
+            for meta in list(self._meta.values()):
+                self._publish(meta)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
@@ -193,8 +237,17 @@ class CascadeStore:
                 self.policy.touched(meta, now)
                 self.counters.deduped += 1
                 return block_id
-            if meta is not None:
+            if meta is not None and self._withdraw(meta, leaf_only=False):
                 self._drop(meta)
+            elif meta is not None:  # expired but pinned by another rank: keep serving it
+                self.counters.deduped += 1
+                self._discard(staged)
+                return block_id
+            if self.cluster is not None and self._held_elsewhere(bkey):
+                self._discard(staged)
+                self.counters.deduped += 1
+                self.counters.cluster_deduped += 1
+                return block_id
             try:
                 if staged is not None:
                     self.tiers[0].commit(bkey, staged)
@@ -209,11 +262,70 @@ class CascadeStore:
             self._meta[bkey] = meta
             self.policy.admitted(meta, now)
             self._link_child(meta)
+            if self.cluster is not None and not self._publish(meta):
+                self.counters.deduped += 1  # another rank published it first: use theirs
+                self.counters.cluster_deduped += 1
+                return block_id
             self.counters.stored += 1
             self.tier_counters[0].bytes_written += meta.nbytes
             self.put_latency.record(time.perf_counter() - started)
             self._maybe_write_stats()
             return block_id
+
+    # -- the cluster (multi-rank runs) -------------------------------------------------------
+    def _held_elsewhere(self, bkey: BlockKey) -> bool:
+        entry = self.cluster.lookup(bkey)
+        return entry is not None and entry.rank != self.rank and self.cluster.readable(entry)
+
+    def _placement(self, meta: BlockMeta, t: int | None = None) -> tuple[Any, int, int]:
+        """(tier kind, rank holding the bytes, location) of a local block in tier ``t``
+        (default: its tier)."""
+        t = meta.tier if t is None else t
+        tier = self.tiers[t]
+        kind = self._kinds[t]
+        if tier.name == "remote":
+            rank, location, _ = tier.location(meta.key)
+            return kind, rank, location
+        location = tier.location(meta.key) if tier.name == "lustre" else tier.offset(meta.key)
+        return kind, self.rank, location
+
+    def _publish(self, meta: BlockMeta) -> bool:
+        """Announce a local block in the directory. False when another rank's copy won
+        the race: ours is then dropped (the caller counts a dedup)."""
+        kind, rank, location = self._placement(meta)
+        inserted, entry = self.cluster.publish(meta.key, kind, location, meta.nbytes, meta.parent)
+        if inserted:
+            meta.entry = entry
+            return True
+        if entry.rank == self.rank or not self.cluster.readable(entry):
+            return True  # a private copy: ours serves this rank, theirs the others
+        self._drop(meta)
+        return False
+
+    def _republish(self, meta: BlockMeta, t: int) -> bool:
+        """Point our directory entry at the block's copy in tier ``t``. False (nothing
+        changed) while another rank pins it."""
+        if meta.entry is None:
+            return True
+        kind, rank, location = self._placement(meta, t)
+        entry = self.cluster.move(meta.key, meta.entry, kind, rank, location)
+        if entry is None:
+            return False
+        meta.entry = entry
+        return True
+
+    def _withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
+        """Remove our directory entry before the bytes go. False while another rank
+        pins the block (or, with ``leaf_only``, caches a child of it)."""
+        if meta.entry is None:
+            return True
+        from .distributed.directory import Removal
+
+        outcome = self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=leaf_only)
+        if outcome in (Removal.PINNED, Removal.HAS_CHILDREN):
+            return False
+        meta.entry = None
+        return True
 
     def _can_overlap(self) -> bool:
         return self.spec.block_bytes >= _OVERLAP_MIN_BYTES and hasattr(self.tiers[0], "stage")
@@ -275,26 +387,41 @@ class CascadeStore:
         if nbytes > tier.capacity:
             self.tier_counters[t].full_events += 1
             raise TierFull(f"{tier.name}: a block of {nbytes} bytes exceeds its capacity of {tier.capacity}")
-        while not tier.fits(nbytes):
-            victim = self.policy.victim(t)
-            if victim is None:
-                self.tier_counters[t].full_events += 1
-                raise TierFull(f"{tier.name}: full and every block in it is pinned or holds cached children")
-            self._demote(victim)
+        set_aside: list[BlockMeta] = []
+        try:
+            while not tier.fits(nbytes):
+                victim = self.policy.victim(t)
+                if victim is None:
+                    self.tier_counters[t].full_events += 1
+                    raise TierFull(f"{tier.name}: full and every block in it is pinned or holds cached children")
+                try:
+                    self._demote(victim)
+                except _Busy:  # another rank pins it (or caches its child): not now
+                    self.policy.set_aside(victim)
+                    set_aside.append(victim)
+        finally:
+            for meta in set_aside:
+                if meta.key in self._meta:
+                    self.policy.changed(meta)
 
     def _demote(self, meta: BlockMeta) -> None:
-        """Move ``meta`` one tier down, or drop it from the last tier. Failure-atomic:
-        the block stays where it is until the slower tier holds it."""
+        """Move ``meta`` to the next slower tier that takes it (one without room or
+        capacity is skipped), or drop it when none does. Failure-atomic: the block stays
+        where it is until a slower tier holds it."""
         t = meta.tier
-        if t + 1 < len(self.tiers):
+        for lower in range(t + 1, len(self.tiers)):
+            if self.tiers[lower].capacity < meta.nbytes:
+                continue
             try:
-                self._make_room(t + 1, meta.nbytes)
-                self._copy_between(meta, t, t + 1)
+                self._make_room(lower, meta.nbytes)
+                self._copy_between(meta, t, lower)
             except (TierFull, OSError) as exc:
-                log.debug("demotion of %s to %s failed (%s): dropping it", meta.key[1], self.tiers[t + 1].name, exc)
-            else:
-                self.tier_counters[t].demotions += 1
-                return
+                log.debug("demotion of %s to %s failed (%s)", meta.key[1], self.tiers[lower].name, exc)
+                continue
+            self.tier_counters[t].demotions += 1
+            return
+        if not self._withdraw(meta, leaf_only=True):
+            raise _Busy(meta.key)
         self.tier_counters[t].evictions += 1
         self._drop(meta)
 
@@ -307,9 +434,17 @@ class CascadeStore:
         except OSError:  # TierFull included: ENOSPC and friends
             self.tier_counters[dst].full_events += 1
             raise
+        self._move_published(meta, src, dst)
+        self.tier_counters[dst].bytes_written += meta.nbytes
+
+    def _move_published(self, meta: BlockMeta, src: int, dst: int) -> None:
+        """The block now sits in ``src`` and ``dst``: repoint the directory, then free
+        ``src``. If another rank pins it, undo the copy and raise :class:`_Busy`."""
+        if self.cluster is not None and not self._republish(meta, dst):
+            del self.tiers[dst][meta.key]
+            raise _Busy(meta.key)
         del self.tiers[src][meta.key]
         self._set_tier(meta, dst)
-        self.tier_counters[dst].bytes_written += meta.nbytes
 
     def _set_tier(self, meta: BlockMeta, tier: int) -> None:
         old = meta.tier
@@ -376,12 +511,12 @@ class CascadeStore:
             self.counters.gets += 1
             now = time.monotonic()
             meta = self._meta.get(bkey)
-            if meta is not None and self._expired(meta, now):
+            if meta is not None and self._expired(meta, now) and self._withdraw(meta, leaf_only=False):
                 self.counters.expired += 1
                 self._drop(meta)
                 meta = None
             if meta is None:
-                return self._miss(len(self.tiers))
+                return self._read_from_cluster(bkey, outs, started) if self.cluster is not None else self._miss(len(self.tiers))
             t = meta.tier
             try:
                 self.tiers[t].read_parts_into(bkey, outs)
@@ -390,6 +525,8 @@ class CascadeStore:
                 self.tier_counters[t].corruptions += 1
                 if bkey in self.tiers[t]:
                     del self.tiers[t][bkey]
+                if meta.entry is not None:
+                    self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=False)
                 self._forget(meta)
                 return self._miss(len(self.tiers))
             self.counters.hits += 1
@@ -404,6 +541,23 @@ class CascadeStore:
                 self._promote(meta, outs)
             self._maybe_write_stats()
             return True
+
+    def _read_from_cluster(self, bkey: BlockKey, outs: list[Any], started: float) -> bool:
+        """A local miss: read the block from whichever rank published it."""
+        try:
+            entry = self.cluster.read(bkey, outs)
+        except CorruptBlock as exc:
+            log.warning("%s", exc)
+            self.counters.cluster_corruptions += 1
+            return self._miss(len(self.tiers))
+        if entry is None:
+            return self._miss(len(self.tiers))
+        self.counters.hits += 1
+        self.counters.cluster_hits += 1
+        self.cluster_latency.record(time.perf_counter() - started)
+        for counters in self.tier_counters:  # no local tier had it
+            counters.misses += 1
+        return True
 
     def _miss(self, served_by: int) -> bool:
         self.counters.misses += 1
@@ -425,35 +579,43 @@ class CascadeStore:
         finally:
             meta.pins -= 1
             self.policy.changed(meta)
-        del self.tiers[src][meta.key]
-        self._set_tier(meta, 0)
+        try:
+            self._move_published(meta, src, 0)
+        except _Busy:
+            return
         self.tier_counters[src].promotions += 1
         self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Whether a block is cached (not expired) in ``namespace``. Local; counts nothing."""
-        bkey = self._key(block_id, namespace)
-        with self._lock:
-            meta = self._meta.get(bkey)
-            return meta is not None and not self._expired(meta, time.monotonic())
+        return self.contains_many([block_id], namespace=namespace)[0]
 
     def contains_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
-        return [self.contains(b, namespace=namespace) for b in block_ids]
+        """``contains`` of each id; ids not cached here are looked up in the cluster
+        directory in one batch (multi-rank runs)."""
+        keys = [self._key(b, namespace) for b in block_ids]
+        with self._lock:
+            now = time.monotonic()
+            found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
+            if self.cluster is not None:
+                rest = [i for i, hit in enumerate(found) if not hit]
+                for i, entry in zip(rest, self.cluster.lookup_many([keys[i] for i in rest])):
+                    found[i] = entry is not None and self.cluster.readable(entry)
+            return found
 
     def longest_prefix(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """How many leading blocks of the chain ``block_ids`` are cached. Local."""
-        for i, bid in enumerate(block_ids):
-            if not self.contains(bid, namespace=namespace):
-                return i
-        return len(block_ids)
+        """How many leading blocks of the chain ``block_ids`` are cached (cluster-wide
+        in multi-rank runs). Local; one batched directory lookup."""
+        found = self.contains_many(block_ids, namespace=namespace)
+        return found.index(False) if False in found else len(found)
 
     def delete(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Remove a block. :class:`BlockNotFound` if absent, :class:`BlockPinned` if pinned."""
         with self._lock:
             meta = self._require(block_id, namespace)
-            if meta.pins:
-                raise BlockPinned(f"block {block_id} is pinned by {meta.pins} request(s); unpin it first")
+            if meta.pins or not self._withdraw(meta, leaf_only=False):
+                raise BlockPinned(f"block {block_id} is pinned by an in-flight request; unpin it first")
             self._drop(meta)
             self.counters.deletes += 1
 
@@ -461,17 +623,40 @@ class CascadeStore:
         """Add a reference from an in-flight request: the block cannot be evicted or
         expire until the matching :meth:`unpin`."""
         with self._lock:
-            meta = self._require(block_id, namespace)
+            bkey = self._key(block_id, namespace)
+            meta = self._meta.get(bkey)
+            if self.cluster is not None and (meta is None or meta.entry is not None):
+                try:
+                    self.cluster.pin(bkey)  # cluster-wide: the holder cannot move or drop it
+                except BlockNotFound:
+                    if meta is None:
+                        raise BlockNotFound(f"no block {block_id} in namespace {namespace!r} on any rank") from None
+            if meta is None:
+                if self.cluster is None:
+                    raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
+                return
             meta.pins += 1
             self.policy.changed(meta)
 
     def unpin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Drop one reference taken by :meth:`pin`."""
         with self._lock:
+            bkey = self._key(block_id, namespace)
+            meta = self._meta.get(bkey)
+            if meta is None and self.cluster is not None:
+                from .distributed.directory import PinUnderflow
+
+                try:
+                    self.cluster.unpin(bkey)
+                except PinUnderflow:
+                    raise BlockPinned(f"block {block_id} is not pinned") from None
+                return
             meta = self._require(block_id, namespace)
             if meta.pins == 0:
                 raise BlockPinned(f"block {block_id} is not pinned")
             meta.pins -= 1
+            if meta.entry is not None:
+                self.cluster.unpin(bkey)
             self.policy.changed(meta)
 
     def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -510,7 +695,8 @@ class CascadeStore:
                 tiers[tier.name] = {**tier.stats(), "bytes": tier.used, **counters.as_dict(),
                                     "get_latency": hist.as_dict()}
             return {"rank": self.rank, "blocks": len(self._meta), **self.counters.as_dict(), "tiers": tiers,
-                    "put_latency": self.put_latency.as_dict(), "policy": self.policy.kind,
+                    "put_latency": self.put_latency.as_dict(), "cluster_get_latency": self.cluster_latency.as_dict(),
+                    "policy": self.policy.kind,
                     "block_bytes": self.spec.block_bytes}
 
     def _maybe_write_stats(self, force: bool = False) -> None:
@@ -534,6 +720,9 @@ class CascadeStore:
                 self._maybe_write_stats(force=True)
             for tier in self.tiers:
                 tier.close()
+            if self.cluster is not None:
+                self.cluster.close()
+                self.cluster = None
             self._meta.clear()
             if self._hasher is not None:
                 self._hasher.shutdown()

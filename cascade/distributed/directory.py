@@ -203,10 +203,13 @@ class ShardedDirectory:
 
     def update_location(self, namespace: str, block_id: str, *, tier: int, rank: int, location: int,
                         length: int | None = None, checksum: int | None = None,
-                        expect: DirectoryEntry | None = None) -> tuple[bool, DirectoryEntry | None]:
+                        expect: DirectoryEntry | None = None,
+                        unpinned: bool = False) -> tuple[bool, DirectoryEntry | None]:
         """Point the entry at new bytes (e.g. after demotion or a move to another rank).
-        With ``expect``, only if the entry still has ``expect``'s (tier, rank, location).
-        Returns ``(updated, current entry or None when absent)``. One-sided, 4 round trips."""
+        With ``expect``, only if the entry still has ``expect``'s (tier, rank, location);
+        with ``unpinned``, only while no rank pins it (a pin and the move are exclusive:
+        both CAS the same word). Returns ``(updated, current entry or None when absent)``.
+        One-sided, 4 round trips."""
         owner, home, key = self._key(namespace, block_id)
         backoff = Backoff(f"directory update of {block_id} on rank {owner}")
         while True:
@@ -215,6 +218,8 @@ class ShardedDirectory:
                 return False, None
             bucket, i, ctl, current = found
             if expect is not None and current.placement() != expect.placement():
+                return False, current
+            if unpinned and current.refs:
                 return False, current
             writing = L.next_ctl(ctl, L.WRITING)
             final = L.next_ctl(writing, L.VALID)
