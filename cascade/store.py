@@ -619,6 +619,20 @@ class CascadeStore:
             self._drop(meta)
             self.counters.deletes += 1
 
+    def clear(self, *, namespace: str | None = None) -> int:
+        """Drop every unpinned block (of ``namespace``, or of all); returns how many went.
+        Local: in multi-rank runs only this rank's blocks (other ranks' pins are kept)."""
+        with self._lock:
+            dropped = 0
+            for meta in list(self._meta.values()):
+                if namespace not in (None, meta.key[0]) or meta.pins:
+                    continue
+                if self._withdraw(meta, leaf_only=False):
+                    self._drop(meta)
+                    dropped += 1
+            self.counters.deletes += dropped
+            return dropped
+
     def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Add a reference from an in-flight request: the block cannot be evicted or
         expire until the matching :meth:`unpin`."""

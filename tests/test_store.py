@@ -254,3 +254,12 @@ def test_concurrent_threads_keep_invariants(store):
     st = store.stats()
     assert errors == []
     assert st["puts"] == st["stored"] + st["deduped"] + st["rejected"] == 160
+
+
+def test_clear_drops_unpinned_blocks_of_a_namespace(store):
+    a = [store.put(*make_block(store.spec, 1300 + i), namespace="a") for i in range(3)]
+    b = store.put(*make_block(store.spec, 1400), namespace="b")
+    store.pin(a[0], namespace="a")
+    assert store.clear(namespace="a") == 2
+    assert store.contains(a[0], namespace="a") and not store.contains(a[1], namespace="a")
+    assert store.contains(b, namespace="b")

@@ -6,7 +6,8 @@ without torch/LMCache can still run the Redis or HDF5 adapter. Names:
 ==================  =====================================================================
 name                system
 ==================  =====================================================================
-cascade             Cascade itself (``cascade_adapter.py``)
+cascade             Cascade itself, SHM (DRAM) tier (``cascade_adapter.py``)
+cascade_file        Cascade itself, file (Lustre) tier with O_DIRECT reads
 lmcache_cpu         LMCache 0.5.x StorageManager, LocalCPUBackend only
 lmcache_disk        LMCache 0.5.x StorageManager, LocalDiskBackend (CPU tier as staging)
 lmcache_cpu_disk    LMCache 0.5.x StorageManager, CPU tier in front of the disk tier
@@ -51,7 +52,8 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {
-    "cascade": _Entry(".cascade_adapter", None),
+    "cascade": _Entry(".cascade_adapter", "CascadeAdapter"),
+    "cascade_file": _Entry(".cascade_adapter", "CascadeFileAdapter"),
     "lmcache_cpu": _Entry(".lmcache_adapter", "LMCacheCPUAdapter"),
     "lmcache_disk": _Entry(".lmcache_adapter", "LMCacheDiskAdapter"),
     "lmcache_cpu_disk": _Entry(".lmcache_adapter", "LMCacheCPUDiskAdapter"),

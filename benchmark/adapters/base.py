@@ -100,6 +100,9 @@ class StorageAdapter(abc.ABC):
     name: ClassVar[str] = ""
     #: True when the system drops blocks by itself once ``capacity_bytes`` is used.
     has_eviction: ClassVar[bool] = False
+    #: True when one store holds blocks of one size with key and value of equal size
+    #: (a KV-cache store sized for one model); a put of another size starts afresh.
+    uniform_blocks: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.capacity_bytes: int = 0

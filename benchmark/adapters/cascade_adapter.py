@@ -1,0 +1,121 @@
+"""Cascade itself behind the benchmark interface (in-process, one store per rank).
+
+Two configurations, each holding exactly ``capacity_bytes``:
+
+* ``cascade`` — the SHM (node DRAM) tier only: compared with in-memory systems;
+* ``cascade_file`` — the file (Lustre) tier only, O_DIRECT reads: compared with
+  file-backed systems (LMCache's disk backend, HDF5).
+
+Puts hash the content (BLAKE3, overlapped with the copy) and check it against the
+benchmark's id (``verify=True``): the timed put includes content addressing. Reads go
+straight into the caller's buffers (``get_into``), no extra copy. The block shape is taken
+from the first put (key and value of equal size, as K and V are); a put of another size
+drops what the store held and starts a store of that size (``uniform_blocks``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import ClassVar
+
+import numpy as np
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+
+from .base import Buffer, StorageAdapter, byte_view, process_rank, writable_view
+
+NAMESPACE = "bench"
+
+
+class CascadeAdapter(StorageAdapter):
+    """Cascade's store; ``tier`` is ``"shm"`` or ``"file"``."""
+
+    name: ClassVar[str] = "cascade"
+    has_eviction: ClassVar[bool] = True
+    uniform_blocks: ClassVar[bool] = True
+
+    def __init__(self, tier: str = "shm", hash_on_put: bool = True) -> None:
+        super().__init__()
+        if tier not in ("shm", "file"):
+            raise ValueError(f"tier must be 'shm' or 'file', got {tier!r}")
+        self.tier = tier
+        self.hash_on_put = hash_on_put
+        self._store: CascadeStore | None = None
+
+    def initialize(self, capacity_bytes: int, data_dir: str) -> None:
+        super().initialize(capacity_bytes, data_dir)
+        self._file_dir = os.path.join(self.data_dir, f"cascade_rank{process_rank():03d}")
+
+    def _open(self, half: int) -> CascadeStore:
+        self.close()
+        shutil.rmtree(self._file_dir, ignore_errors=True)  # this adapter's own files only
+        spec = BlockSpec.flat(2 * half)
+        if self.tier == "shm":
+            cfg = Config(shm_bytes=self.capacity_bytes, file_bytes=0, file_dir=self._file_dir)
+        else:
+            cfg = Config(shm_bytes=0, file_bytes=self.capacity_bytes, file_dir=self._file_dir, file_odirect=True)
+        self._store = CascadeStore(cfg, block_spec=spec)
+        return self._store
+
+    def _arrays(self, key: Buffer, value: Buffer, writable: bool):
+        view = writable_view if writable else byte_view
+        k = np.frombuffer(view(key, "key"), dtype=np.uint8)
+        v = np.frombuffer(view(value, "value"), dtype=np.uint8)
+        if k.nbytes != v.nbytes:
+            raise ValueError(f"cascade stores key and value of equal size; got {k.nbytes} and {v.nbytes}")
+        return k, v
+
+    def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
+        k, v = self._arrays(key, value, writable=False)
+        store = self._store
+        if store is None or store.spec.half_bytes != k.nbytes:
+            store = self._open(k.nbytes)
+        store.put(k, v, block_id=block_id, verify=self.hash_on_put, namespace=NAMESPACE)
+
+    def get(self, block_id: str) -> tuple[bytes, bytes] | None:
+        if self._store is None:
+            return None
+        got = self._store.get(block_id, namespace=NAMESPACE)
+        return None if got is None else (got[0].tobytes(), got[1].tobytes())
+
+    def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
+        k, v = self._arrays(key_out, value_out, writable=True)
+        if not self.contains(block_id):
+            return False
+        half = self._store.spec.half_bytes
+        self._check_sizes(block_id, memoryview(k), memoryview(v), half, half)
+        return self._store.get_into(block_id, k, v, namespace=NAMESPACE)
+
+    def contains(self, block_id: str) -> bool:
+        return self._store is not None and self._store.contains(block_id, namespace=NAMESPACE)
+
+    def delete(self, block_id: str) -> None:
+        if self._store is not None and self._store.contains(block_id, namespace=NAMESPACE):
+            self._store.delete(block_id, namespace=NAMESPACE)
+
+    def clear(self) -> None:
+        if self._store is not None:
+            self._store.clear(namespace=NAMESPACE)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def versions(self) -> dict[str, str]:
+        import cascade
+
+        return {"cascade": cascade.__version__}
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "tier": self.tier, "hash_on_put": self.hash_on_put}
+
+
+class CascadeFileAdapter(CascadeAdapter):
+    """Cascade's file (Lustre) tier alone."""
+
+    name: ClassVar[str] = "cascade_file"
+
+    def __init__(self, hash_on_put: bool = True) -> None:
+        super().__init__(tier="file", hash_on_put=hash_on_put)
