@@ -156,8 +156,11 @@ def test_single_node_script_runs_the_distributed_workload(
     print(f"job {job.id}: {job.state} {job.exit_code} in {job.seconds:.1f} s\n{job.output}")
     assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
     files = sorted(results.glob("*.json"))
-    assert files, f"no results JSON in {results}:\n{job.output}"
-    assert json.loads(files[0].read_text()), f"{files[0]} is empty"
+    assert len(files) == 1, f"expected one results JSON in {results}:\n{job.output}"
+    doc = json.loads(files[0].read_text())
+    # one world of 4 ranks that knows it runs in this SLURM job: srun's pmi2 reached MPI
+    assert doc["ranks"] == 4, doc.get("launch")
+    assert doc["launch"]["under_slurm"] and doc["launch"]["job_id"] == job.id, doc["launch"]
 
 
 FAILING_RANK = """\
