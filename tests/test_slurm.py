@@ -63,8 +63,10 @@ def _port_pair() -> int:
 
 
 def _job_env(base: dict[str, str]) -> dict[str, str]:
-    """``base`` less anything that would make srun/MPI think it runs inside another job."""
-    drop = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMI_", "PMIX_", "MPI_LOCAL")
+    """``base`` less anything that would make srun/MPI think it runs inside another job,
+    and less ``CASCADE_*``: the jobs' settings come from the scripts and the test, not from
+    the caller's shell (where a non-config ``CASCADE_`` variable is a ConfigError)."""
+    drop = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PMI_", "PMIX_", "MPI_LOCAL", "CASCADE_")
     env = {k: v for k, v in base.items() if not k.startswith(drop)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
@@ -94,6 +96,8 @@ def _kill_survivors(pids: dict[int, str]) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster runs its daemons as root and installs packages")
+    if "PMI_RANK" in os.environ:
+        pytest.skip("run the SLURM tests outside mpiexec: every rank would start a cluster")
     pytest.importorskip("mpi4py")
     state = tmp_path_factory.mktemp("slurm")
     env = _job_env(dict(os.environ)) | {"LOCAL_SLURM_DIR": str(state),
