@@ -29,7 +29,7 @@ from .stats import StoreCounters, TierCounters, write_stats_file
 from .tiers.base import BlockKey, Tier
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
-from .tiers.shm import ShmTier
+from .tiers.shm import ShmTier, remove_stale_slabs
 
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
@@ -52,8 +52,13 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
         xp = array_module if array_module is not None else cupy_module()
         if xp is not None:
             tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
+    for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
+        log.info("removed stale SHM slab %s (its process is gone)", path)
     if config.shm_bytes > 0:
-        tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+        try:
+            tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+        except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
+            log.warning("SHM tier off: %s", exc)
     if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
         from .tiers.remote import RemoteTier
 
@@ -105,10 +110,12 @@ class CascadeStore:
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
-        self.tiers: list[Tier] = list(tiers) if tiers is not None else build_tiers(
+        built = list(tiers) if tiers is not None else build_tiers(
             self.config, rank=rank, array_module=array_module, comm=comm if clustered else None)
-        if not any(t.capacity for t in self.tiers):
-            for tier in self.tiers:
+        self._built_tiers = built  # all of them, for close(): the REMOTE tier's is collective
+        self.tiers: list[Tier] = [t for t in built if t.capacity > 0]
+        if not self.tiers:
+            for tier in built:
                 tier.close()
             raise TierFull("no tier has capacity: set shm_bytes, gpu_bytes or file_bytes above 0")
         self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode)
@@ -128,13 +135,13 @@ class CascadeStore:
                 from .distributed.cluster import Cluster, TierKind
 
                 shm = next((t for t in self.tiers if t.name == "shm"), None)
-                remote = next((t for t in self.tiers if t.name == "remote"), None)
+                remote = next((t for t in built if t.name == "remote"), None)
                 self._kinds = [TierKind.of(t.name) for t in self.tiers]
                 self.cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
                                        remote=remote, directory_slots=self.config.directory_slots)
             self._recover()
         except BaseException:
-            for tier in self.tiers:
+            for tier in built:
                 tier.close()
             raise
 
@@ -732,7 +739,7 @@ class CascadeStore:
         with self._lock:
             if self._meta or self.counters.puts or self.counters.gets:
                 self._maybe_write_stats(force=True)
-            for tier in self.tiers:
+            for tier in self._built_tiers:
                 tier.close()
             if self.cluster is not None:
                 self.cluster.close()

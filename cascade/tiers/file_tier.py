@@ -99,7 +99,7 @@ class FileTier(Tier):
         self._bounce: mmap.mmap | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
-                         "compactions": 0, "full_events": 0}
+                         "compactions": 0, "full_events": 0, "lost_tombstones": 0}
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.on_lustre = is_lustre(directory)
         if self.on_lustre:
@@ -319,7 +319,9 @@ class FileTier(Tier):
             file_id, _ = self._append(tomb, [])
         except (TierFull, OSError) as exc:
             # Without the tombstone a restart may bring the block back: still correct data.
-            log.warning("%s: could not record the delete of %s: %s", self.name, key[1], exc)
+            if not self.counters["lost_tombstones"]:
+                log.warning("%s: cannot record deletes (%s): a restart may bring such blocks back", self.name, exc)
+            self.counters["lost_tombstones"] += 1
             return
         self._files[file_id].tombstones.append((key, loc.file_id, loc.offset))
 

@@ -71,8 +71,6 @@ class ShmTier(SlabTier):
 
     def __init__(self, capacity: int, directory: str = "/dev/shm", *, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)
-        for path in remove_stale_slabs(directory):
-            log.info("removed stale SHM slab %s (its process is gone)", path)
         self.path = os.path.join(directory, f"cascade-{os.getpid()}-{secrets.token_hex(16)}")
         self._mmap: mmap.mmap | None = None
         self._view: memoryview | None = None
