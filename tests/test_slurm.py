@@ -154,7 +154,7 @@ def test_single_node_script_runs_the_distributed_workload(
     results, out = tmp_path / "results", tmp_path / "job.out"
     job_id, submitted = _sbatch(
         cluster, ["--ntasks=4", str(ROOT / "slurm/single_node.sbatch")], out,
-        JOB_ROOT=str(ROOT), JOB_RESULTS=str(results), JOB_BLOCKS="64",
+        JOB_ROOT=str(ROOT), JOB_RESULTS=str(results), JOB_BLOCKS="64", JOB_ARGS="--requests 100",
     )
     job = _wait(cluster, job_id, submitted, out, timeout=600)
     print(f"job {job.id}: {job.state} {job.exit_code} in {job.seconds:.1f} s\n{job.output}")
