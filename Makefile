@@ -37,7 +37,7 @@ test-unit: install peers
 # The multi-rank suite: the same test bodies at one rank and at $(RANKS) ranks.
 test-mpi: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/mpi
-	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi tests/test_launch.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -173,7 +173,7 @@ class Config:
 
 
 # CASCADE_* variables that are not configuration keys (used by launch/test tooling).
-_NON_CONFIG_ENV = frozenset({"config", "log_level"})
+_NON_CONFIG_ENV = frozenset({"config", "log_level", "require_adapters"})
 
 
 def _check_keys(values: Mapping[str, Any], source: str) -> dict[str, Any]:

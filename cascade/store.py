@@ -345,8 +345,8 @@ class CascadeStore:
     def _stage(self, parts: list[Any]) -> tuple[int, int] | None:
         """Copy a block into the fastest tier's free space (not yet published)."""
         with self._lock:
-            self._make_room(0, self.spec.block_bytes)
             try:
+                self._make_room(0, self.spec.block_bytes)
                 return self.tiers[0].stage(parts)
             except TierFull:
                 self.tier_counters[0].full_events += 1
