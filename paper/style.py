@@ -1,0 +1,176 @@
+"""The one plotting style of every figure: sizes, fonts, colours, names, saving, layout check.
+
+Figures are drawn at their printed size (one column = 3.3 in wide), so a 7 pt label in
+the PNG is a 7 pt label on paper. Colours are the Okabe-Ito palette (safe for colour-blind
+readers and in greyscale with the markers). Every system, tier and policy has one colour
+and one marker in every figure.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+COLUMN_WIDTH_IN = 3.3
+PNG_DPI = 300
+
+_OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+LIMIT_COLOR = "#555555"
+
+RC = {
+    "font.family": "DejaVu Sans",
+    "font.size": 7.5,
+    "axes.labelsize": 7.5,
+    "axes.titlesize": 7.5,
+    "xtick.labelsize": 6.5,
+    "ytick.labelsize": 6.5,
+    "legend.fontsize": 6.5,
+    "legend.frameon": False,
+    "legend.handlelength": 1.8,
+    "legend.columnspacing": 1.0,
+    "axes.linewidth": 0.6,
+    "axes.grid": True,
+    "grid.linewidth": 0.4,
+    "grid.alpha": 0.35,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3.5,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.minor.width": 0.4,
+    "ytick.minor.width": 0.4,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "pdf.fonttype": 42,  # embed TrueType: text stays text in the PDF
+    "savefig.bbox": "standard",
+    "svg.hashsalt": "cascade",
+}
+
+# name -> (label, colour, marker); one entry per thing that is ever plotted
+SERIES: dict[str, tuple[str, str, str]] = {
+    # systems (benchmark.adapters names)
+    "cascade": ("Cascade", _OKABE_ITO[0], "o"),
+    "cascade_file": ("Cascade (file tier)", _OKABE_ITO[5], "o"),
+    "lmcache_cpu": ("LMCache CPU", _OKABE_ITO[1], "s"),
+    "lmcache_disk": ("LMCache disk", _OKABE_ITO[4], "s"),
+    "lmcache_cpu_disk": ("LMCache CPU+disk", _OKABE_ITO[3], "s"),
+    "redis": ("Redis", _OKABE_ITO[2], "^"),
+    "hdf5": ("HDF5", _OKABE_ITO[7], "v"),
+    "mooncake": ("Mooncake Store", _OKABE_ITO[6], "D"),
+    "pdc": ("PDC", "#999999", "x"),
+    # tiers
+    "gpu": ("GPU tier (numpy)", _OKABE_ITO[3], "D"),
+    "shm": ("SHM tier", _OKABE_ITO[0], "o"),
+    "remote": ("REMOTE tier", _OKABE_ITO[2], "^"),
+    "lustre": ("LUSTRE tier", _OKABE_ITO[1], "s"),
+    "cluster": ("another rank", _OKABE_ITO[4], "v"),
+    "store_put_hashed": ("store put + BLAKE3", _OKABE_ITO[5], "x"),
+    # policies
+    "reference_lru": ("LRU (reference)", "#777777", "None"),
+    "reference_belady": ("Belady (optimal)", "#000000", "None"),
+    "cascade_semantic": ("Cascade, semantic", _OKABE_ITO[0], "o"),
+    "cascade_lru": ("Cascade, LRU", _OKABE_ITO[1], "s"),
+}
+_extra_colors = itertools.cycle(_OKABE_ITO[4:])
+
+
+def series(name: str) -> tuple[str, str, str]:
+    """(label, colour, marker) of ``name``; an unknown name gets its own as label."""
+    if name not in SERIES:
+        SERIES[name] = (name, next(_extra_colors), "o")
+    return SERIES[name]
+
+
+def label(name: str) -> str:
+    return series(name)[0]
+
+
+def apply() -> None:
+    """Install the style (idempotent)."""
+    plt.rcParams.update(RC)
+
+
+def figure(height_in: float, ncols: int = 1, nrows: int = 1, *, width_in: float = COLUMN_WIDTH_IN,
+           sharey: bool = False, sharex: bool = False, **kw: Any) -> tuple[Figure, Any]:
+    """A column-wide figure of ``height_in`` inches with a grid of axes."""
+    apply()
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width_in, height_in), sharey=sharey, sharex=sharex, **kw)
+    return fig, axes
+
+
+def size_label(nbytes: float) -> str:
+    """``65536`` -> ``'64K'``, ``4194304`` -> ``'4M'`` (binary units, for tick labels)."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{nbytes:.0f}"
+
+
+def bytes_axis(ax, sizes: list[int]) -> None:
+    """A log2 x axis ticked at exactly the measured block sizes."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([size_label(s) for s in sizes])
+    ax.minorticks_off()
+
+
+def save(fig: Figure, directory: Path, name: str) -> list[Path]:
+    """Write ``name.pdf`` and ``name.png`` into ``directory`` (atomically: through
+    ``*.tmp`` then rename) with fixed metadata, so equal inputs give equal PDFs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for ext, kw in (("pdf", {"metadata": {"CreationDate": None, "ModDate": None, "Producer": None}}),
+                    ("png", {"dpi": PNG_DPI, "metadata": {"Software": None}})):
+        final = directory / f"{name}.{ext}"
+        tmp = directory / f"{name}.{ext}.tmp"
+        fig.savefig(tmp, format=ext, **kw)
+        os.replace(tmp, final)
+        written.append(final)
+    plt.close(fig)
+    return written
+
+
+def drawn_texts(fig: Figure) -> list[matplotlib.text.Text]:
+    """The texts a draw of ``fig`` really renders (tick labels outside the view limits,
+    empty and invisible texts are not drawn, so they are left out)."""
+    drawn: dict[int, matplotlib.text.Text] = {}
+    original = matplotlib.text.Text.draw
+
+    def spy(self, renderer):
+        if self.get_visible() and self.get_text().strip():
+            drawn[id(self)] = self
+        return original(self, renderer)
+
+    matplotlib.text.Text.draw = spy
+    try:
+        fig.canvas.draw()
+    finally:
+        matplotlib.text.Text.draw = original
+    return list(drawn.values())
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """Texts that overlap each other or stick out of the figure (empty when clean).
+
+    Checks every drawn text (tick labels, axis labels, titles, legend entries,
+    annotations) by its rendered extent, with 1 px of tolerance."""
+    texts = drawn_texts(fig)
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    extents = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    problems = []
+    for text, ext in extents:
+        if ext.x0 < box.x0 - 1 or ext.y0 < box.y0 - 1 or ext.x1 > box.x1 + 1 or ext.y1 > box.y1 + 1:
+            problems.append(f"text {text!r} extends outside the figure")
+    for (a, ea), (b, eb) in itertools.combinations(extents, 2):
+        if ea.x0 + 1 < eb.x1 and eb.x0 + 1 < ea.x1 and ea.y0 + 1 < eb.y1 and eb.y0 + 1 < ea.y1:
+            problems.append(f"texts {a!r} and {b!r} overlap")
+    return problems

@@ -1,0 +1,271 @@
+"""The paper's figures, tables and numbers regenerate from the committed results sample.
+
+``paper/sample_results/*.json`` are small real results files (``python -m paper.samples``
+re-measures them). These tests fail when a figure or table cannot be made from them,
+when a results file lacks a field a figure needs (the error must name file and field),
+when a figure's text overlaps, and when the text quotes a number that is not a generated
+macro. None of this needs TeX; the one PDF test is skipped without ``pdflatex``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paper import figures
+from paper.macros import MISSING
+from paper.results import ResultsError, load_file
+
+PAPER = Path(__file__).resolve().parent.parent / "paper"
+SAMPLES = PAPER / "sample_results"
+TEXT_FILES = [PAPER / "main.tex", PAPER / "3. Design.tex", PAPER / "4. Evaluation.tex"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    report = figures.generate(SAMPLES, out)
+    return out, report
+
+
+def _sample(workload: str) -> Path:
+    found = [f for f in sorted(SAMPLES.glob("*.json")) if load_file(f).workload == workload]
+    assert found, f"no {workload} file in {SAMPLES}: run `make -C paper samples`"
+    return found[-1]
+
+
+# -- everything regenerates from the sample ------------------------------------------------
+# Figures whose workloads (benchmark harness) have not produced a sample yet.
+PENDING = {"systems", "scaling"}
+
+
+def test_every_figure_and_table_is_generated(built):
+    out, report = built
+    assert not report.errors, [str(e) for e in report.errors]
+    skipped = [s for s in report.skipped if s[0] not in PENDING]
+    assert not skipped, f"figures skipped on the sample results: {skipped}"
+    for spec in figures.all_specs():
+        if spec.name in PENDING:
+            continue
+        if spec.figure:
+            for ext in ("pdf", "png"):
+                path = out / "Figures" / f"{spec.name}.{ext}"
+                assert path.is_file() and path.stat().st_size > 1000, path
+            float_tex = (out / "Generated" / f"figure_{spec.name}.tex").read_text()
+            assert f"Figures/{spec.name}" in float_tex and "NOT GENERATED" not in float_tex
+        for table in spec.tables:
+            text = (out / "Tables" / f"{table}.tex").read_text()
+            assert "NOT GENERATED" not in text and r"\toprule" in text, table
+
+
+def test_figures_have_no_overlapping_or_clipped_text(built):
+    _, report = built
+    assert report.layout == []
+
+
+def test_every_declared_number_is_defined_and_traced(built):
+    out, _ = built
+    numbers = (out / "Generated" / "numbers.tex").read_text()
+    defined = dict(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\\xspace\}", numbers))
+    declared = {m for spec in figures.all_specs() for m in spec.macros}
+    assert set(defined) == declared
+    pending = {m for spec in figures.all_specs() if spec.name in PENDING for m in spec.macros}
+    assert not [m for m, v in defined.items() if v == MISSING and m not in pending]
+    lines = numbers.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(r"\newcommand"):
+            assert lines[i - 1].startswith("% ") and len(lines[i - 1]) > 4, f"untraced: {line}"
+
+
+def test_tables_have_consistent_rows(built):
+    out, _ = built
+    for path in (out / "Tables").glob("*.tex"):
+        text = path.read_text()
+        spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", text).group(1)
+        body = text.split(r"\midrule", 1)[1].split(r"\bottomrule")[0]
+        for row in body.strip().splitlines():
+            if row.strip() != r"\midrule":
+                assert row.count("&") == len(spec) - 1 - row.count(r"\&"), (path.name, row)
+
+
+def test_generation_is_deterministic(built, tmp_path):
+    out, _ = built
+    figures.generate(SAMPLES, tmp_path)
+    for rel in ["Generated/numbers.tex", *(f"Tables/{p.name}" for p in (out / "Tables").glob("*.tex"))]:
+        assert (tmp_path / rel).read_text() == (out / rel).read_text(), rel
+
+
+# -- bad or absent results ------------------------------------------------------------------
+MISSING_FIELDS = [
+    ("tier_bandwidth", "tier_bandwidth", ["rows", 1, "shm", "get_gbps"], "rows[1].shm.get_gbps"),
+    ("tier_bandwidth", "tier_bandwidth", ["rows", 0, "memcpy"], "rows[0].memcpy"),
+    ("tier_bandwidth", "tier_bandwidth", ["memory_overhead"], "memory_overhead"),
+    ("trace_replay", "hit_ratio", ["rows", 2, "reference_belady", "block_hit_ratio"],
+     "rows[2].reference_belady.block_hit_ratio"),
+    ("trace_replay", "hit_ratio", ["rows", 0, "cascade_semantic", "gap_closed"], "rows[0].cascade_semantic.gap_closed"),
+    ("run", "get_breakdown", ["per_rank_stats", 1, "tiers", "shm", "get_latency", "buckets"],
+     "per_rank_stats[1].tiers.shm.get_latency.buckets"),
+    ("run", "get_breakdown", ["per_rank_stats", 0, "cluster_get_latency"], "per_rank_stats[0].cluster_get_latency"),
+    ("mpi_micro", "mpi_micro", ["directory_latency", "lookup_us", "p50"], "directory_latency.lookup_us.p50"),
+]
+
+
+def _delete(doc, keys):
+    node = doc
+    for k in keys[:-1]:
+        node = node[k]
+    del node[keys[-1]]
+
+
+def _copy_samples(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    shutil.copytree(SAMPLES, results)
+    return results
+
+
+@pytest.mark.parametrize("workload,spec,keys,field", MISSING_FIELDS, ids=[m[3] for m in MISSING_FIELDS])
+def test_a_missing_field_is_an_error_naming_file_and_field(tmp_path, workload, spec, keys, field):
+    results = _copy_samples(tmp_path)
+    if workload == "run":  # the figure reads the multi-rank run: keep only that one
+        runs = sorted(results.glob("cascade_run_*.json"), key=lambda p: load_file(p).ranks)
+        for extra in runs[:-1]:
+            extra.unlink()
+        path = runs[-1]
+    else:
+        path = results / _sample(workload).name
+    doc = json.loads(path.read_text())
+    _delete(doc, keys)
+    path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=[spec])
+    assert report.exit_code(strict=False) == 2
+    [error] = report.errors
+    assert isinstance(error, ResultsError)
+    assert error.path == str(path) and error.field == field
+    assert path.name in str(error) and field in str(error)
+    # nothing of a failed figure survives as if it were real
+    numbers = (tmp_path / "out" / "Generated" / "numbers.tex").read_text()
+    assert MISSING in numbers
+
+
+def test_cli_reports_missing_field_with_file_and_field(tmp_path, capsys):
+    results = _copy_samples(tmp_path)
+    path = results / _sample("trace_replay").name
+    doc = json.loads(path.read_text())
+    del doc["rows"][0]["capacity_blocks"]
+    path.write_text(json.dumps(doc))
+    code = figures.main(["--results", str(results), "--out", str(tmp_path / "out"), "--only", "hit_ratio"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert path.name in err and "rows[0].capacity_blocks" in err
+
+
+def test_unreadable_results_file_is_an_error(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "cascade_tier_bandwidth_1n_20260101T000000.json").write_text("{not json")
+    report = figures.generate(results, tmp_path / "out")
+    assert report.exit_code(strict=False) == 2
+    assert "cascade_tier_bandwidth_1n_20260101T000000.json" in str(report.errors[0])
+
+
+def test_absent_results_are_skipped_listed_and_fail_under_strict(tmp_path, capsys):
+    results = tmp_path / "empty"
+    results.mkdir()
+    out = tmp_path / "out"
+    assert figures.main(["--results", str(results), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    needing_results = [s.name for s in figures.all_specs() if s.name != "design"]
+    for name in needing_results:
+        assert f"SKIPPED {name}:" in err
+    # placeholders keep the paper buildable and the gaps visible
+    for spec in figures.all_specs():
+        if spec.figure:
+            assert "NOT GENERATED" in (out / "Generated" / f"figure_{spec.name}.tex").read_text()
+            assert not (out / "Figures" / f"{spec.name}.png").exists()
+    numbers = (out / "Generated" / "numbers.tex").read_text()
+    assert MISSING in numbers and r"\newcommand{\DBlockTokens}" in numbers
+    assert figures.main(["--results", str(results), "--out", str(out), "--strict"]) == 1
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_newest_file_of_a_workload_is_used(tmp_path):
+    results = _copy_samples(tmp_path)
+    src = results / _sample("trace_replay").name
+    older = results / "cascade_trace_replay_1n_20000101T000000.json"
+    doc = json.loads(src.read_text())
+    del doc["rows"]  # an old, broken file must not be read
+    older.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["hit_ratio"])
+    assert not report.errors and not report.skipped
+
+
+# -- the text quotes numbers only through generated macros ----------------------------------
+# Names that contain digits but are not quoted numbers.
+NAME_TOKENS = re.compile(r"BLAKE3|SHA-256|XXH3-64|XXH3|CRC-32|LLaMA-70B|HDF5|h5py|mpi4py|p50|p99|A100")
+# Commands whose arguments are code, file names or cross-references, not prose.
+CODE_ARGS = re.compile(r"\\(?:texttt|path|url|label|ref|input|includegraphics|usepackage|documentclass|"
+                       r"cite|begin|end)(?:\[[^\]]*\])?\{(?:[^{}]|\{[^{}]*\})*\}")
+LATEX_COMMANDS = {
+    "documentclass", "usepackage", "renewcommand", "ttdefault", "xspaceaddexceptions", "input", "title", "author",
+    "date", "begin", "end", "maketitle", "section", "subsection", "paragraph", "label", "ref", "texttt", "path",
+    "mu", "S", "emph", "textbf", "cite", "url", "footnote",
+}
+
+
+def _prose(text: str) -> str:
+    text = re.sub(r"(?<!\\)%.*", "", text)  # comments
+    text = re.sub(r"\\\\", " ", text)  # line breaks
+    text = re.sub(r"\\documentclass\[[^\]]*\]", "", text)
+    text = re.sub(r"\\usepackage\[[^\]]*\]", "", text)
+    return CODE_ARGS.sub(" ", text)
+
+
+@pytest.mark.parametrize("path", TEXT_FILES, ids=[p.name for p in TEXT_FILES])
+def test_text_types_in_no_numbers(path):
+    prose = _prose(path.read_text())
+    prose = re.sub(r"\\[A-Za-z]+", " ", prose)  # macros (names have no digits)
+    prose = NAME_TOKENS.sub(" ", prose)
+    numbers = re.findall(r".{0,30}\d.{0,30}", prose)
+    assert not numbers, f"{path.name} types in numbers; use a macro of Generated/numbers.tex: {numbers}"
+
+
+def test_captions_type_in_no_numbers():
+    for spec in figures.all_specs():
+        for caption in [spec.caption, *spec.tables.values()]:
+            prose = re.sub(r"\\[A-Za-z]+", " ", _prose(caption))
+            assert not re.search(r"\d", NAME_TOKENS.sub(" ", prose)), (spec.name, caption)
+
+
+def test_text_uses_only_generated_macros():
+    declared = {m for spec in figures.all_specs() for m in spec.macros}
+    for path in TEXT_FILES:
+        text = re.sub(r"(?<!\\)%.*", "", path.read_text()).replace("\\\\", " ")
+        used = set(re.findall(r"\\([A-Za-z]+)", text))
+        unknown = used - declared - LATEX_COMMANDS
+        assert not unknown, f"{path.name} uses macros nobody generates: {sorted(unknown)}"
+    for spec in figures.all_specs():
+        for caption in [spec.caption, *spec.tables.values()]:
+            for name in re.findall(r"\\([A-Z][a-z]+[A-Z][A-Za-z]*)", caption):
+                assert name in declared, (spec.name, name)
+
+
+# -- the PDF (only where TeX is installed) ---------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex: the PDF needs a TeX installation")
+def test_pdf_builds_from_sample(built, tmp_path):
+    out, _ = built
+    paper = tmp_path / "paper"
+    shutil.copytree(out, paper)
+    for tex in TEXT_FILES:
+        shutil.copy(tex, paper / tex.name)
+    for _ in range(2):
+        run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "main.tex"], cwd=paper,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout[-3000:]
+    log = (paper / "main.log").read_text(errors="replace")
+    assert "undefined" not in log.lower() or not re.search(r"(Reference|Citation|Control sequence).*undefined", log)
+    assert (paper / "main.pdf").stat().st_size > 10_000
