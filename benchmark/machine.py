@@ -83,3 +83,211 @@ def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect
         buf.close()
     return {"block_bytes": block_bytes, "total_bytes": total_bytes, "odirect": odirect,
             "write_gbps": gbps(total_bytes, write_s), "read_gbps": gbps(total_bytes, read_s)}
+
+
+# -- page cache ------------------------------------------------------------------------
+def _libc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def resident_bytes(paths: list[str]) -> tuple[int, int]:
+    """(bytes of ``paths`` in the page cache, total bytes), by ``mincore`` on a read-only map."""
+    import ctypes
+
+    libc = _libc()
+    resident = total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if size == 0:
+            continue
+        total += size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                continue
+            try:
+                vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+                if libc.mincore(addr, size, vec) == 0:
+                    resident += sum(b & 1 for b in vec.raw) * PAGE
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return min(resident, total), total
+
+
+def files_under(directory: str) -> list[str]:
+    """Every regular file below ``directory``."""
+    out = []
+    for root, _, names in os.walk(directory):
+        out.extend(p for n in names if os.path.isfile(p := os.path.join(root, n)))
+    return out
+
+
+def drop_page_cache(paths: list[str]) -> dict[str, Any]:
+    """Evict ``paths`` from the page cache: ``sync``, then ``posix_fadvise(DONTNEED)`` on each
+    file; if pages stay resident and we are root, ``echo 1 > /proc/sys/vm/drop_caches``.
+    Returns how (``method``) and the resident fraction before and after (``mincore``)."""
+    before, total = resident_bytes(paths)
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    method = f"sync + posix_fadvise(POSIX_FADV_DONTNEED) on {len(paths)} files ({total} bytes)"
+    after, _ = resident_bytes(paths)
+    if after > 0.01 * total and os.geteuid() == 0:
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+            method += " + echo 1 > /proc/sys/vm/drop_caches"
+            after, _ = resident_bytes(paths)
+        except OSError as exc:
+            method += f" (drop_caches refused: {exc.strerror})"
+    return {"method": method, "files": len(paths), "bytes": total,
+            "resident_fraction_before": before / total if total else 0.0,
+            "resident_fraction_after": after / total if total else 0.0}
+
+
+# -- MPI -------------------------------------------------------------------------------
+def mpiexec_command(ranks: int, module: str, *args: str) -> list[str]:
+    """``mpiexec -n R python -m mpi4py -m module args`` with this interpreter (a failing
+    rank aborts the world instead of hanging it)."""
+    import shutil
+    import sys
+
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec") or "mpiexec"
+    return [exe, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", module, *args]
+
+
+def mpi_get_limits(comm, sizes: list[int], repeats: int = 20) -> dict[str, Any]:
+    """Collective. Raw mpi4py ``Get`` + ``Flush`` (``Lock_all`` held, ``Win.Allocate``):
+    rank 0 from rank 1 alone (``pair``), then every rank from rank ``r+1`` at once
+    (``aggregate``: bytes moved by all ranks / slowest rank's time). Median of repeats."""
+    import time
+
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size < 2:
+        return {"skipped": "needs 2 ranks"}
+    top = max(sizes)
+    win = MPI.Win.Allocate(top, 1, comm=comm)
+    win.Lock_all()
+    rows = []
+    try:
+        out = _aligned(top)
+        buf = np.frombuffer(out, dtype=np.uint8)
+        for nbytes in sizes:
+            n = max(5, min(repeats, (1 << 30) // nbytes))
+            pair = []
+            comm.Barrier()
+            if rank == 0:
+                for i in range(n + 1):
+                    t0 = time.perf_counter()
+                    win.Get([buf[:nbytes], MPI.BYTE], 1, (0, nbytes, MPI.BYTE))
+                    win.Flush(1)
+                    if i:
+                        pair.append(time.perf_counter() - t0)
+            _idle_barrier(comm)
+            agg = []
+            target = (rank + 1) % size
+            for i in range(n + 1):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                win.Get([buf[:nbytes], MPI.BYTE], target, (0, nbytes, MPI.BYTE))
+                win.Flush(target)
+                slowest = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                if i:
+                    agg.append(slowest)
+            row = {"block_bytes": nbytes, "repeats": n,
+                   "aggregate_gbps": gbps(nbytes * size, summarize(agg)["median"])}
+            row = comm.bcast({**row, "pair_gbps": gbps(nbytes, summarize(pair)["median"])} if rank == 0 else None, root=0)
+            rows.append(row)
+        del buf
+    finally:
+        win.Unlock_all()
+        win.Free()
+    return {"ranks": size, "rows": rows}
+
+
+def memcpy_aggregate(comm, nbytes: int, repeats: int = 7) -> dict[str, Any]:
+    """Collective. Every rank copies ``nbytes`` at once; aggregate GB/s = bytes of all
+    ranks / slowest rank's time (median of repeats). The DRAM ceiling of N ranks."""
+    import time
+
+    from mpi4py import MPI
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.zeros(nbytes, dtype=np.uint8)
+    times = []
+    for i in range(repeats + 1):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        slowest = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i:
+            times.append(slowest)
+    return {"block_bytes": nbytes, "ranks": comm.Get_size(),
+            "aggregate_gbps": gbps(nbytes * comm.Get_size(), summarize(times)["median"])}
+
+
+def _idle_barrier(comm) -> None:
+    """A barrier that sleeps instead of spinning (ranks may outnumber cores)."""
+    import time
+
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(1e-3)
+
+
+def mpi_limits_via_mpiexec(ranks: int, sizes: list[int], timeout: float = 300.0) -> dict[str, Any]:
+    """Run :func:`mpi_get_limits` and :func:`memcpy_aggregate` under ``mpiexec -n ranks``
+    from a single-process benchmark; returns their result or ``{"skipped": reason}``."""
+    import json
+    import subprocess
+
+    if ranks < 2:
+        return {"skipped": "one rank: no MPI transfer to bound"}
+    cmd = mpiexec_command(ranks, "benchmark.machine", "mpi-limits", ",".join(map(str, sizes)))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"skipped": f"{' '.join(cmd)}: {exc}"}
+    if proc.returncode != 0:
+        return {"skipped": f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-500:]}"}
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc["command"] = cmd
+    return doc
+
+
+def _mpi_limits_main(sizes: list[int]) -> None:
+    import json
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    result = {"mpi_get": mpi_get_limits(comm, sizes),
+              "memcpy_aggregate": [memcpy_aggregate(comm, s) for s in sizes]}
+    if comm.Get_rank() == 0:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) >= 3 and sys.argv[1] == "mpi-limits":
+        _mpi_limits_main([int(s) for s in sys.argv[2].split(",")])
+    else:
+        print("usage: mpiexec -n N python -m mpi4py -m benchmark.machine mpi-limits SIZE[,SIZE...]", file=sys.stderr)
+        sys.exit(2)

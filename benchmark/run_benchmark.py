@@ -1,7 +1,11 @@
 """Benchmark runner: ``python -m benchmark.run_benchmark --system S --workload W``.
 
-Writes ``benchmark/results/{system}_{workload}_{nodes}n_{timestamp}.json`` (rank 0 only)
-and prints a summary table. Every run measures this machine's limits beside the systems.
+``S`` is an adapter name, a comma list, or ``all`` (every system the workload runs; one
+that cannot start here is recorded with its reason). Writes
+``benchmark/results/{system}_{workload}_{nodes}n_{timestamp}.json`` (this process only:
+multi-rank workloads launch their own ``mpiexec`` worlds and hand figures back) and
+prints a summary table. Every run measures this machine's limits beside the systems.
+Workloads and their result fields: ``benchmark/README.md``.
 """
 from __future__ import annotations
 
@@ -10,12 +14,19 @@ import importlib
 import sys
 from typing import Any, Sequence
 
+from .adapters import ADAPTER_NAMES
 from .results import write_results
+from .workloads.scaling import SYSTEMS as SCALING_SYSTEMS
+from .workloads.trace_replay import SYSTEMS as TRACE_SYSTEMS
 
 # workload name -> (module, systems it runs, description)
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "tier_bandwidth": ("tier_bandwidth", ("cascade",), "put/get GB/s per Cascade tier, 64 KiB-64 MiB"),
-    "trace_replay": ("trace_replay", ("cascade",), "hit ratios on a trace vs LRU and Belady"),
+    "write_throughput": ("write_throughput", ADAPTER_NAMES, "put GB/s of every system, shared data, 2/16 MiB"),
+    "read_throughput": ("read_throughput", ADAPTER_NAMES, "get GB/s of every system, hot and cold"),
+    "read_latency": ("read_latency", ADAPTER_NAMES, "per-get p50/p90/p99/max of every system, hot and cold"),
+    "trace_replay": ("trace_replay", TRACE_SYSTEMS, "hit ratios on a trace vs LRU and Belady, every evicting system"),
+    "scaling": ("scaling", SCALING_SYSTEMS, "aggregate put/get GB/s at 1, 2, 4 ranks (mpiexec)"),
 }
 
 
@@ -32,11 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", required=True, help="a system name, or 'all'")
     p.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--sizes", help="block sizes, e.g. 64K,1M,16M (tier_bandwidth)")
+    p.add_argument("--sizes", help="block sizes, e.g. 2M,16M (default per workload)")
+    p.add_argument("--blocks", type=int, help="measured blocks per size (throughput/latency/scaling: per rank)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up blocks per size")
+    p.add_argument("--rounds", type=int, help="timed rounds per system and size (median reported)")
+    p.add_argument("--ops", type=int, help="hot gets timed one by one (read_latency)")
+    p.add_argument("--data-dir", help="shared block data (python -m benchmark.data; generated if missing)")
+    p.add_argument("--seed", type=int, help="data and order seed (default 0)")
+    p.add_argument("--rank-counts", help="rank counts for scaling (default 1,2,4)")
+    p.add_argument("--time-limit", type=float, help="seconds per replay before it stops (trace_replay)")
     p.add_argument("--total-bytes", help="bytes moved per size and tier (tier_bandwidth)")
     p.add_argument("--capacities", help="comma-separated capacities in blocks (trace_replay)")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
-    p.add_argument("--requests", type=int, help="replay only the first N requests")
+    p.add_argument("--requests", type=int, help="replay only the first N requests (every system)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")
     p.add_argument("--out", help="results directory (default benchmark/results)")
     return p
@@ -45,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, systems, _ = WORKLOADS[args.workload]
-    if args.system != "all" and args.system not in systems:
+    unknown = [s for s in args.system.split(",") if s not in systems] if args.system != "all" else []
+    if unknown:
         print(f"workload {args.workload} runs {', '.join(systems)}; got --system {args.system}", file=sys.stderr)
         return 2
     module = importlib.import_module(f".workloads.{module_name}", __package__)
@@ -54,9 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "total_bytes": _parse_sizes(args.total_bytes)[0] if args.total_bytes else None,
         "capacities": [int(c) for c in args.capacities.split(",")] if args.capacities else None,
         "trace": args.trace, "requests": args.requests, "file_dir": args.file_dir, "ranks": args.ranks,
+        "system": args.system, "blocks": args.blocks, "warmup": args.warmup, "rounds": args.rounds,
+        "ops": args.ops, "data_dir": args.data_dir, "seed": args.seed, "time_limit": args.time_limit,
+        "rank_counts": [int(r) for r in args.rank_counts.split(",")] if args.rank_counts else None,
     }
     result = module.run(options)
-    path = write_results(args.system, args.workload, result, ranks=args.ranks,
+    path = write_results(args.system.replace(",", "+"), args.workload, result, ranks=args.ranks,
                          config={k: v for k, v in options.items() if v is not None}, directory=args.out)
     print(module.table(result))
     print(f"results: {path}")

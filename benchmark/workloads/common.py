@@ -1,0 +1,162 @@
+"""What the comparison workloads share: choosing and starting systems, the machine's
+limits per block size, page-aligned buffers, cross-system ratios and target checks.
+
+A system that cannot start here is recorded with its reason (``skipped``); one that
+fails while measured is recorded with the error (``failed``); nothing is substituted.
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..adapters import ADAPTER_NAMES, AdapterUnavailable, StorageAdapter, adapter_class, load_adapter
+from ..machine import memcpy_gbps, raw_file_gbps
+
+PAGE = 4096
+#: Systems whose blocks live in files: the ones a cold (page cache dropped) read means something for.
+FILE_BACKED = ("cascade_file", "lmcache_disk", "hdf5")
+#: File-backed, but a DRAM tier in front keeps every block of the run: reads never reach the files.
+DRAM_FRONTED = {"lmcache_cpu_disk": "its CPU backend (capacity = the run's capacity) holds every block, "
+                                    "so reads are served from DRAM whatever the page cache holds"}
+
+
+def select(selection: str, allowed: Sequence[str]) -> list[str]:
+    """``all`` -> every allowed system in registry order; else a comma list (each checked)."""
+    if selection == "all":
+        return list(allowed)
+    names = [s.strip() for s in selection.split(",") if s.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise ValueError(f"systems {bad} are not part of this workload; it runs {', '.join(allowed)}")
+    return names
+
+
+def with_eviction() -> list[str]:
+    """Registered systems that evict on their own (``has_eviction``), importable or not."""
+    out = []
+    for name in ADAPTER_NAMES:
+        try:
+            cls, _ = adapter_class(name)
+        except AdapterUnavailable:
+            out.append(name)  # cannot tell; it will be skipped with its reason
+            continue
+        if cls.has_eviction:
+            out.append(name)
+    return out
+
+
+@contextlib.contextmanager
+def started(name: str, capacity_bytes: int, base_dir: str, **options: Any) -> Iterator[StorageAdapter]:
+    """A started adapter in a fresh directory under ``base_dir``; closed and removed after.
+    Raises :class:`AdapterUnavailable` when the system cannot run here."""
+    os.makedirs(base_dir, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=f"bench_{name}_", dir=base_dir)
+    adapter = None
+    try:
+        adapter = load_adapter(name, **options)
+        adapter.initialize(capacity_bytes, workdir)
+        yield adapter
+    finally:
+        if adapter is not None:
+            adapter.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_system(name: str, fn: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Run ``fn`` (which starts and measures system ``name``); returns (rows, problem):
+    ``problem`` is ``{"system", "status": "skipped"|"failed", "reason"}`` or None."""
+    try:
+        return fn(), None
+    except AdapterUnavailable as exc:
+        return [], {"system": name, "status": "skipped", "reason": str(exc)}
+    except Exception as exc:  # the system under test failed: record it, go on with the others
+        return [], {"system": name, "status": "failed", "reason": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=8)}
+
+
+def aligned_pair(half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two page-aligned, pre-touched uint8 buffers of ``half`` bytes (the read target)."""
+    stride = (half + PAGE - 1) // PAGE * PAGE
+    raw = np.frombuffer(mmap.mmap(-1, 2 * stride), dtype=np.uint8)
+    raw[:] = 0
+    return raw[:half], raw[stride:stride + half]
+
+
+def machine_limits(block_bytes: int, file_dir: str, total_bytes: int) -> dict[str, Any]:
+    """memcpy of one block and raw sequential write + O_DIRECT read of ``total_bytes`` in
+    ``block_bytes`` requests on ``file_dir``'s file system."""
+    os.makedirs(file_dir, exist_ok=True)
+    mem = memcpy_gbps(block_bytes)
+    raw = raw_file_gbps(file_dir, block_bytes, max(block_bytes, total_bytes))
+    return {"memcpy_gbps": mem["gbps"], "memcpy_s_p50": mem["t_p50"], "raw_odirect_read_gbps": raw["read_gbps"],
+            "raw_write_gbps": raw["write_gbps"], "raw_odirect": raw["odirect"], "raw_total_bytes": raw["total_bytes"],
+            "measured_at": time.strftime("%H:%M:%S")}
+
+
+def merge_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The limit of a size as the better of the two measurements (start and end of its
+    systems), both kept: ratios to the limit are then conservative."""
+    keys = ("memcpy_gbps", "raw_odirect_read_gbps", "raw_write_gbps")
+    out = {k: max(before[k], after[k]) for k in keys}
+    out["memcpy_s_p50"] = min(before["memcpy_s_p50"], after["memcpy_s_p50"])
+    out["before"], out["after"] = before, after
+    return out
+
+
+def add_ratios(rows: list[dict[str, Any]], metric: str, group: Sequence[str], *,
+               higher_is_better: bool = True) -> None:
+    """Fill ``row["vs_systems"][other]`` for rows that share the ``group`` fields:
+    ``metric / other's metric`` (or the inverse when lower is better), so > 1 always
+    means this system did better."""
+    buckets: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        buckets.setdefault(tuple(row.get(g) for g in group), []).append(row)
+    for bucket in buckets.values():
+        for row in bucket:
+            vs = row.setdefault("vs_systems", {})
+            for other in bucket:
+                if other is row or not other.get(metric) or not row.get(metric):
+                    continue
+                a, b = row[metric], other[metric]
+                vs[other["system"]] = a / b if higher_is_better else b / a
+
+
+def find(rows: list[dict[str, Any]], **fields: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in fields.items())), None)
+
+
+def target(name: str, rows: list[dict[str, Any]], metric: str, system: str, other: str,
+           threshold: float, **fields: Any) -> dict[str, Any]:
+    """A stated target ``system's metric >= threshold x other's`` checked on this run."""
+    a, b = find(rows, system=system, **fields), find(rows, system=other, **fields)
+    out: dict[str, Any] = {"name": name, "system": system, "other": other, "metric": metric,
+                           "threshold": threshold, **fields}
+    if a is None or b is None or not b.get(metric):
+        out.update(value=None, met=None, note="not measured in this run")
+        return out
+    value = a[metric] / b[metric]
+    out.update(value=value, met=value >= threshold)
+    return out
+
+
+def loadavg() -> list[float]:
+    return list(os.getloadavg())
+
+
+def format_targets(targets: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for t in targets:
+        where = f" @ {t['block_bytes'] >> 20} MiB" if "block_bytes" in t else ""
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
+        verdict = {True: "MET", False: "MISSED", None: "not measured"}[t["met"]]
+        lines.append(f"target {t['name']}{where}: {value} (>= {t['threshold']}x) {verdict}")
+    return lines

@@ -1,0 +1,108 @@
+"""read_throughput: get GB/s of every system, hot and cold, 2 MiB and 16 MiB blocks.
+
+Per system and size: put the measured blocks, then the warm-up blocks (untimed; warm-up
+blocks go last so that in files they sit after the measured ones and reading them cannot
+read ahead into a measured block), ``flush``. Then ``rounds`` times each:
+
+* ``hot``: get the warm-up blocks (untimed), then time ``get_into`` of every measured
+  block into the same page-aligned buffers (the data was just written: in DRAM, or in
+  the page cache for file-backed systems);
+* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5): first evict the
+  system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
+  file under its directory; as root ``drop_caches`` too if pages stayed), checked with
+  ``mincore``, then as hot. ``cold_method`` and the resident fractions are in the row.
+
+In-memory systems have no cold read; lmcache_cpu_disk serves every block from its CPU
+tier. Both are listed in ``not_applicable`` with the reason. See ``benchmark/README.md``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..adapters import StorageAdapter
+from ..data import Block
+from ..machine import drop_page_cache, files_under
+from . import blockio, common
+
+
+def _drop(adapter: StorageAdapter) -> dict[str, Any]:
+    return drop_page_cache(files_under(adapter.data_dir))
+
+
+def load(adapter: StorageAdapter, warm: list[Block], meas: list[Block]) -> int:
+    """Put measured then warm-up blocks, flush; returns how many measured blocks are stored."""
+    blockio.put_all(adapter, meas)
+    blockio.put_all(adapter, warm)
+    held = blockio.stored(adapter, meas)
+    if held != len(meas):
+        raise RuntimeError(f"{adapter.name} holds {held} of {len(meas)} blocks after the put phase")
+    return held
+
+
+def measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
+            ctx: blockio.Context) -> list[dict[str, Any]]:
+    nbytes = sum(b.nbytes for b in meas)
+    held = load(adapter, warm, meas)
+    modes = ["hot"] + (["cold"] if name in common.FILE_BACKED else [])
+    rows = []
+    for mode in modes:
+        round_s, op_s, misses, drops = [], [], 0, []
+        for _ in range(ctx.rounds):
+            if mode == "cold":
+                drops.append(_drop(adapter))
+            blockio.get_all(adapter, warm, ctx.outs)
+            total, samples, miss = blockio.get_all(adapter, meas, ctx.outs)
+            round_s.append(total)
+            op_s.append(samples)
+            misses += miss
+        checked = blockio.check_bytes(adapter, meas, ctx.outs)
+        row = {"mode": mode, "get_gbps": blockio.median_gbps(nbytes, round_s),
+               "get_gbps_rounds": [nbytes / s / 1e9 for s in round_s], "round_s": round_s,
+               "get_op_s": blockio.summary([s for r in op_s for s in r]), "misses": misses,
+               "samples": {"get_op_s": op_s}, "stored_after_put": held, "bytes_checked_blocks": checked}
+        if mode == "cold":
+            row["cold_method"] = drops[0]["method"]
+            row["resident_fraction_after_drop"] = max(d["resident_fraction_after"] for d in drops)
+            row["page_cache_drops"] = drops
+        rows.append(row)
+    return rows
+
+
+def not_applicable(systems: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for name in systems:
+        if name in common.DRAM_FRONTED:
+            out.append({"system": name, "mode": "cold", "reason": common.DRAM_FRONTED[name]})
+        elif name not in common.FILE_BACKED:
+            out.append({"system": name, "mode": "cold", "reason": "in-memory system: nothing to read cold"})
+    return out
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as :func:`benchmark.workloads.write_throughput.run`."""
+    result = blockio.run(options, "read_throughput", measure, vs_metric="get_gbps")
+    result["not_applicable"] = not_applicable(result["systems"])
+    rows = result["rows"]
+    targets = []
+    for s in result["block_sizes"]:
+        targets.append(common.target("cascade hot get >= 1.2x lmcache_cpu get", rows, "get_gbps", "cascade",
+                                     "lmcache_cpu", 1.2, block_bytes=s, mode="hot"))
+        for other in ("lmcache_disk", "hdf5"):
+            targets.append(common.target(f"cascade_file cold get >= 2x {other} cold get", rows, "get_gbps",
+                                         "cascade_file", other, 2.0, block_bytes=s, mode="cold"))
+        for other in ("redis", "mooncake"):
+            targets.append(common.target(f"cascade hot get >= 5x {other} get", rows, "get_gbps", "cascade",
+                                         other, 5.0, block_bytes=s, mode="hot"))
+    result["targets"] = targets
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    return blockio.format_table(result, [
+        ("get GB/s", 9, lambda r: f"{r['get_gbps']:.2f}"),
+        ("p50 ms", 8, lambda r: f"{r['get_op_s']['p50'] * 1e3:.2f}"),
+        ("/memcpy", 8, lambda r: f"{r['vs_limit']['memcpy']:.2f}"),
+        ("/rawrd", 7, lambda r: f"{r['vs_limit']['raw_odirect_read']:.2f}"),
+        ("resident", 8, lambda r: f"{r['resident_fraction_after_drop']:.0%}" if "cold_method" in r else "-"),
+        ("misses", 6, lambda r: str(r["misses"])),
+    ])
