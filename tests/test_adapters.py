@@ -249,7 +249,7 @@ def _is_zombie(pid: int) -> bool:
 # -- registry --------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_registry_names_and_cheap_availability_report():
-    assert set(ADAPTER_NAMES) == {"cascade", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk",
+    assert set(ADAPTER_NAMES) == {"cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk",
                                   "redis", "hdf5", "mooncake", "pdc"}
     report = {name: (ok, reason) for name, ok, reason in available_adapters()}
     assert set(report) == set(ADAPTER_NAMES)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 
@@ -35,12 +38,23 @@ def listening_sockets_of_this_process() -> list[str]:
 
 
 def test_runtime_opens_no_listening_socket(tmp_path):
-    cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=64 * 8192, file_dir=str(tmp_path), stats_dir=str(tmp_path / "st"))
-    with CascadeStore(cfg) as s:
-        for i in range(40):
-            k = np.full(s.spec.shape, i, s.spec.dtype)
-            s.get(s.put(k, k))
-        assert listening_sockets_of_this_process() == []
+    """In a fresh process (this one hosts other tests' servers): store work, then no
+    socket of that process listens."""
+    script = textwrap.dedent(f"""
+        import numpy as np, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_security import listening_sockets_of_this_process
+        from cascade import CascadeStore, Config
+        cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=64 * 8192, file_dir={str(tmp_path)!r},
+                     stats_dir={str(tmp_path / "st")!r})
+        with CascadeStore(cfg) as s:
+            for i in range(40):
+                k = np.full(s.spec.shape, i, s.spec.dtype)
+                s.get(s.put(k, k))
+            print(listening_sockets_of_this_process())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_tenants_see_nothing_of_each_other(tmp_path):
