@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     rows = [sigkill_mid_put(args.rounds, rnd), byte_flips(4 * args.rounds, rnd), header_and_truncation(args.rounds, rnd),
             shm_flips(args.rounds, rnd), enospc(max(1, args.rounds // 5)), dead_rank(max(1, args.rounds // 5))]
     path = write_results("cascade", "faults", {"rows": rows}, config={"rounds": args.rounds}, directory=args.out)
-    print(f"| fault | injected | acked blocks lost | wrong bytes served | detected | time to recover |")
+    print("| fault | injected | acked blocks lost | wrong bytes served | detected | time to recover |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         if "skipped" in r:

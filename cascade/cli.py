@@ -9,21 +9,15 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from . import __version__
-from .config import Config
+from .config import Config, parse_overrides
 from .errors import CascadeError
 
 
 def _config(args: argparse.Namespace) -> Config:
-    overrides: dict[str, Any] = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CascadeError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value.strip()
-    return Config.load(args.config or os.environ.get("CASCADE_CONFIG"), **overrides)
+    return Config.load(args.config or os.environ.get("CASCADE_CONFIG"), **parse_overrides(args.set))
 
 
 def _versions() -> dict[str, str]:

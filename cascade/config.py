@@ -172,6 +172,18 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    """``["shm_bytes=1G", ...]`` (command-line ``--set``) as a dict; keys are checked by
+    :meth:`Config.load`."""
+    overrides: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
 # CASCADE_* variables that are not configuration keys (used by launch/test tooling).
 _NON_CONFIG_ENV = frozenset({"config", "log_level", "require_adapters"})
 

@@ -5,7 +5,6 @@ Mount-based tests need root (they mount a small tmpfs) and skip otherwise.
 """
 from __future__ import annotations
 
-import glob
 import os
 import random
 import signal

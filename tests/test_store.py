@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cascade import (BlockNotFound, BlockPinned, CascadeStore, Config, InvalidBlock, TierFull,
+from cascade import (BlockNotFound, BlockPinned, CascadeStore, InvalidBlock, TierFull,
                      block_id)
 
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BlockNotFound, CorruptBlock
+from ..errors import BlockNotFound
 from ..tiers.base import BlockKey
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs

@@ -24,8 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import Config, parse_size
-from ..errors import CascadeError
+from ..config import Config, parse_overrides
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,12 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    overrides: dict[str, Any] = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CascadeError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value.strip()
+    overrides = parse_overrides(args.set)
     cfg = Config.load(args.config or os.environ.get("CASCADE_CONFIG"), **overrides)
     if "remote_bytes" not in overrides and "CASCADE_REMOTE_BYTES" not in os.environ:
         cfg = cfg.replace(remote_bytes=cfg.shm_bytes // 2)  # a multi-rank run lends DRAM by default
@@ -94,7 +88,7 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
     from ..launch import discover
     from ..metrics import aggregate
     from ..replay import replay
-    from ..report import summary, tier_table
+    from ..report import human_bytes, summary, tier_table
     from ..store import CascadeStore
     from ..trace import read_trace
     from ..workload import WorkloadParams, generate
@@ -108,7 +102,7 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
         requests = generate(WorkloadParams(), seed=args.seed)[: args.requests]
     if comm.rank == 0 and not args.quiet:
         print(f"cascade: {info.size} ranks on {info.num_nodes} node(s); model {cfg.model}, "
-              f"{parse_size(cfg.shm_bytes)} B SHM + {cfg.remote_bytes} B lent DRAM per rank; file tier {cfg.file_dir}",
+              f"{human_bytes(cfg.shm_bytes)} SHM + {human_bytes(cfg.remote_bytes)} lent DRAM per rank; file tier {cfg.file_dir}",
               flush=True)
     started = time.perf_counter()
     store = CascadeStore(cfg, comm=comm)
