@@ -147,7 +147,7 @@ def generate(out: str | os.PathLike | None = None, *, model: str = "llama3-8b",
     """Make sure ``out`` holds ``blocks`` blocks (default :func:`default_blocks`) of each
     size; returns the directory. Sets already there with the same seed and model and at
     least as many blocks are kept (content is deterministic, so they are the same bytes);
-    others are (re)written. Costs about 1 s per 200 MiB here. Local, not thread-safe."""
+    others are (re)written. Costs about 1 s per 100 MiB here. Local, not thread-safe."""
     out = Path(out or default_dir())
     out.mkdir(parents=True, exist_ok=True)
     index = read_index(out)
@@ -273,15 +273,16 @@ def prefault(blocks: Iterable[Block]) -> int:
 
 
 def ensure(directory: str | os.PathLike | None, block_bytes: Sequence[int], blocks: int, *,
-           seed: int = 0, model: str = "llama3-8b") -> Path:
-    """The data directory, generated or extended so each size has at least ``blocks`` blocks."""
+           seed: int = 0, model: str | None = None) -> Path:
+    """The data directory, generated or extended so each size has at least ``blocks``
+    blocks. ``model`` None keeps the directory's model (llama3-8b for a new one)."""
     directory = Path(directory or default_dir())
     index = read_index(directory)
-    if index is not None and index["seed"] == seed and index["model"] == model and all(
-            index["sets"].get(str(s), {}).get("blocks", 0) >= blocks for s in block_bytes):
+    same = index is not None and index["seed"] == seed and model in (None, index["model"])
+    if same and all(index["sets"].get(str(s), {}).get("blocks", 0) >= blocks for s in block_bytes):
         return directory
-    return generate(directory, model=model, block_bytes=block_bytes,
-                    blocks=max(blocks, *(default_blocks(s) for s in block_bytes)), seed=seed)
+    model = model or (index["model"] if same else "llama3-8b")
+    return generate(directory, model=model, block_bytes=block_bytes, blocks=blocks, seed=seed)
 
 
 def verify(directory: str | os.PathLike | None = None, progress: bool = True) -> dict[str, Any]:

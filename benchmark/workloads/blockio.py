@@ -14,6 +14,7 @@ Mooncake evicts past 90% of its segment); ``stored_after_put`` in each row prove
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -48,7 +49,10 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-Measure = Callable[[StorageAdapter, str, list[Block], list[Block], Context], list[dict[str, Any]]]
+Opener = Callable[[], contextlib.AbstractContextManager[StorageAdapter]]
+#: ``measure(open_system, name, warm_blocks, measured_blocks, ctx) -> rows``; ``open_system()``
+#: starts a fresh instance of the system (a context manager that stops it).
+Measure = Callable[[Opener, str, list[Block], list[Block], Context], list[dict[str, Any]]]
 
 
 def counts(block_bytes: int, options: dict[str, Any]) -> tuple[int, int]:
@@ -129,9 +133,15 @@ def run(options: dict[str, Any], workload: str, measure: Measure, *, vs_metric: 
             size_rows: list[dict[str, Any]] = []
             for name in tqdm(systems, desc=f"{workload} {size >> 20} MiB", unit="system"):
                 def go(name: str = name) -> list[dict[str, Any]]:
-                    with common.started(name, capacity, file_dir) as adapter:
-                        got = measure(adapter, name, warm, meas, ctx)
-                        info = {"versions": adapter.versions(), "describe": adapter.describe()}
+                    info: dict[str, Any] = {}
+
+                    @contextlib.contextmanager
+                    def open_system():
+                        with common.started(name, capacity, file_dir) as adapter:
+                            yield adapter
+                            info.update(versions=adapter.versions(), describe=adapter.describe())
+
+                    got = measure(open_system, name, warm, meas, ctx)
                     for row in got:
                         row.update({"system": name, "block_bytes": size, "blocks": meas_n,
                                     "warmup_blocks": warm_n, "capacity_bytes": capacity, **info})

@@ -19,15 +19,21 @@ from ..data import Block
 from . import blockio, common, read_throughput
 
 
-def measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
+def measure(open_system: blockio.Opener, name: str, warm: list[Block], meas: list[Block],
             ctx: blockio.Context) -> list[dict[str, Any]]:
+    with open_system() as adapter:
+        return _measure(adapter, name, warm, meas, ctx)
+
+
+def _measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
+             ctx: blockio.Context) -> list[dict[str, Any]]:
     held = read_throughput.load(adapter, warm, meas)
     rng = random.Random(ctx.seed)
     ops = int(ctx.options.get("ops") or max(200, len(meas)))
     hot_order = [rng.randrange(len(meas)) for _ in range(ops)]
     blockio.get_all(adapter, warm, ctx.outs)
     _, hot, misses = blockio.get_all(adapter, [meas[i] for i in hot_order], ctx.outs)
-    rows = [{"mode": "hot", "latency_s": common_summary(hot), "ops": ops, "misses": misses,
+    rows = [{"mode": "hot", "latency_s": blockio.summary(hot), "ops": ops, "misses": misses,
              "samples_s": hot, "stored_after_put": held}]
     if name in common.FILE_BACKED:
         cold, drops, misses = [], [], 0
@@ -39,17 +45,13 @@ def measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Bl
             _, samples, miss = blockio.get_all(adapter, order, ctx.outs)
             cold.extend(samples)
             misses += miss
-        rows.append({"mode": "cold", "latency_s": common_summary(cold), "ops": len(cold), "misses": misses,
+        rows.append({"mode": "cold", "latency_s": blockio.summary(cold), "ops": len(cold), "misses": misses,
                      "samples_s": cold, "stored_after_put": held, "cold_method": drops[0]["method"],
                      "resident_fraction_after_drop": max(d["resident_fraction_after"] for d in drops)})
     blockio.check_bytes(adapter, meas, ctx.outs)
     for row in rows:
         row["p50_s"] = row["latency_s"]["p50"]
     return rows
-
-
-def common_summary(samples: list[float]) -> dict[str, float]:
-    return blockio.summary(samples)
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:

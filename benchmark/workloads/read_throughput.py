@@ -39,8 +39,14 @@ def load(adapter: StorageAdapter, warm: list[Block], meas: list[Block]) -> int:
     return held
 
 
-def measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
+def measure(open_system: blockio.Opener, name: str, warm: list[Block], meas: list[Block],
             ctx: blockio.Context) -> list[dict[str, Any]]:
+    with open_system() as adapter:
+        return _measure(adapter, name, warm, meas, ctx)
+
+
+def _measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
+             ctx: blockio.Context) -> list[dict[str, Any]]:
     nbytes = sum(b.nbytes for b in meas)
     held = load(adapter, warm, meas)
     modes = ["hot"] + (["cold"] if name in common.FILE_BACKED else [])

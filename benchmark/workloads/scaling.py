@@ -203,12 +203,6 @@ class _Store:
         if not self.cross:
             self.store.flush()
 
-    def clear(self) -> None:
-        if self.cross:
-            self.store.clear(namespace="bench")
-        else:
-            self.store.clear()
-
     def close(self) -> None:
         if self.cross:
             self.store.close()
@@ -216,13 +210,8 @@ class _Store:
             self._ctx.__exit__(None, None, None)
 
 
-def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict[str, Any]:
-    from mpi4py import MPI
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    half = args.block_bytes // 2
-    capacity = 2 * size * (args.blocks + args.warmup) * args.block_bytes
-    file_dir = shared_dir if name in CASCADE else os.path.join(shared_dir, f"rank{rank:03d}")
+def _open(comm, name: str, capacity: int, file_dir: str, half: int) -> tuple[_Store | None, str]:
+    """Collective: every rank starts its store; (store, "") or (None, first rank's error)."""
     error = ""
     try:
         store = _Store(name, comm, capacity, file_dir, half)
@@ -232,15 +221,33 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
     if any(errors):
         if store is not None:
             store.close()
-        kind = "skipped" if any("Unavailable" in e or "unavailable" in e for e in errors) else "failed"
-        return {"problem": {"system": name, "ranks": size, "status": kind, "reason": next(e for e in errors if e)}}
+        return None, next(e for e in errors if e)
+    return store, ""
+
+
+def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict[str, Any]:
+    """Collective. Put rounds each on a fresh store (no reliance on ``clear``), then local
+    and (Cascade) cross-rank get rounds on the last one."""
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    half = args.block_bytes // 2
+    capacity = 2 * (args.blocks + args.warmup) * args.block_bytes  # per rank, the same for every system
     outs = common.aligned_pair(half)
     nbytes = len(mine) * args.block_bytes * size
     put_s, get_s, xget_s, misses = [], [], [], 0
+    store = None
     try:
         for r in range(args.rounds):
-            if r:
-                store.clear()
+            if store is not None:
+                _barrier(comm)
+                store.close()
+            file_dir = os.path.join(shared_dir, f"round{r}") if name in CASCADE else \
+                os.path.join(shared_dir, f"round{r}_rank{rank:03d}")
+            store, error = _open(comm, name, capacity, file_dir, half)
+            if store is None:
+                kind = "skipped" if "Unavailable" in error else "failed"
+                return {"problem": {"system": name, "ranks": size, "status": kind, "reason": error}}
             for b in warm:
                 store.put(b)
             store.flush()
@@ -249,7 +256,7 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
         for b in warm:
             store.get_into(b, outs)
         for _ in range(args.rounds):
-            hit = []
+            hit: list[bool] = []
             _, slow = _timed(comm, lambda: hit.extend(store.get_into(b, outs) for b in mine))
             misses += hit.count(False)
             get_s.append(slow)
@@ -263,15 +270,18 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
             ok = store.get_into(b, outs) and np.array_equal(outs[0], b.key) and np.array_equal(outs[1], b.value)
             if not comm.allreduce(ok, op=MPI.LAND):
                 raise RuntimeError("a cross-rank get returned wrong bytes")
+        versions = store.versions
     finally:
-        _barrier(comm)
-        store.close()
+        if store is not None:
+            _barrier(comm)
+            store.close()
     misses = comm.allreduce(misses, op=MPI.SUM)
     row = {"system": name, "ranks": size, "block_bytes": args.block_bytes, "blocks_per_rank": len(mine),
+           "capacity_bytes_per_rank": capacity,
            "put_gbps": gbps(nbytes, float(np.median(put_s))), "get_gbps": gbps(nbytes, float(np.median(get_s))),
            "cross_get_gbps": gbps(nbytes, float(np.median(xget_s))) if xget_s else None,
            "samples": {"put_round_s": put_s, "get_round_s": get_s, "cross_get_round_s": xget_s},
-           "misses": misses, "versions": store.versions,
+           "misses": misses, "versions": versions, "fresh_instance_per_put_round": True,
            "mode": "one cluster-wide store" if name in CASCADE else "one private instance per rank"}
     if name not in CASCADE:
         row["cross_get_note"] = "no cross-rank get: each rank's instance is private"

@@ -1,0 +1,150 @@
+"""Each comparison workload on a tiny config, for Cascade and one real peer (HDF5; Redis
+for the trace replay, which needs a system that evicts): it runs and produces the fields
+``benchmark/README.md`` documents."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmark import data, run_benchmark
+from benchmark.workloads import read_latency, read_throughput, scaling, trace_replay, write_throughput
+
+SIZE = 64 << 10
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("bench")
+    out = data.generate(base / "data", model="tiny", block_bytes=[SIZE], blocks=12, seed=0, progress=False)
+    return {"data_dir": str(out), "file_dir": str(base / "files")}
+
+
+def _options(dirs, **extra):
+    return {"system": "cascade,hdf5", "sizes": [SIZE], "blocks": 4, "warmup": 2, "rounds": 2, **dirs, **extra}
+
+
+def _check_common(result: dict, workload: str) -> None:
+    assert result["schema"] == f"cascade-bench/{workload}/1"
+    assert result["systems"] == ["cascade", "hdf5"] and result["block_sizes"] == [SIZE]
+    lim = result["limits"][str(SIZE)]
+    for key in ("memcpy_gbps", "memcpy_s_p50", "raw_odirect_read_gbps", "raw_write_gbps", "before", "after"):
+        assert key in lim
+    assert result["data"]["model"] == "tiny" and len(result["data"]["index_sha256"]) == 64
+    assert "skipped" in result["mpi_limits"] and result["not_run"] == []
+    for row in result["rows"]:
+        for key in ("system", "block_bytes", "mode", "blocks", "warmup_blocks", "capacity_bytes", "versions",
+                    "describe", "vs_limit", "vs_systems"):
+            assert key in row, key
+        assert row["blocks"] == 4 and row["capacity_bytes"] == 2 * 6 * SIZE
+    assert {r["system"] for r in result["rows"]} == {"cascade", "hdf5"}
+
+
+def test_write_throughput(dirs) -> None:
+    result = write_throughput.run(_options(dirs))
+    _check_common(result, "write_throughput")
+    for row in result["rows"]:
+        assert row["mode"] == "put" and row["put_gbps"] > 0 and len(row["put_gbps_rounds"]) == 2
+        assert row["stored_after_put"] == 4 and row["bytes_checked_blocks"] > 0
+        assert {"p50", "p90", "p99", "max"} <= set(row["put_op_s"]) and len(row["samples"]["put_op_s"]) == 2
+        assert set(row["vs_limit"]) == {"memcpy", "raw_write"}
+    cascade = next(r for r in result["rows"] if r["system"] == "cascade")
+    assert cascade["vs_systems"]["hdf5"] > 0
+    assert result["targets"][0]["met"] is None  # lmcache_cpu not part of this run
+    assert "put GB/s" in write_throughput.table(result)
+
+
+def test_read_throughput_hot_and_cold(dirs) -> None:
+    result = read_throughput.run(_options(dirs))
+    _check_common(result, "read_throughput")
+    modes = {(r["system"], r["mode"]) for r in result["rows"]}
+    assert modes == {("cascade", "hot"), ("hdf5", "hot"), ("hdf5", "cold")}
+    for row in result["rows"]:
+        assert row["get_gbps"] > 0 and row["misses"] == 0 and len(row["samples"]["get_op_s"]) == 2
+        assert set(row["vs_limit"]) == {"memcpy", "raw_odirect_read"}
+    cold = next(r for r in result["rows"] if r["mode"] == "cold")
+    assert "posix_fadvise" in cold["cold_method"] and cold["resident_fraction_after_drop"] <= 0.01
+    assert cold["page_cache_drops"][0]["resident_fraction_before"] >= cold["resident_fraction_after_drop"]
+    assert {"system": "cascade", "mode": "cold", "reason": "in-memory system: nothing to read cold"} \
+        in result["not_applicable"]
+    assert "hdf5" in next(r for r in result["rows"] if r["system"] == "cascade")["vs_systems"]
+    assert "get GB/s" in read_throughput.table(result)
+
+
+def test_read_latency(dirs) -> None:
+    result = read_latency.run(_options(dirs, ops=20))
+    _check_common(result, "read_latency")
+    hot = [r for r in result["rows"] if r["mode"] == "hot"]
+    assert len(hot) == 2 and all(r["ops"] == 20 and len(r["samples_s"]) == 20 for r in hot)
+    for row in result["rows"]:
+        assert {"p50", "p90", "p99", "max"} <= set(row["latency_s"]) and row["p50_s"] == row["latency_s"]["p50"]
+        assert row["latency_s"]["p50"] <= row["latency_s"]["p99"] <= row["latency_s"]["max"]
+    cold = next(r for r in result["rows"] if r["mode"] == "cold")
+    assert cold["system"] == "hdf5" and cold["ops"] == 2 * 4
+    assert "p99 ms" in read_latency.table(result)
+
+
+def test_trace_replay_every_evicting_system(dirs) -> None:
+    result = trace_replay.run({"system": "cascade,cascade_lru,cascade_file,redis", "requests": 30,
+                               "capacities": [1000], "sizes": [16 << 10], "file_dir": dirs["file_dir"]})
+    assert result["schema"] == "cascade-bench/trace_replay/2" and result["requests"] == 30
+    ran = {r["system"] for r in result["system_rows"]}
+    skipped = {p["system"] for p in result["not_run"]}
+    assert ran | skipped == {"cascade", "cascade_lru", "cascade_file", "redis"} and "cascade" in ran
+    for row in result["system_rows"]:
+        for key in ("capacity_blocks", "capacity_bytes", "block_bytes", "requests", "truncated", "references",
+                    "hits", "block_hit_ratio", "token_hit_ratio", "lru_block_hit_ratio", "belady_block_hit_ratio",
+                    "gap_closed", "resident_blocks", "observed_via", "elapsed_s", "us_per_reference", "vs_systems"):
+            assert key in row, key
+        assert row["requests"] == 30 and row["capacity_bytes"] == 1000 * (16 << 10)
+        assert 0 <= row["block_hit_ratio"] <= row["belady_block_hit_ratio"] + 1e-9
+    (row,) = result["rows"]  # the Cascade layout the paper reads
+    for key in ("reference_lru", "reference_belady", "cascade_semantic", "cascade_lru"):
+        assert "block_hit_ratio" in row[key] and "token_hit_ratio" in row[key]
+    assert row["cascade_lru"]["block_hit_ratio"] == row["reference_lru"]["block_hit_ratio"]
+    assert result["targets"][0]["met"] is None  # no 5,000-block capacity in this run
+    assert "Belady" in trace_replay.table(result)
+
+
+def test_trace_replay_refuses_a_system_without_eviction() -> None:
+    with pytest.raises(ValueError, match="not part of this workload"):
+        trace_replay.run({"system": "hdf5", "requests": 1})
+
+
+def test_scaling_one_and_two_ranks(dirs) -> None:
+    result = scaling.run({"system": "cascade,hdf5,mooncake", "rank_counts": [1, 2], "sizes": [SIZE],
+                          "blocks": 2, "warmup": 1, "rounds": 1, **dirs})
+    assert result["schema"] == "cascade-bench/scaling/1"
+    assert all(launch["returncode"] == 0 for launch in result["launches"]), result["launches"]
+    assert {(r["system"], r["ranks"]) for r in result["rows"]} == {
+        ("cascade", 1), ("cascade", 2), ("hdf5", 1), ("hdf5", 2)}
+    assert result["not_run"][0]["system"] == "mooncake" and result["not_run"][0]["status"] == "not_run"
+    assert "mpi_get_pair_gbps" in result["limits"]["2"] and "memcpy_aggregate_gbps" in result["limits"]["1"]
+    for row in result["rows"]:
+        assert row["put_gbps"] > 0 and row["get_gbps"] > 0 and row["misses"] == 0
+        assert set(row["speedup_vs_1_rank"]) == {"put_gbps", "get_gbps"}
+        assert "put_gbps_vs_memcpy_aggregate" in row["vs_limit"]
+    two = next(r for r in result["rows"] if r["system"] == "cascade" and r["ranks"] == 2)
+    assert two["cross_get_gbps"] > 0 and "cross_get_gbps_vs_mpi_get_aggregate" in two["vs_limit"]
+    assert "hdf5" in two["vs_systems"]
+    assert "xget" in scaling.table(result)
+
+
+def test_runner_writes_a_results_file(dirs, tmp_path) -> None:
+    rc = run_benchmark.main(["--system", "cascade,hdf5", "--workload", "write_throughput", "--sizes", "64K",
+                             "--blocks", "3", "--warmup", "1", "--rounds", "1", "--data-dir", dirs["data_dir"],
+                             "--file-dir", dirs["file_dir"], "--out", str(tmp_path)])
+    assert rc == 0
+    (path,) = tmp_path.glob("cascade+hdf5_write_throughput_1n_*.json")
+    doc = json.loads(path.read_text())
+    for key in ("command", "versions", "machine", "config", "rows", "limits", "targets"):
+        assert key in doc
+    assert doc["config"]["blocks"] == 3 and doc["machine"]["cpus"] >= 1
+
+
+def test_trace_replay_covers_every_system_with_eviction() -> None:
+    from benchmark.workloads.common import with_eviction
+
+    assert set(with_eviction()) <= set(trace_replay.SYSTEMS)
+    assert set(trace_replay.REQUESTS) == set(trace_replay.SYSTEMS)
