@@ -225,7 +225,10 @@ class CascadeStore:
                 # Copy into the fastest tier while another thread hashes (BLAKE3 and
                 # SHA-256 release the GIL): the put costs max(copy, hash), not the sum.
                 pending = self._hash_pool().submit(compute_block_id, key, value, algo=self.config.hash_algo)
-                staged = self._stage(parts)
+                try:
+                    staged = self._stage(parts)
+                except TierFull:
+                    staged = None  # the fastest tier is full of pinned blocks: _place finds another
                 digest = pending.result()
             else:
                 digest = compute_block_id(key, value, algo=self.config.hash_algo)
@@ -258,12 +261,13 @@ class CascadeStore:
             try:
                 if staged is not None:
                     self.tiers[0].commit(bkey, staged)
+                    placed = 0
                 else:
-                    self._place(bkey, parts, parent)
+                    placed = self._place(bkey, parts, parent)
             except TierFull:
                 self.counters.rejected += 1
                 raise
-            meta = BlockMeta(bkey, self.spec.block_bytes, 0, parent=parent, priority=priority,
+            meta = BlockMeta(bkey, self.spec.block_bytes, placed, parent=parent, priority=priority,
                              ttl=self.config.default_ttl if ttl is None else ttl)
             meta.depth = self._depth(meta)
             self._meta[bkey] = meta
@@ -274,7 +278,7 @@ class CascadeStore:
                 self.counters.cluster_deduped += 1
                 return block_id
             self.counters.stored += 1
-            self.tier_counters[0].bytes_written += meta.nbytes
+            self.tier_counters[placed].bytes_written += meta.nbytes
             self.put_latency.record(time.perf_counter() - started)
             self._maybe_write_stats()
             return block_id
@@ -345,29 +349,32 @@ class CascadeStore:
     def _stage(self, parts: list[Any]) -> tuple[int, int] | None:
         """Copy a block into the fastest tier's free space (not yet published)."""
         with self._lock:
-            try:
-                self._make_room(0, self.spec.block_bytes)
-                return self.tiers[0].stage(parts)
-            except TierFull:
-                self.tier_counters[0].full_events += 1
-                self.counters.puts += 1
-                self.counters.rejected += 1
-                raise
+            self._make_room(0, self.spec.block_bytes)
+            return self.tiers[0].stage(parts)
 
     def _discard(self, staged: tuple[int, int] | None) -> None:
         if staged is not None:
             with self._lock:
                 self.tiers[0].discard(staged)
 
-    def _place(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> None:
-        """Write a new block into the fastest tier, evicting as needed."""
+    def _place(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> int:
+        """Write a new block into the fastest tier that can make room (one full of
+        pinned blocks is passed over); returns that tier's index. :class:`TierFull`
+        when none can."""
         nbytes = self.spec.block_bytes
-        self._make_room(0, nbytes)
-        try:
-            self.tiers[0].put(bkey, parts, parent=parent)
-        except OSError as exc:  # TierFull included
-            self.tier_counters[0].full_events += 1
-            raise exc if isinstance(exc, TierFull) else TierFull(f"{self.tiers[0].name}: {exc}") from exc
+        reasons = []
+        for t, tier in enumerate(self.tiers):
+            if tier.capacity < nbytes:
+                reasons.append(f"{tier.name}: the block exceeds its capacity of {tier.capacity}")
+                continue
+            try:
+                self._make_room(t, nbytes)
+                tier.put(bkey, parts, parent=parent)
+                return t
+            except OSError as exc:  # TierFull included (ENOSPC and friends too)
+                self.tier_counters[t].full_events += 1
+                reasons.append(str(exc))
+        raise TierFull(f"no tier can take a block of {nbytes} bytes: {'; '.join(reasons)}")
 
     def put_many(
         self,

@@ -263,3 +263,13 @@ def test_clear_drops_unpinned_blocks_of_a_namespace(store):
     assert store.clear(namespace="a") == 2
     assert store.contains(a[0], namespace="a") and not store.contains(a[1], namespace="a")
     assert store.contains(b, namespace="b")
+
+
+def test_a_put_goes_to_a_slower_tier_when_the_fastest_is_all_pinned(store):
+    pinned = [store.put(*make_block(store.spec, 1500 + i)) for i in range(64)]  # fills SHM
+    for b in pinned:
+        store.pin(b)
+    extra = store.put(*make_block(store.spec, 1600))
+    assert store._meta[("default", extra)].tier == 1
+    assert all(store._meta[("default", b)].tier == 0 for b in pinned)
+    assert store.stats()["rejected"] == 0
