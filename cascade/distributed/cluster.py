@@ -101,11 +101,7 @@ class Cluster:
             if kind is TierKind.SHM:
                 self._peers.read_into(self.shm_paths[entry.rank], entry.location, list(outs))
             elif kind is TierKind.REMOTE:
-                offset = entry.location
-                for out in outs:
-                    view = memoryview(out).cast("B")
-                    self.remote.read_remote(entry.rank, offset, view)
-                    offset += view.nbytes
+                self.remote.read_remote_parts(entry.rank, entry.location, outs)
             elif kind is TierKind.LUSTRE:
                 try:
                     read_record(self.file_dir, entry.rank, entry.location, key, outs)

@@ -158,10 +158,15 @@ class RemoteTier(Tier):
         """Read ``len(out)`` bytes at ``location`` of ``rank``'s window: a block another
         rank put (take rank, location, length and checksum from its directory entry, and
         pin it first). With ``checksum``, :class:`CorruptBlock` if the bytes differ."""
-        view = _writable(out)
-        self.slab.get_into(rank, location, (view,))
+        self.read_remote_parts(rank, location, [out], checksum=checksum)
+
+    def read_remote_parts(self, rank: int, location: int, outs: Sequence[Any], *,
+                          checksum: int | None = None) -> None:
+        """:meth:`read_remote` scattered into consecutive buffers: one ``Get`` each, one ``Flush``."""
+        views = [_writable(o) for o in outs]
+        self.slab.get_into(rank, location, views)
         if checksum is not None:
-            _check((rank, location), [view], checksum)
+            _check((rank, location), views, checksum)
 
     def __delitem__(self, key: BlockKey) -> None:
         self._block(key)
