@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from cascade import CascadeStore, Config
+from cascade import CascadeStore, Config, InvalidBlock
 from cascade.models import BlockSpec
 
 from .base import Buffer, StorageAdapter, byte_view, process_rank, writable_view
@@ -81,11 +81,16 @@ class CascadeAdapter(StorageAdapter):
 
     def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
         k, v = self._arrays(key_out, value_out, writable=True)
-        if not self.contains(block_id):
+        if self._store is None:
             return False
-        half = self._store.spec.half_bytes
-        self._check_sizes(block_id, memoryview(k), memoryview(v), half, half)
-        return self._store.get_into(block_id, k, v, namespace=NAMESPACE)
+        try:
+            return self._store.get_into(block_id, k, v, namespace=NAMESPACE)
+        except InvalidBlock:  # buffers of another size: a miss stays a miss, a hit is an error
+            if not self.contains(block_id):
+                return False
+            half = self._store.spec.half_bytes
+            self._check_sizes(block_id, memoryview(k), memoryview(v), half, half)
+            raise
 
     def contains(self, block_id: str) -> bool:
         return self._store is not None and self._store.contains(block_id, namespace=NAMESPACE)

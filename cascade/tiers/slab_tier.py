@@ -9,6 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from ..identity import as_byte_view
@@ -117,14 +119,15 @@ class SlabTier(Tier):
 
     def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
         slot = self._slot(key)
-        if sum(_nbytes(o) for o in outs) != slot.length:
-            raise ValueError(f"output buffers hold {sum(_nbytes(o) for o in outs)} bytes, block has {slot.length}")
+        sizes = [_nbytes(o) for o in outs]
+        if sum(sizes) != slot.length:
+            raise ValueError(f"output buffers hold {sum(sizes)} bytes, block has {slot.length}")
         if self._verify:
             self._check(key, slot)
         pos = slot.offset
-        for out in outs:
+        for out, size in zip(outs, sizes):
             self._copy_out(pos, out)
-            pos += _nbytes(out)
+            pos += size
 
     def __delitem__(self, key: BlockKey) -> None:
         self._slot(key)
@@ -161,7 +164,6 @@ class SlabTier(Tier):
 
 
 def _nbytes(buf: Any) -> int:
-    nbytes = getattr(buf, "nbytes", None)
-    if nbytes is not None and hasattr(buf, "__cuda_array_interface__"):
-        return int(nbytes)
+    if isinstance(buf, np.ndarray) or hasattr(buf, "__cuda_array_interface__"):
+        return int(buf.nbytes)  # arrays reaching a tier were checked C-contiguous by the store
     return as_byte_view(buf).nbytes
