@@ -29,10 +29,11 @@ def _check_common(result: dict, workload: str) -> None:
     assert result["schema"] == f"cascade-bench/{workload}/1"
     assert result["systems"] == ["cascade", "hdf5"] and result["block_sizes"] == [SIZE]
     lim = result["limits"][str(SIZE)]
-    for key in ("memcpy_gbps", "memcpy_s_p50", "raw_odirect_read_gbps", "raw_write_gbps", "before", "after"):
+    for key in ("memcpy_gbps", "memcpy_s_p50", "raw_odirect_read_gbps", "raw_buffered_cold_read_gbps",
+                "raw_write_gbps", "before", "after"):
         assert key in lim
     assert result["data"]["model"] == "tiny" and len(result["data"]["index_sha256"]) == 64
-    assert "skipped" in result["mpi_limits"] and result["not_run"] == []
+    assert "skipped" in result["mpi_limits"] and result["not_run"] == [] and result["interleaved_rounds"]
     for row in result["rows"]:
         for key in ("system", "block_bytes", "mode", "blocks", "warmup_blocks", "capacity_bytes", "versions",
                     "describe", "vs_limit", "vs_systems"):
@@ -62,7 +63,7 @@ def test_read_throughput_hot_and_cold(dirs) -> None:
     assert modes == {("cascade", "hot"), ("hdf5", "hot"), ("hdf5", "cold")}
     for row in result["rows"]:
         assert row["get_gbps"] > 0 and row["misses"] == 0 and len(row["samples"]["get_op_s"]) == 2
-        assert set(row["vs_limit"]) == {"memcpy", "raw_odirect_read"}
+        assert set(row["vs_limit"]) == {"memcpy", "raw_odirect_read", "raw_buffered_cold_read"}
     cold = next(r for r in result["rows"] if r["mode"] == "cold")
     assert "posix_fadvise" in cold["cold_method"] and cold["resident_fraction_after_drop"] <= 0.01
     assert cold["page_cache_drops"][0]["resident_fraction_before"] >= cold["resident_fraction_after_drop"]

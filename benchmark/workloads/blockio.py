@@ -1,12 +1,15 @@
 """The shared driver of write_throughput, read_throughput and read_latency.
 
 For each block size: take ``warmup + blocks`` blocks from the shared data directory
-(:mod:`benchmark.data`, mmap, pre-faulted so no system pays for reading the source),
-measure this machine's limits (memcpy of one block; raw sequential write and O_DIRECT
-read on the file system the systems write to), then start each system in turn with the
-same capacity, let the workload's ``measure`` run it, close it, and measure the limits
-again (the better of the two is the limit; both are stored). Every row then gets its
-ratios to the limits and to the other systems of the same size and mode.
+(:mod:`benchmark.data`, mmap, pre-faulted so no system pays for reading the source) and
+measure this machine's limits (memcpy of one block; raw sequential write, O_DIRECT read
+and cold buffered read on the file system the systems write to). Then every system gets
+a :class:`Measure` (its own instance(s), same capacity for all) and the timed rounds are
+**interleaved**: round r runs every system once, in an order rotated by r, so load from
+other jobs on this shared machine falls on all systems alike and the ratios of one run
+stay comparable. The limits are measured again after the last round (the better of the
+two is the limit; both are stored). Every row then gets its ratios to the limits and to
+the other systems of the same size and mode.
 
 Capacity: ``2 x`` the bytes of the blocks used, the same for every system, so no system
 evicts during these runs (Redis's allocator rounds each 2^k-byte half up by 25%,
@@ -35,12 +38,14 @@ from . import common
 
 DEFAULT_SIZES = [2 << 20, 16 << 20]
 MEASURED_BYTES = 384 << 20  # per size: 192 x 2 MiB, 24 x 16 MiB
-ROUNDS = 3
+
+Opener = Callable[[], contextlib.AbstractContextManager[StorageAdapter]]
 
 
 @dataclass
 class Context:
-    """What a workload's ``measure`` gets besides the adapter and the blocks."""
+    """What a :class:`Measure` gets besides its system: the size, rounds, seed, the
+    page-aligned read buffers (shared by all systems) and the runner's options."""
 
     block_bytes: int
     rounds: int
@@ -49,10 +54,25 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-Opener = Callable[[], contextlib.AbstractContextManager[StorageAdapter]]
-#: ``measure(open_system, name, warm_blocks, measured_blocks, ctx) -> rows``; ``open_system()``
-#: starts a fresh instance of the system (a context manager that stops it).
-Measure = Callable[[Opener, str, list[Block], list[Block], Context], list[dict[str, Any]]]
+class Measure:
+    """One system under one workload: ``start`` (untimed set-up), ``round(r)`` (one timed
+    round), ``finish() -> rows``, ``close()``. Subclasses override what they need."""
+
+    def __init__(self, open_system: Opener, name: str, warm: list[Block], meas: list[Block], ctx: Context) -> None:
+        self.open_system, self.name, self.warm, self.meas, self.ctx = open_system, name, warm, meas, ctx
+        self.stack = contextlib.ExitStack()
+
+    def start(self) -> None:
+        """Untimed set-up (default: nothing)."""
+
+    def round(self, r: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.stack.close()
 
 
 def counts(block_bytes: int, options: dict[str, Any]) -> tuple[int, int]:
@@ -104,14 +124,23 @@ def stored(adapter: StorageAdapter, blocks: Sequence[Block]) -> int:
     return sum(adapter.contains(b.id) for b in blocks)
 
 
-def run(options: dict[str, Any], workload: str, measure: Measure, *, vs_metric: str,
-        higher_is_better: bool = True) -> dict[str, Any]:
-    """Run ``measure`` for every selected system and size; the result document (see
-    ``benchmark/README.md`` for its fields)."""
+def size_label(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _rotated(names: list[str], r: int) -> list[str]:
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def run(options: dict[str, Any], workload: str, make: type[Measure], *, vs_metric: str,
+        higher_is_better: bool = True, rounds: int = 3) -> dict[str, Any]:
+    """Run ``make`` for every selected system and size, rounds interleaved across systems;
+    the result document (fields: ``benchmark/README.md``)."""
     sizes = options.get("sizes") or DEFAULT_SIZES
     systems = common.select(options.get("system") or "all", ADAPTER_NAMES)
     file_dir = options.get("file_dir") or Config().file_dir
-    rounds = int(options.get("rounds") or ROUNDS)
+    rounds = int(options.get("rounds") or rounds)
     seed = int(options.get("seed") or 0)
     need = max(sum(counts(s, options)) for s in sizes)
     data_dir = ensure(options.get("data_dir") or default_dir(), sizes, need, seed=seed)
@@ -125,36 +154,19 @@ def run(options: dict[str, Any], workload: str, measure: Measure, *, vs_metric: 
             warm_n, meas_n = counts(size, options)
             blocks = data.blocks(size, warm_n + meas_n)
             prefault(blocks)
-            warm, meas = blocks[:warm_n], blocks[warm_n:]
             capacity = 2 * (warm_n + meas_n) * size
             raw_total = min(meas_n * size, 512 << 20)
             before = common.machine_limits(size, file_dir, raw_total)
             ctx = Context(size, rounds, seed, common.aligned_pair(size // 2), options)
-            size_rows: list[dict[str, Any]] = []
-            for name in tqdm(systems, desc=f"{workload} {size >> 20} MiB", unit="system"):
-                def go(name: str = name) -> list[dict[str, Any]]:
-                    info: dict[str, Any] = {}
-
-                    @contextlib.contextmanager
-                    def open_system():
-                        with common.started(name, capacity, file_dir) as adapter:
-                            yield adapter
-                            info.update(versions=adapter.versions(), describe=adapter.describe())
-
-                    got = measure(open_system, name, warm, meas, ctx)
-                    for row in got:
-                        row.update({"system": name, "block_bytes": size, "blocks": meas_n,
-                                    "warmup_blocks": warm_n, "capacity_bytes": capacity, **info})
-                    return got
-                got, problem = common.run_system(name, go)
-                size_rows.extend(got)
-                if problem:
-                    problems.append({**problem, "block_bytes": size})
+            got = _run_size(make, systems, blocks[:warm_n], blocks[warm_n:], ctx, capacity, file_dir, workload)
+            size_rows, size_problems = got
             lim = common.merge_limits(before, common.machine_limits(size, file_dir, raw_total))
             limits[str(size)] = lim
             for row in size_rows:
+                row.update(block_bytes=size, blocks=meas_n, warmup_blocks=warm_n, capacity_bytes=capacity)
                 row["vs_limit"] = vs_limit(row, lim)
             rows.extend(size_rows)
+            problems.extend({**p, "block_bytes": size} for p in size_problems)
     common.add_ratios(rows, vs_metric, ("block_bytes", "mode"), higher_is_better=higher_is_better)
     ranks = int(options.get("ranks") or 1)
     load.append(common.loadavg())
@@ -164,6 +176,7 @@ def run(options: dict[str, Any], workload: str, measure: Measure, *, vs_metric: 
         "systems": systems,
         "block_sizes": sizes,
         "rounds": rounds,
+        "interleaved_rounds": True,
         "data": data_info,
         "file_dir": file_dir,
         "same_filesystem": os.stat(file_dir).st_dev == os.stat(data_dir).st_dev,
@@ -176,6 +189,55 @@ def run(options: dict[str, Any], workload: str, measure: Measure, *, vs_metric: 
     }
 
 
+def _run_size(make: type[Measure], systems: list[str], warm: list[Block], meas: list[Block], ctx: Context,
+              capacity: int, file_dir: str, workload: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Start a Measure per system, interleave the rounds, collect rows; every system is
+    closed at the end whatever happened."""
+    infos: dict[str, dict[str, Any]] = {name: {} for name in systems}
+
+    def opener(name: str) -> Opener:
+        @contextlib.contextmanager
+        def open_system():
+            with common.started(name, capacity, file_dir) as adapter:
+                infos[name].update(versions=adapter.versions())
+                yield adapter
+                infos[name].update(describe=adapter.describe())
+        return open_system
+
+    active: dict[str, Measure] = {}
+    problems: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    label = f"{workload} {size_label(ctx.block_bytes)}"
+    try:
+        for name in tqdm(systems, desc=f"{label} start", unit="system"):
+            m = make(opener(name), name, warm, meas, ctx)
+            _, problem = common.run_system(name, lambda: (m.start(), [])[1])
+            if problem:
+                m.close()
+                problems.append(problem)
+            else:
+                active[name] = m
+        for r in tqdm(range(ctx.rounds), desc=f"{label} rounds", unit="round"):
+            for name in _rotated(list(active), r):
+                _, problem = common.run_system(name, lambda: (active[name].round(r), [])[1])
+                if problem:
+                    active.pop(name).close()
+                    problems.append(problem)
+        for name, m in list(active.items()):
+            got, problem = common.run_system(name, m.finish)
+            m.close()
+            if problem:
+                problems.append(problem)
+            for row in got:
+                rows.append({"system": name, **row, **infos[name]})
+    finally:
+        for m in active.values():
+            m.close()
+    order = {n: i for i, n in enumerate(systems)}
+    rows.sort(key=lambda row: (order[row["system"]], row.get("mode", "")))
+    return rows, problems
+
+
 def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
     """A row's figure as a fraction of the machine's limits (1.0 = at the limit)."""
     out: dict[str, float] = {}
@@ -185,10 +247,12 @@ def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
     if "get_gbps" in row:
         out["memcpy"] = row["get_gbps"] / lim["memcpy_gbps"]
         out["raw_odirect_read"] = row["get_gbps"] / lim["raw_odirect_read_gbps"]
+        out["raw_buffered_cold_read"] = row["get_gbps"] / lim["raw_buffered_cold_read_gbps"]
     if "latency_s" in row:
         p50 = row["latency_s"]["p50"]
         out["memcpy"] = lim["memcpy_s_p50"] / p50
         out["raw_odirect_read"] = row["block_bytes"] / (lim["raw_odirect_read_gbps"] * 1e9) / p50
+        out["raw_buffered_cold_read"] = row["block_bytes"] / (lim["raw_buffered_cold_read_gbps"] * 1e9) / p50
     return out
 
 
@@ -200,22 +264,23 @@ def median_gbps(nbytes: int, round_s: list[float]) -> float:
     return gbps(nbytes, float(np.median(round_s)))
 
 
-def format_table(result: dict[str, Any], columns: list[tuple[str, str, Callable[[dict], str]]]) -> str:
+def format_table(result: dict[str, Any], columns: list[tuple[str, int, Callable[[dict], str]]]) -> str:
     """Rows grouped by size and mode, with the given (header, width, cell) columns."""
     lines = [f"data: {result['data']['dir']} (seed {result['data']['seed']}); file dir {result['file_dir']}"]
     for size, lim in result["limits"].items():
-        lines.append(f"limits @ {int(size) >> 20} MiB: memcpy {lim['memcpy_gbps']:.2f} GB/s, raw O_DIRECT read "
-                     f"{lim['raw_odirect_read_gbps']:.2f} GB/s, raw write {lim['raw_write_gbps']:.2f} GB/s")
+        lines.append(f"limits @ {size_label(int(size))}: memcpy {lim['memcpy_gbps']:.2f} GB/s, raw O_DIRECT read "
+                     f"{lim['raw_odirect_read_gbps']:.2f}, raw cold buffered read {lim['raw_buffered_cold_read_gbps']:.2f}, "
+                     f"raw write {lim['raw_write_gbps']:.2f} GB/s")
     mpi = result.get("mpi_limits", {})
     for r in mpi.get("mpi_get", {}).get("rows", []):
-        lines.append(f"raw MPI Get @ {r['block_bytes'] >> 20} MiB ({mpi['mpi_get']['ranks']} ranks): "
+        lines.append(f"raw MPI Get @ {size_label(r['block_bytes'])} ({mpi['mpi_get']['ranks']} ranks): "
                      f"pair {r['pair_gbps']:.2f} GB/s, aggregate {r['aggregate_gbps']:.2f} GB/s")
-    header = f"{'system':<17} {'size':>6} {'mode':>5} " + " ".join(f"{h:>{w}}" for h, w, _ in columns)
+    header = f"{'system':<17} {'size':>7} {'mode':>5} " + " ".join(f"{h:>{w}}" for h, w, _ in columns)
     lines.append(header)
     for row in result["rows"]:
-        lines.append(f"{row['system']:<17} {row['block_bytes'] >> 20:>4}Mi {row.get('mode', ''):>5} "
+        lines.append(f"{row['system']:<17} {size_label(row['block_bytes']):>7} {row.get('mode', ''):>5} "
                      + " ".join(f"{cell(row):>{w}}" for _, w, cell in columns))
     for p in result["not_run"]:
-        lines.append(f"{p['system']:<17} {p.get('block_bytes', 0) >> 20:>4}Mi {p['status']}: {p['reason'][:150]}")
+        lines.append(f"{p['system']:<17} {size_label(p.get('block_bytes', 0)):>7} {p['status']}: {p['reason'][:150]}")
     lines.extend(common.format_targets(result.get("targets", [])))
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """read_throughput: get GB/s of every system, hot and cold, 2 MiB and 16 MiB blocks.
 
-Per system and size: put the measured blocks, then the warm-up blocks (untimed; warm-up
-blocks go last so that in files they sit after the measured ones and reading them cannot
-read ahead into a measured block), ``flush``. Then ``rounds`` times each:
+Per system and size: start it, put the measured blocks, then the warm-up blocks (untimed;
+warm-up blocks go last so that in files they sit after the measured ones and reading them
+cannot read ahead into a measured block), ``flush``. Every system stays up while the
+rounds run interleaved across systems (:mod:`.blockio`); each round has
 
 * ``hot``: get the warm-up blocks (untimed), then time ``get_into`` of every measured
   block into the same page-aligned buffers (the data was just written: in DRAM, or in
@@ -25,7 +26,8 @@ from ..machine import drop_page_cache, files_under
 from . import blockio, common
 
 
-def _drop(adapter: StorageAdapter) -> dict[str, Any]:
+def drop(adapter: StorageAdapter) -> dict[str, Any]:
+    """Evict every file under the system's directory from the page cache."""
     return drop_page_cache(files_under(adapter.data_dir))
 
 
@@ -39,39 +41,44 @@ def load(adapter: StorageAdapter, warm: list[Block], meas: list[Block]) -> int:
     return held
 
 
-def measure(open_system: blockio.Opener, name: str, warm: list[Block], meas: list[Block],
-            ctx: blockio.Context) -> list[dict[str, Any]]:
-    with open_system() as adapter:
-        return _measure(adapter, name, warm, meas, ctx)
+class Measure(blockio.Measure):
+    """One loaded instance; per round a hot pass and (file-backed) a cold pass."""
 
+    def start(self) -> None:
+        self.adapter = self.stack.enter_context(self.open_system())
+        self.held = load(self.adapter, self.warm, self.meas)
+        self.modes = ["hot"] + (["cold"] if self.name in common.FILE_BACKED else [])
+        self.round_s = {m: [] for m in self.modes}
+        self.op_s = {m: [] for m in self.modes}
+        self.misses = {m: 0 for m in self.modes}
+        self.drops: list[dict[str, Any]] = []
 
-def _measure(adapter: StorageAdapter, name: str, warm: list[Block], meas: list[Block],
-             ctx: blockio.Context) -> list[dict[str, Any]]:
-    nbytes = sum(b.nbytes for b in meas)
-    held = load(adapter, warm, meas)
-    modes = ["hot"] + (["cold"] if name in common.FILE_BACKED else [])
-    rows = []
-    for mode in modes:
-        round_s, op_s, misses, drops = [], [], 0, []
-        for _ in range(ctx.rounds):
+    def round(self, r: int) -> None:
+        for mode in self.modes:
             if mode == "cold":
-                drops.append(_drop(adapter))
-            blockio.get_all(adapter, warm, ctx.outs)
-            total, samples, miss = blockio.get_all(adapter, meas, ctx.outs)
-            round_s.append(total)
-            op_s.append(samples)
-            misses += miss
-        checked = blockio.check_bytes(adapter, meas, ctx.outs)
-        row = {"mode": mode, "get_gbps": blockio.median_gbps(nbytes, round_s),
-               "get_gbps_rounds": [nbytes / s / 1e9 for s in round_s], "round_s": round_s,
-               "get_op_s": blockio.summary([s for r in op_s for s in r]), "misses": misses,
-               "samples": {"get_op_s": op_s}, "stored_after_put": held, "bytes_checked_blocks": checked}
-        if mode == "cold":
-            row["cold_method"] = drops[0]["method"]
-            row["resident_fraction_after_drop"] = max(d["resident_fraction_after"] for d in drops)
-            row["page_cache_drops"] = drops
-        rows.append(row)
-    return rows
+                self.drops.append(drop(self.adapter))
+            blockio.get_all(self.adapter, self.warm, self.ctx.outs)
+            total, samples, miss = blockio.get_all(self.adapter, self.meas, self.ctx.outs)
+            self.round_s[mode].append(total)
+            self.op_s[mode].append(samples)
+            self.misses[mode] += miss
+
+    def finish(self) -> list[dict[str, Any]]:
+        nbytes = sum(b.nbytes for b in self.meas)
+        checked = blockio.check_bytes(self.adapter, self.meas, self.ctx.outs)
+        rows = []
+        for mode in self.modes:
+            rs = self.round_s[mode]
+            row = {"mode": mode, "get_gbps": blockio.median_gbps(nbytes, rs),
+                   "get_gbps_rounds": [nbytes / s / 1e9 for s in rs], "round_s": rs,
+                   "get_op_s": blockio.summary([s for r in self.op_s[mode] for s in r]), "misses": self.misses[mode],
+                   "samples": {"get_op_s": self.op_s[mode]}, "stored_after_put": self.held,
+                   "bytes_checked_blocks": checked}
+            if mode == "cold":
+                row.update(cold_method=self.drops[0]["method"], page_cache_drops=self.drops,
+                           resident_fraction_after_drop=max(d["resident_fraction_after"] for d in self.drops))
+            rows.append(row)
+        return rows
 
 
 def not_applicable(systems: list[str]) -> list[dict[str, Any]]:
@@ -85,8 +92,8 @@ def not_applicable(systems: list[str]) -> list[dict[str, Any]]:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Options as :func:`benchmark.workloads.write_throughput.run`."""
-    result = blockio.run(options, "read_throughput", measure, vs_metric="get_gbps")
+    """Options as :func:`benchmark.workloads.write_throughput.run` (``rounds`` default 5)."""
+    result = blockio.run(options, "read_throughput", Measure, vs_metric="get_gbps", rounds=5)
     result["not_applicable"] = not_applicable(result["systems"])
     rows = result["rows"]
     targets = []
@@ -108,7 +115,8 @@ def table(result: dict[str, Any]) -> str:
         ("get GB/s", 9, lambda r: f"{r['get_gbps']:.2f}"),
         ("p50 ms", 8, lambda r: f"{r['get_op_s']['p50'] * 1e3:.2f}"),
         ("/memcpy", 8, lambda r: f"{r['vs_limit']['memcpy']:.2f}"),
-        ("/rawrd", 7, lambda r: f"{r['vs_limit']['raw_odirect_read']:.2f}"),
+        ("/rawOD", 7, lambda r: f"{r['vs_limit']['raw_odirect_read']:.2f}"),
+        ("/rawbuf", 7, lambda r: f"{r['vs_limit']['raw_buffered_cold_read']:.2f}"),
         ("resident", 8, lambda r: f"{r['resident_fraction_after_drop']:.0%}" if "cold_method" in r else "-"),
         ("misses", 6, lambda r: str(r["misses"])),
     ])

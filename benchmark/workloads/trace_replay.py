@@ -36,7 +36,6 @@ import numpy as np
 from tqdm import tqdm
 
 from cascade import CascadeStore, Config
-from cascade.errors import TierFull
 from cascade.models import BlockSpec
 from cascade.replay import replay
 from cascade.trace import DEFAULT_TRACE, TOKENS_PER_BLOCK, Request, block_chain, read_trace
