@@ -33,6 +33,7 @@ from .tiers.shm import ShmTier, remove_stale_slabs
 
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
+_HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
@@ -118,7 +119,9 @@ class CascadeStore:
             for tier in built:
                 tier.close()
             raise TierFull("no tier has capacity: set shm_bytes, gpu_bytes or file_bytes above 0")
-        self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode)
+        capacity_blocks = sum(t.capacity for t in self.tiers) // max(self.spec.block_bytes, 1)
+        self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode,
+                             history=_HISTORY_PER_BLOCK * capacity_blocks)
         self.counters = StoreCounters()
         self.tier_counters = [TierCounters() for _ in self.tiers]
         self.get_latency = [LatencyHistogram() for _ in self.tiers]  # per serving tier
@@ -437,6 +440,7 @@ class CascadeStore:
         if not self._withdraw(meta, leaf_only=True):
             raise _Busy(meta.key)
         self.tier_counters[t].evictions += 1
+        self.policy.evicted(meta)
         self._drop(meta)
 
     def _copy_between(self, meta: BlockMeta, src: int, dst: int) -> None:

@@ -273,3 +273,21 @@ def test_a_put_goes_to_a_slower_tier_when_the_fastest_is_all_pinned(store):
     assert store._meta[("default", extra)].tier == 1
     assert all(store._meta[("default", b)].tier == 0 for b in pinned)
     assert store.stats()["rejected"] == 0
+
+
+def test_use_counts_outlive_eviction(tiny_config):
+    """A block used often, dropped, then put again keeps its count and beats a scan."""
+    cfg = tiny_config.replace(file_bytes=0, shm_bytes=4 * 4096)
+    with CascadeStore(cfg) as s:
+        hot_block = make_block(s.spec, 1700)
+        hot = s.put(*hot_block)
+        for _ in range(6):
+            s.get(hot)
+        for i in range(8):  # a scan pushes it out
+            s.put(*make_block(s.spec, 1800 + i))
+        assert not s.contains(hot)
+        s.put(*hot_block)  # back again, with its history
+        assert s._meta[("default", hot)].hits == 7
+        for i in range(8):
+            s.put(*make_block(s.spec, 1900 + i))
+        assert s.contains(hot)
