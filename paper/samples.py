@@ -2,18 +2,20 @@
 
     python -m paper.samples [--out DIR]      (or: make -C paper samples)
 
-Runs the real workloads at tiny sizes -- nothing here is typed in -- and writes their
-results files, with the raw per-call sample lists dropped (the summaries computed from
-them are kept; the file says so in ``trimmed``). The workloads:
+Runs the real workloads at tiny sizes, through the same command lines a user runs --
+nothing here is typed in -- and keeps their results files with the raw per-call sample
+lists dropped (the summaries computed from them are kept; each file says so in
+``trimmed``). The runs:
 
-* ``tier_bandwidth``: 64 KiB - 4 MiB blocks, 8 MiB per size and tier;
-* ``trace_replay``: the first 300 requests of the shared trace (or of the built-in
-  generator when the trace is absent) at 50, 200 and 800 blocks;
-* ``mpi_micro``: two local ranks, 64 KiB - 4 MiB;
-* ``cascade run``: one rank and two ranks, 60 requests, 64 MiB SHM and 512 MiB file tiers.
+* ``python -m benchmark.run_benchmark --system all`` for ``write_throughput``,
+  ``read_throughput`` and ``read_latency`` (2 MiB blocks, 8 measured, 2 rounds),
+  ``trace_replay`` (first 150 requests at 50, 200 and 800 blocks) and ``scaling``
+  (1 and 2 ranks, 4 blocks per rank); ``--system cascade`` for ``tier_bandwidth``
+  (64 KiB - 4 MiB, 8 MiB per size and tier);
+* ``mpi_micro`` on two local ranks, 64 KiB - 4 MiB;
+* ``cascade run`` on one rank and on two ranks: 60 requests, 64 MiB SHM, 512 MiB files.
 
-The benchmark harness's comparison and scaling workloads are added here when they exist.
-Takes about a minute on a 2-core machine; run it when a results schema changes.
+Takes a few minutes on a 2-core machine; run it when a results schema changes.
 """
 from __future__ import annotations
 
@@ -31,10 +33,14 @@ ROOT = SAMPLE_DIR.parent.parent
 _KB, _MB = 1 << 10, 1 << 20
 
 
+def _raw(key: str) -> bool:
+    return key in ("samples", "samples_s") or key.endswith("_samples_s")
+
+
 def trim(doc: Any) -> Any:
-    """``doc`` without raw sample lists (keys ``samples_s`` / ``*_samples_s``)."""
+    """``doc`` without raw sample lists (keys ``samples``, ``samples_s``, ``*_samples_s``)."""
     if isinstance(doc, dict):
-        return {k: trim(v) for k, v in doc.items() if not (k == "samples_s" or k.endswith("_samples_s"))}
+        return {k: trim(v) for k, v in doc.items() if not _raw(k)}
     if isinstance(doc, list):
         return [trim(v) for v in doc]
     return doc
@@ -48,16 +54,27 @@ def _finish(path: Path) -> Path:
     return path
 
 
-def _runner_workload(out: Path, workload: str, options: dict[str, Any]) -> Path:
-    import importlib
+def _runner(out: Path, system: str, workload: str, *args: str) -> Path:
+    """``python -m benchmark.run_benchmark`` into a scratch directory; the file, trimmed."""
+    with tempfile.TemporaryDirectory(prefix="cascade-sample-out-") as scratch:
+        _call([_python(), "-m", "benchmark.run_benchmark", "--system", system, "--workload", workload, *args,
+               "--out", scratch])
+        [made] = Path(scratch).glob("*.json")
+        target = out / made.name
+        target.write_text(made.read_text())
+    return _finish(target)
 
-    from benchmark.results import write_results
 
-    module = importlib.import_module(f"benchmark.workloads.{workload}")
-    result = module.run(options)
-    path = write_results("cascade", workload, result, config={k: v for k, v in options.items() if v is not None},
-                         directory=out)
-    return _finish(path)
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_")}
+
+
+def _call(cmd: list[str]) -> None:
+    """Run ``cmd`` from the repository root; on failure show the end of its stderr."""
+    print("+", " ".join(cmd), flush=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"{cmd[2:5]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
 
 def _mpi_micro_child(out: Path) -> None:
@@ -88,8 +105,7 @@ def _cascade_run(out: Path, ranks: int, work: Path) -> None:
            "--set", "shm_bytes=64M", "--set", "file_bytes=512M", "--set", f"file_dir={work / f'files{ranks}'}"]
     if ranks > 1:
         cmd += ["--ranks", str(ranks), "--blocks", "8"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_")}
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+    _call(cmd)
 
 
 def regenerate(out: Path) -> list[Path]:
@@ -98,11 +114,19 @@ def regenerate(out: Path) -> list[Path]:
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="cascade-samples-") as tmp:
         work = Path(tmp)
-        _runner_workload(out, "tier_bandwidth", {"sizes": [64 * _KB, 256 * _KB, _MB, 4 * _MB],
-                                                 "total_bytes": 8 * _MB, "file_dir": str(work)})
-        _runner_workload(out, "trace_replay", {"requests": 300, "capacities": [50, 200, 800]})
-        subprocess.run([_mpiexec(), "-n", "2", _python(), "-m", "mpi4py", "-m", "paper.samples",
-                        "--mpi-micro-child", "--out", str(out)], check=True, cwd=ROOT)
+        files = ["--file-dir", str(work / "files")]
+        data = ["--data-dir", str(work / "data")]
+        _runner(out, "cascade", "tier_bandwidth", "--sizes", "64K,256K,1M,4M", "--total-bytes", "8M", *files)
+        small = ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", *data, *files]
+        _runner(out, "all", "write_throughput", *small)
+        _runner(out, "all", "read_throughput", *small)
+        _runner(out, "all", "read_latency", *small, "--ops", "24")
+        _runner(out, "all", "trace_replay", "--requests", "150", "--capacities", "50,200,800", "--time-limit", "30",
+                *files)
+        _runner(out, "all", "scaling", "--rank-counts", "1,2", "--blocks", "4", "--rounds", "2", "--sizes", "2M",
+                *data, *files)
+        _call([_mpiexec(), "-n", "2", _python(), "-m", "mpi4py", "-m", "paper.samples", "--mpi-micro-child",
+               "--out", str(out)])
         _cascade_run(out, 1, work)
         _cascade_run(out, 2, work)
     return sorted(out.glob("*.json"))

@@ -8,6 +8,7 @@ and one marker in every figure.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,8 @@ SERIES: dict[str, tuple[str, str, str]] = {
     "cascade": ("Cascade", _OKABE_ITO[0], "o"),
     "cascade_file": ("Cascade (file tier)", _OKABE_ITO[5], "o"),
     "lmcache_cpu": ("LMCache CPU", _OKABE_ITO[1], "s"),
-    "lmcache_disk": ("LMCache disk", _OKABE_ITO[4], "s"),
-    "lmcache_cpu_disk": ("LMCache CPU+disk", _OKABE_ITO[3], "s"),
+    "lmcache_disk": ("LMCache disk", _OKABE_ITO[4], "p"),
+    "lmcache_cpu_disk": ("LMCache CPU+disk", _OKABE_ITO[3], "h"),
     "redis": ("Redis", _OKABE_ITO[2], "^"),
     "hdf5": ("HDF5", _OKABE_ITO[7], "v"),
     "mooncake": ("Mooncake Store", _OKABE_ITO[6], "D"),
@@ -76,7 +77,7 @@ SERIES: dict[str, tuple[str, str, str]] = {
     "reference_lru": ("LRU (reference)", "#777777", "None"),
     "reference_belady": ("Belady (optimal)", "#000000", "None"),
     "cascade_semantic": ("Cascade, semantic", _OKABE_ITO[0], "o"),
-    "cascade_lru": ("Cascade, LRU", _OKABE_ITO[1], "s"),
+    "cascade_lru": ("Cascade, LRU", _OKABE_ITO[0], "s"),  # Cascade's colour: same store, other policy
 }
 _extra_colors = itertools.cycle(_OKABE_ITO[4:])
 
@@ -122,6 +123,16 @@ def bytes_axis(ax, sizes: list[int]) -> None:
     ax.minorticks_off()
 
 
+def legend_below(fig: Figure, handles: list, *, ncol: int = 2, axis_room_in: float = 0.42) -> float:
+    """A figure legend along the bottom edge; returns the ``bottom`` to give
+    ``subplots_adjust`` so the axes, their tick labels and x label (``axis_room_in``
+    inches) sit just above it."""
+    legend = fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol)
+    fig.canvas.draw()
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
+    return height + axis_room_in / fig.get_figheight()
+
+
 def save(fig: Figure, directory: Path, name: str) -> list[Path]:
     """Write ``name.pdf`` and ``name.png`` into ``directory`` (atomically: through
     ``*.tmp`` then rename) with fixed metadata, so equal inputs give equal PDFs."""
@@ -157,20 +168,53 @@ def drawn_texts(fig: Figure) -> list[matplotlib.text.Text]:
     return list(drawn.values())
 
 
+def _outline(t: matplotlib.text.Text, renderer) -> list[tuple[float, float]]:
+    """Corners of a drawn text's box in display pixels: its bounding box, or for text
+    rotated about its anchor (``rotation_mode="anchor"``, e.g. slanted tick labels) the
+    rotated rectangle itself, so neighbours whose boxes only touch at the corners pass."""
+    box = t.get_window_extent(renderer)
+    angle = t.get_rotation() % 360
+    if angle % 90 == 0 or t.get_rotation_mode() != "anchor":
+        return [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
+    t.set_rotation(0)
+    try:
+        flat = t.get_window_extent(renderer)
+    finally:
+        t.set_rotation(angle)
+    ax, ay = t.get_transform().transform(t.get_unitless_position())
+    c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    corners = [(flat.x0, flat.y0), (flat.x1, flat.y0), (flat.x1, flat.y1), (flat.x0, flat.y1)]
+    return [(ax + c * (x - ax) - s * (y - ay), ay + s * (x - ax) + c * (y - ay)) for x, y in corners]
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]], slack: float = 1.0) -> bool:
+    """Whether two convex outlines overlap by more than ``slack`` pixels (separating axes)."""
+    for poly in (a, b):
+        for (x0, y0), (x1, y1) in zip(poly, poly[1:] + poly[:1]):
+            nx, ny = y0 - y1, x1 - x0
+            norm = math.hypot(nx, ny) or 1.0
+            pa = [(nx * x + ny * y) / norm for x, y in a]
+            pb = [(nx * x + ny * y) / norm for x, y in b]
+            if max(pa) <= min(pb) + slack or max(pb) <= min(pa) + slack:
+                return False
+    return True
+
+
 def layout_problems(fig: Figure) -> list[str]:
     """Texts that overlap each other or stick out of the figure (empty when clean).
 
     Checks every drawn text (tick labels, axis labels, titles, legend entries,
-    annotations) by its rendered extent, with 1 px of tolerance."""
+    annotations) by its rendered outline, with 1 px of tolerance."""
     texts = drawn_texts(fig)
     renderer = fig.canvas.get_renderer()
     box = fig.bbox
-    extents = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    outlines = [(t.get_text(), _outline(t, renderer)) for t in texts]
     problems = []
-    for text, ext in extents:
-        if ext.x0 < box.x0 - 1 or ext.y0 < box.y0 - 1 or ext.x1 > box.x1 + 1 or ext.y1 > box.y1 + 1:
+    for text, poly in outlines:
+        xs, ys = [p[0] for p in poly], [p[1] for p in poly]
+        if min(xs) < box.x0 - 1 or min(ys) < box.y0 - 1 or max(xs) > box.x1 + 1 or max(ys) > box.y1 + 1:
             problems.append(f"text {text!r} extends outside the figure")
-    for (a, ea), (b, eb) in itertools.combinations(extents, 2):
-        if ea.x0 + 1 < eb.x1 and eb.x0 + 1 < ea.x1 and ea.y0 + 1 < eb.y1 and eb.y0 + 1 < ea.y1:
+    for (a, pa), (b, pb) in itertools.combinations(outlines, 2):
+        if _overlap(pa, pb):
             problems.append(f"texts {a!r} and {b!r} overlap")
     return problems

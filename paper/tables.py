@@ -63,7 +63,7 @@ class Table:
                 body.append(r"\midrule")
             body.append(" & ".join(row) + r" \\")
         return (_provenance(self.sources)
-                + f"\\begin{{{env}}}[t]\n\\centering\\footnotesize\n\\setlength{{\\tabcolsep}}{{3.5pt}}\n"
+                + f"\\begin{{{env}}}[t]\n\\centering\\footnotesize\n\\setlength{{\\tabcolsep}}{{3.2pt}}\n"
                 + f"\\caption{{{self.caption}}}\\label{{tab:{self.name}}}\n"
                 + f"\\begin{{tabular}}{{{spec}}}\n\\toprule\n"
                 + " & ".join(h for h, _ in self.columns) + " \\\\\n\\midrule\n"

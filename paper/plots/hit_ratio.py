@@ -1,36 +1,55 @@
-"""Figure: block hit ratio against cache capacity on a trace, for Cascade's policies
+"""Figure: hit ratio against cache capacity on a trace, for every system with eviction,
 beside LRU and the offline optimum (Belady).
 
-Source: the newest ``trace_replay`` results file of Cascade
-(:mod:`benchmark.workloads.trace_replay`); other systems' ``trace_replay`` files are drawn
-beside it when the harness wrote them (see :mod:`paper.plots.systems` for their schema).
+Source: the newest ``trace_replay`` results file (:mod:`benchmark.workloads.trace_replay`,
+schema ``cascade-bench/trace_replay/2`` in ``benchmark/README.md``).
+
+* top: block hit ratio of every system that replayed the whole run (``system_rows`` whose
+  ``requests`` equal the run's), with LRU and Belady on those requests (``rows``);
+* bottom: every system's place between LRU (0) and Belady (100 %) on exactly the requests
+  it replayed (``gap_closed``): slow systems replay a prefix of the trace or stop at a time
+  limit, and this is the comparison that stays fair for them.
 """
 from __future__ import annotations
 
 import os
 
+from matplotlib.lines import Line2D
+
 from .. import style
 from ..core import Context, FigureSpec, Skip
-from ..macros import integer, pct
+from ..macros import MacroBook, integer, pct
 from ..results import ResultsFile
 from ..tables import escape
 
 POLICIES = ("reference_lru", "reference_belady", "cascade_lru", "cascade_semantic")
-# Cascade LRU hollow and larger, so a semantic point on top of it stays visible
-_LINES = {"reference_lru": dict(ls="--", lw=1.0), "reference_belady": dict(ls=":", lw=1.3),
-          "cascade_lru": dict(mfc="white", ms=5.0)}
+REFS = {"reference_lru": dict(color="#777777", ls="--", lw=1.0, marker="None"),
+        "reference_belady": dict(color="#000000", ls=":", lw=1.3, marker="None")}
+# system_rows names -> legend label in this figure (Cascade's two tiers, two policies)
+LABELS = {"cascade": "Cascade (SHM), semantic", "cascade_lru": "Cascade (SHM), LRU",
+          "cascade_file": "Cascade (file tier), semantic"}
+SYSTEM_ORDER = ("cascade", "cascade_lru", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk", "redis",
+                "mooncake")
 
-CAPTION = (r"Block hit ratio against cache capacity (in blocks) when the same trace is replayed through "
-           r"Cascade's store with its semantic policy and with LRU, beside a reference LRU and the "
-           r"offline optimum (Belady). Same semantics for all: every block reference is a lookup and a "
-           r"missed block is cached right after it.")
+CAPTION = (r"Hit ratio against cache capacity (in blocks) when a production trace is replayed through every "
+           r"system with eviction, each given the same capacity in bytes. Top: block hit ratio of the systems "
+           r"that replayed the whole run, beside LRU and the offline optimum (Belady) on the same requests. "
+           r"Bottom: where each system lies between LRU (at zero) and Belady (at the top line), each on "
+           r"exactly the requests it replayed; hollow markers are systems that replayed only a prefix of the "
+           r"run. Same semantics everywhere: every block reference is a lookup and a missed block is put "
+           r"right after it. Cascade replays through its real store with parents and in-flight pins.")
 
-TABLE_CAPTION = (r"Trace replay: block hit ratio (\%) per capacity; ``gap closed'' is "
+TABLE_CAPTION = (r"Trace replay through Cascade's store: block hit ratio (\%) per capacity; ``gap closed'' is "
                  r"$(\mathit{hit}-\mathit{LRU})/(\mathit{Belady}-\mathit{LRU})$ of the semantic policy; "
                  r"``tokens'' is its token hit ratio, the fraction of prompt tokens needing no prefill.")
+SYSTEMS_CAPTION = (r"Trace replay, every system (Cascade: SHM tier, semantic policy, unless named): requests "
+                   r"replayed, block hit ratio, LRU and Belady on the same requests (\%), and the fraction of the "
+                   r"LRU-to-Belady gap closed (\%); $^\ast$: stopped by the time "
+                   r"limit before the end of its requests.")
 
 MACROS = ("TrRequests", "TrReferences", "TrCapacity", "TrLruPct", "TrBeladyPct", "TrSemanticPct", "TrCascadeLruPct",
-          "TrGapClosedPct", "TrSemanticTokenPct", "TrMinCapacity", "TrMaxCapacity")
+          "TrGapClosedPct", "TrSemanticTokenPct", "TrMinCapacity", "TrMaxCapacity", "TrBestPeer", "TrBestPeerGapPct",
+          "TrBestPeerRequests", "TrPeersReplayed")
 
 
 def _rows(rf: ResultsFile) -> list[dict]:
@@ -44,44 +63,113 @@ def _rows(rf: ResultsFile) -> list[dict]:
     return sorted(rows, key=lambda r: r["capacity_blocks"])
 
 
+def _system_rows(rf: ResultsFile) -> list[tuple[int, dict]]:
+    """``(index, row)`` of every ``system_rows`` entry."""
+    out = []
+    for i, row in enumerate(rf.seq("system_rows")):
+        p = ("system_rows", i)
+        rf.get("system", within=row, prefix=p)
+        for key in ("capacity_blocks", "requests", "block_hit_ratio", "lru_block_hit_ratio", "belady_block_hit_ratio"):
+            rf.num(key, within=row, prefix=p)
+        rf.get("gap_closed", within=row, prefix=p)  # null when LRU already equals Belady
+        out.append((i, row))
+    return out
+
+
 def trace_name(rf: ResultsFile) -> str:
     source = str(rf.get("source"))
     return os.path.basename(source) if os.sep in source else source
 
 
+def _label(system: str) -> str:
+    return LABELS.get(system, style.label(system))
+
+
+def _order(system: str) -> tuple[int, str]:
+    return (SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER), system)
+
+
+def pick(ctx: Context) -> ResultsFile | None:
+    """The newest trace_replay file with Cascade's rows (whatever its ``--system`` label)."""
+    files = [f for f in ctx.results.of("trace_replay") if "rows" in f.doc]
+    return files[-1] if files else None
+
+
 def build(ctx: Context) -> list[ResultsFile]:
-    rf = ctx.results.newest("trace_replay", "cascade")
+    rf = pick(ctx)
     if rf is None:
-        raise Skip("no cascade trace_replay results (python -m benchmark.run_benchmark --system cascade "
-                   "--workload trace_replay)")
+        raise Skip("no trace_replay results (python -m benchmark.run_benchmark --system all --workload trace_replay)")
     rows = _rows(rf)
+    srows = _system_rows(rf)
+    full = int(rf.num("requests"))
     caps = [r["capacity_blocks"] for r in rows]
-    fig, ax = style.figure(2.3)
-    for p in POLICIES:
-        lbl, color, marker = style.series(p)
-        ax.plot(caps, [100 * r[p]["block_hit_ratio"] for r in rows], color=color, marker=marker,
-                label=lbl, **_LINES.get(p, {}))
-    ax.set_xscale("log")
-    ax.set_xticks(caps)
-    ax.set_xticklabels([f"{c:,.0f}" for c in caps])
-    ax.minorticks_off()
-    ax.set_xlabel("cache capacity (blocks)")
-    ax.set_ylabel("block hit ratio (%)")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
-    fig.subplots_adjust(left=0.14, right=0.97, top=0.97, bottom=0.36)
-    extra = (f"Trace: \\texttt{{{escape(trace_name(rf))}}}, the first \\TrRequests requests "
+    systems = sorted({str(r["system"]) for _, r in srows}, key=_order)
+
+    fig, (ax_hit, ax_gap) = style.figure(4.3, nrows=2, sharex=True, gridspec_kw={"height_ratios": [1.2, 1]})
+    for ref in ("reference_lru", "reference_belady"):
+        ax_hit.plot(caps, [100 * r[ref]["block_hit_ratio"] for r in rows], **REFS[ref])
+    for system in systems:
+        mine = sorted((r for _, r in srows if r["system"] == system), key=lambda r: r["capacity_blocks"])
+        _, color, marker = style.series(system)
+        whole = [r for r in mine if int(r["requests"]) == full and not r.get("truncated")]
+        if whole:
+            ax_hit.plot([r["capacity_blocks"] for r in whole], [100 * r["block_hit_ratio"] for r in whole],
+                        color=color, marker=marker, **_style(system))
+        pts = [(r["capacity_blocks"], 100 * r["gap_closed"], int(r["requests"]) == full and not r.get("truncated"))
+               for r in mine if r.get("gap_closed") is not None]
+        if pts:
+            ax_gap.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.9,
+                        **{k: v for k, v in _style(system).items() if k != "ms"})
+            for cap, gap, whole_run in pts:  # hollow: the system replayed only a prefix of the run
+                ax_gap.plot([cap], [gap], ls="None", marker=marker, color=color, mfc=color if whole_run else "white",
+                            ms=_style(system).get("ms", style.RC["lines.markersize"]),
+                            zorder=_style(system).get("zorder", 2.0))
+    ax_gap.axhline(0, **{k: v for k, v in REFS["reference_lru"].items() if k != "marker"})
+    ax_gap.axhline(100, **{k: v for k, v in REFS["reference_belady"].items() if k != "marker"})
+    ax_hit.set_ylabel("block hit ratio (%)")
+    ax_hit.set_ylim(bottom=0)
+    ax_gap.set_ylabel("gap closed (%)")
+    ax_gap.set_xscale("log")
+    ax_gap.set_xticks(caps)
+    ax_gap.set_xticklabels([f"{c:,.0f}" for c in caps])
+    ax_gap.minorticks_off()
+    ax_gap.set_xlabel("cache capacity (blocks)")
+    handles = [Line2D([], [], label="LRU (reference)", **REFS["reference_lru"]),
+               Line2D([], [], label="Belady (optimal)", **REFS["reference_belady"])]
+    for system in systems:
+        _, color, marker = style.series(system)
+        handles.append(Line2D([], [], color=color, marker=marker, label=_label(system), **_style(system)))
+    fig.subplots_adjust(left=0.17, right=0.97, top=0.98, bottom=style.legend_below(fig, handles), hspace=0.1)
+    extra = (f"Trace: \\texttt{{{escape(trace_name(rf))}}}; the whole run is its first \\TrRequests requests "
              f"(\\TrReferences block references).")
     ctx.save(fig, [rf], caption_extra=extra)
 
+    _macros(ctx.macros, rf, rows, srows, full)
+    _tables(ctx, rf, rows, srows, systems)
+    return [rf]
+
+
+# Systems often hit exactly alike (same policy, same requests): markers shrink and rise in
+# drawing order, so coincident points show as nested rings and every system stays visible.
+_DRAW = ("cascade_lru", "cascade_file", "cascade", "lmcache_cpu", "lmcache_cpu_disk", "lmcache_disk", "redis", "mooncake")
+
+
+def _style(system: str) -> dict:
+    k = _DRAW.index(system) if system in _DRAW else len(_DRAW)
+    out = dict(ms=max(7.5 - 0.9 * k, 3.0), zorder=2.0 + 0.01 * k)
+    if system == "cascade_lru":
+        out["ls"] = "--"
+    return out
+
+
+def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]], full: int) -> None:
     all_rows = rf.seq("rows")
     quoted = max(rows, key=lambda r: (r["reference_belady"]["block_hit_ratio"] - r["reference_lru"]["block_hit_ratio"],
                                       -r["capacity_blocks"]))
     i = all_rows.index(quoted)
-    m = ctx.macros
-    m.add("TrRequests", integer(rf.num("requests")), rf.source("requests"))
-    m.add("TrReferences", integer(rf.num("rows", i, "cascade_semantic", "references")),
-          rf.source("rows", i, "cascade_semantic", "references"))
+    m.add("TrRequests", integer(full), rf.source("requests"))
+    m.add("TrReferences", integer(rf.num("rows", i, "reference_lru", "references")),
+          rf.source("rows", i, "reference_lru", "references"))
     m.add("TrCapacity", integer(quoted["capacity_blocks"]),
           rf.source("rows", i, "capacity_blocks") + " (the row with the widest LRU-to-Belady gap)")
     m.add("TrMinCapacity", integer(rows[0]["capacity_blocks"]), rf.source("rows", all_rows.index(rows[0]), "capacity_blocks"))
@@ -94,15 +182,45 @@ def build(ctx: Context) -> list[ResultsFile]:
           rf.source("rows", i, "cascade_semantic", "gap_closed"))
     m.add("TrSemanticTokenPct", pct(rf.num("rows", i, "cascade_semantic", "token_hit_ratio")),
           rf.source("rows", i, "cascade_semantic", "token_hit_ratio"))
+    peers = [(r["gap_closed"], k, r) for k, r in srows
+             if not str(r["system"]).startswith("cascade") and r["capacity_blocks"] == quoted["capacity_blocks"]
+             and r.get("gap_closed") is not None]
+    names = sorted({str(r["system"]) for _, r in srows if not str(r["system"]).startswith("cascade")}, key=_order)
+    m.add("TrPeersReplayed", escape(", ".join(style.label(s) for s in names)) or "none",
+          f"{rf.name}: system_rows[*].system (peers)")
+    if peers:
+        gap, k, best = max(peers, key=lambda p: (p[0], -p[1]))
+        m.add("TrBestPeer", escape(style.label(str(best["system"]))),
+              rf.source("system_rows", k, "system") + " (largest gap_closed among peers at TrCapacity)")
+        m.add("TrBestPeerGapPct", pct(gap, 0), rf.source("system_rows", k, "gap_closed"))
+        m.add("TrBestPeerRequests", integer(best["requests"]), rf.source("system_rows", k, "requests"))
+    else:
+        for macro in ("TrBestPeer", "TrBestPeerGapPct", "TrBestPeerRequests"):
+            m.add(macro, "--", f"{rf.name}: no peer replayed {quoted['capacity_blocks']} blocks")
 
+
+def _tables(ctx: Context, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]],
+            systems: list[str]) -> None:
     t = ctx.table("trace_replay", [("capacity", "r"), ("LRU", "r"), ("Belady", "r"), ("Cascade LRU", "r"),
                                    ("semantic", "r"), ("gap closed", "r"), ("tokens", "r")], [rf])
     for r in rows:
         t.add(integer(r["capacity_blocks"]), *(pct(r[p]["block_hit_ratio"]) for p in POLICIES),
               pct(r["cascade_semantic"]["gap_closed"], 0), pct(r["cascade_semantic"]["token_hit_ratio"]))
     ctx.put(t)
-    return [rf]
+
+    s = ctx.table("trace_replay_systems", [("system", "l"), ("capacity", "r"), ("requests", "r"), ("hit", "r"),
+                                           ("LRU", "r"), ("Belady", "r"), ("gap", "r")], [rf])
+    for n, system in enumerate(systems):
+        if n:
+            s.rule()
+        for _, r in sorted(((k, r) for k, r in srows if r["system"] == system), key=lambda kr: kr[1]["capacity_blocks"]):
+            gap = r.get("gap_closed")
+            s.add(escape(style.label(system)), integer(r["capacity_blocks"]),
+                  integer(r["requests"]) + (r"$^\ast$" if r.get("truncated") else ""), pct(r["block_hit_ratio"]),
+                  pct(r["lru_block_hit_ratio"]), pct(r["belady_block_hit_ratio"]),
+                  pct(gap, 0) if gap is not None else "--")
+    ctx.put(s)
 
 
-SPEC = FigureSpec("hit_ratio", CAPTION, "cascade trace_replay results", build, macros=MACROS,
-                  tables={"trace_replay": TABLE_CAPTION})
+SPEC = FigureSpec("hit_ratio", CAPTION, "trace_replay results", build, macros=MACROS,
+                  tables={"trace_replay": TABLE_CAPTION, "trace_replay_systems": SYSTEMS_CAPTION})

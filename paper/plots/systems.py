@@ -1,15 +1,275 @@
-"""Figure: the compared systems side by side (placeholder until the harness's schema exists)."""
+"""Figure: the compared systems side by side -- put and get throughput, get latency.
+
+Sources: the newest ``write_throughput``, ``read_throughput`` and ``read_latency``
+results files (schemas ``cascade-bench/<workload>/1`` in ``benchmark/README.md``): flat
+``rows`` per (system, block size, mode), the machine's ``limits`` per block size, and
+``not_run`` for systems that could not start. Systems are only compared within one file
+(one run); the figure shows the block size the text quotes, the table every size.
+"""
 from __future__ import annotations
 
-from ..core import Context, FigureSpec, Skip
-from ..results import ResultsFile
+import math
 
-CAPTION = r"Throughput and latency of the compared systems."
-MACROS: tuple[str, ...] = ()
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from .. import style
+from ..core import Context, FigureSpec, Skip
+from ..macros import MacroBook, sig, size
+from ..results import ResultsError, ResultsFile
+from ..tables import escape
+from .common import default_block_bytes, reference_row
+
+WORKLOADS = ("write_throughput", "read_throughput", "read_latency")
+ORDER = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk", "redis", "hdf5", "mooncake",
+         "pdc")
+HATCH = "////"
+
+CAPTION = (r"The compared systems on the same blocks from one shared data directory, each with the same "
+           r"capacity (\SysRefBlock blocks). Top: put throughput including the final flush; middle: "
+           r"\texttt{get\_into} throughput; bottom: per-get latency, median (bar) and p99 (whisker). "
+           r"Solid: hot (just written or cached); hatched: cold, after the system's files were dropped "
+           r"from the page cache (file-backed systems only). Lines: this machine's limits measured in the "
+           r"same runs --- memcpy of a block and a raw file written, then read with \texttt{O\_DIRECT}, "
+           r"on the file system the systems write to. Cascade's put includes BLAKE3 hashing of every "
+           r"block. Logarithmic axes.")
+
+TABLE_CAPTION = (r"The compared systems per block size: put and get throughput (GB/s, medians of rounds) and "
+                 r"per-get latency (ms), hot and cold, with the machine's limits of the same runs; "
+                 r"``vs Cascade'' is Cascade's hot get throughput over the system's (above one: Cascade "
+                 r"is faster).")
+
+MACROS = ("SysRefBlock", "SysCascadePutGBps", "SysCascadeGetGBps", "SysCascadeGetPctMemcpy", "SysCascadePFiftyMs",
+          "SysCascadePNinetyNineMs", "SysPutVsLmcacheCpu", "SysGetVsLmcacheCpu", "SysGetVsRedis", "SysGetVsMooncake",
+          "SysGetVsHdf", "SysLatVsLmcacheCpu", "SysFileColdGetGBps", "SysFilePctRawRead", "SysFileColdVsLmcacheDisk",
+          "SysFileColdVsHdf", "SysBestPeerGet", "SysBestPeerGetGBps", "SysNotRun")
+
+
+class Run:
+    """One workload's results file: rows by (system, block size, mode) and limits."""
+
+    FIELDS = {"write_throughput": ("put_gbps",), "read_throughput": ("get_gbps",),
+              "read_latency": ("p50_s",)}
+
+    def __init__(self, rf: ResultsFile) -> None:
+        self.rf = rf
+        self.rows: dict[tuple[str, int, str], tuple[int, dict]] = {}
+        for i, row in enumerate(rf.seq("rows")):
+            p = ("rows", i)
+            system = str(rf.get("system", within=row, prefix=p))
+            nbytes = int(rf.num("block_bytes", within=row, prefix=p))
+            mode = str(rf.get("mode", within=row, prefix=p))
+            for key in self.FIELDS[rf.workload]:
+                rf.num(key, within=row, prefix=p)
+            if rf.workload == "read_latency":
+                rf.num("latency_s", "p50", within=row, prefix=p)
+                rf.num("latency_s", "p99", within=row, prefix=p)
+            rf.mapping("vs_systems", within=row, prefix=p)
+            self.rows[(system, nbytes, mode)] = (i, row)
+        self.not_run = [p for p in rf.seq("not_run", nonempty=False) if isinstance(p, dict)]
+
+    def sizes(self) -> list[int]:
+        return sorted({k[1] for k in self.rows})
+
+    def row(self, system: str, nbytes: int, mode: str) -> tuple[int, dict] | None:
+        return self.rows.get((system, nbytes, mode))
+
+    def limit(self, nbytes: int, key: str) -> float:
+        return self.rf.num("limits", str(nbytes), key)
+
+    def systems(self) -> list[str]:
+        return sorted({k[0] for k in self.rows}, key=_order)
+
+
+def _order(system: str) -> tuple[int, str]:
+    return (ORDER.index(system) if system in ORDER else len(ORDER), system)
+
+
+def load(ctx: Context) -> dict[str, Run]:
+    files = {w: ctx.results.newest(w) for w in WORKLOADS}
+    missing = [w for w, f in files.items() if f is None]
+    if missing:
+        raise Skip(f"no {', '.join(missing)} results (python -m benchmark.run_benchmark --system all "
+                   f"--workload {missing[0]})")
+    return {w: Run(f) for w, f in files.items() if f is not None}
 
 
 def build(ctx: Context) -> list[ResultsFile]:
-    raise Skip("systems comparison not implemented yet")
+    runs = load(ctx)
+    sources = [r.rf for r in runs.values()]
+    put, get, lat = runs["write_throughput"], runs["read_throughput"], runs["read_latency"]
+    common_sizes = sorted(set(put.sizes()) & set(get.sizes()) & set(lat.sizes()))
+    if not common_sizes:
+        raise ResultsError(put.rf.path, "rows[*].block_bytes",
+                           "shares no block size with the read_throughput and read_latency files")
+    ref = reference_row([{"block_bytes": s} for s in common_sizes], default_block_bytes())["block_bytes"]
+    systems = sorted(set(put.systems()) | set(get.systems()) | set(lat.systems()), key=_order)
+
+    fig, (ax_put, ax_get, ax_lat) = style.figure(4.6, nrows=3, sharex=True)
+    x = np.arange(len(systems))
+    for i, system in enumerate(systems):
+        _, color, _ = style.series(system)
+        got = put.row(system, ref, "put")
+        if got:
+            ax_put.bar(i, got[1]["put_gbps"], width=0.55, color=color)
+        for run, ax, value in ((get, ax_get, lambda r: r["get_gbps"]), (lat, ax_lat, lambda r: 1e3 * r["p50_s"])):
+            hot, cold = run.row(system, ref, "hot"), run.row(system, ref, "cold")
+            slots = [(hot, 0.0)] if not cold else [(hot, -0.2), (cold, 0.2)]
+            for (found, dx), is_cold in zip(slots, (False, True)):
+                if not found:
+                    continue
+                width = 0.55 if not cold else 0.38
+                ax.bar(i + dx, value(found[1]), width=width, color="white" if is_cold else color,
+                       edgecolor=color, hatch=HATCH if is_cold else None, linewidth=0.8)
+                if run is lat:
+                    p50, p99 = 1e3 * found[1]["latency_s"]["p50"], 1e3 * found[1]["latency_s"]["p99"]
+                    ax.plot([i + dx, i + dx], [p50, p99], color="black", lw=0.7)
+                    ax.plot([i + dx - width / 4, i + dx + width / 4], [p99, p99], color="black", lw=0.7)
+    span = (-0.6, len(systems) - 0.4)
+    ax_put.hlines(put.limit(ref, "memcpy_gbps"), *span, colors="black", linestyles="--", lw=0.9)
+    ax_put.hlines(put.limit(ref, "raw_write_gbps"), *span, colors=style.LIMIT_COLOR, linestyles=":", lw=1.1)
+    ax_get.hlines(get.limit(ref, "memcpy_gbps"), *span, colors="black", linestyles="--", lw=0.9)
+    ax_get.hlines(get.limit(ref, "raw_odirect_read_gbps"), *span, colors=style.LIMIT_COLOR, linestyles=":", lw=1.1)
+    ax_lat.hlines(1e3 * lat.limit(ref, "memcpy_s_p50"), *span, colors="black", linestyles="--", lw=0.9)
+    ax_lat.hlines(1e3 * ref / (lat.limit(ref, "raw_odirect_read_gbps") * 1e9), *span, colors=style.LIMIT_COLOR,
+                  linestyles=":", lw=1.1)
+    for ax, ylabel in ((ax_put, "put (GB/s)"), (ax_get, "get (GB/s)"), (ax_lat, "get latency (ms)")):
+        ax.set_yscale("log")
+        _decades(ax)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="x", visible=False)
+        ax.set_xlim(*span)
+    ax_lat.set_xticks(x)
+    ax_lat.set_xticklabels([style.label(s) for s in systems], rotation=35, ha="right", rotation_mode="anchor")
+    handles = [Line2D([], [], color="black", ls="--", lw=0.9, label="memcpy"),
+               Line2D([], [], color=style.LIMIT_COLOR, ls=":", lw=1.1, label="raw file (put: write, get: O_DIRECT read)"),
+               Patch(facecolor="#777777", label="hot"),
+               Patch(facecolor="white", edgecolor="#777777", hatch=HATCH, label="cold"),
+               Line2D([], [], color="black", lw=0.7, label="p99")]
+    ax_put.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=2, borderaxespad=0.1)
+    fig.subplots_adjust(left=0.15, right=0.98, top=0.87, bottom=0.16, hspace=0.12)
+    not_run = _not_run(runs)
+    extra = (f"Not run here: {escape(not_run)}." if not_run else "")
+    ctx.save(fig, sources, caption_extra=extra)
+
+    _macros(ctx.macros, runs, ref, not_run)
+    _table(ctx, runs, systems, common_sizes, sources)
+    return sources
 
 
-SPEC = FigureSpec("systems", CAPTION, "write/read throughput and read latency results", build, macros=MACROS)
+def _decades(ax) -> None:
+    """Whole decades on a log axis, labelled plainly."""
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(10 ** math.floor(math.log10(lo)), 10 ** math.ceil(math.log10(hi)))
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _not_run(runs: dict[str, Run]) -> str:
+    """``'PDC (skipped)'``-style list of systems some workload could not run, with status."""
+    seen: dict[str, str] = {}
+    for run in runs.values():
+        for p in run.not_run:
+            system = str(p.get("system", "?"))
+            if not any(system == k[0] for k in run.rows):
+                seen.setdefault(system, str(p.get("status", "not run")))
+    return ", ".join(f"{style.label(s)} ({status})" for s, status in sorted(seen.items(), key=lambda kv: _order(kv[0])))
+
+
+def _ratio(m: MacroBook, macro: str, run: Run, system: str, nbytes: int, mode: str, other: str) -> None:
+    found = run.row(system, nbytes, mode)
+    rf = run.rf
+    if found is None or other not in found[1]["vs_systems"]:
+        m.add(macro, "--", f"{rf.name}: no {system}/{mode} row or no {other} to compare with at {nbytes} bytes")
+        return
+    i, row = found
+    m.add(macro, sig(rf.num("rows", i, "vs_systems", other)), rf.source("rows", i, "vs_systems", other))
+
+
+def _value(m: MacroBook, macro: str, run: Run, system: str, nbytes: int, mode: str, keys: tuple, scale: float = 1.0,
+           fmt=sig) -> None:
+    found = run.row(system, nbytes, mode)
+    if found is None:
+        m.add(macro, "--", f"{run.rf.name}: no {system}/{mode} row at {nbytes} bytes")
+        return
+    i = found[0]
+    m.add(macro, fmt(scale * run.rf.num("rows", i, *keys)), run.rf.source("rows", i, *keys))
+
+
+def _macros(m: MacroBook, runs: dict[str, Run], ref: int, not_run: str) -> None:
+    put, get, lat = runs["write_throughput"], runs["read_throughput"], runs["read_latency"]
+    i = put.row("cascade", ref, "put")
+    m.add("SysRefBlock", size(ref), put.rf.source("rows", i[0] if i else 0, "block_bytes")
+          + " (smallest size measured by all three workloads >= the default block)")
+    _value(m, "SysCascadePutGBps", put, "cascade", ref, "put", ("put_gbps",))
+    _value(m, "SysCascadeGetGBps", get, "cascade", ref, "hot", ("get_gbps",))
+    _value(m, "SysCascadeGetPctMemcpy", get, "cascade", ref, "hot", ("vs_limit", "memcpy"), 100.0,
+           fmt=lambda v: f"{v:.0f}")
+    _value(m, "SysCascadePFiftyMs", lat, "cascade", ref, "hot", ("latency_s", "p50"), 1e3)
+    _value(m, "SysCascadePNinetyNineMs", lat, "cascade", ref, "hot", ("latency_s", "p99"), 1e3)
+    _ratio(m, "SysPutVsLmcacheCpu", put, "cascade", ref, "put", "lmcache_cpu")
+    _ratio(m, "SysGetVsLmcacheCpu", get, "cascade", ref, "hot", "lmcache_cpu")
+    _ratio(m, "SysGetVsRedis", get, "cascade", ref, "hot", "redis")
+    _ratio(m, "SysGetVsMooncake", get, "cascade", ref, "hot", "mooncake")
+    _ratio(m, "SysGetVsHdf", get, "cascade", ref, "hot", "hdf5")
+    _ratio(m, "SysLatVsLmcacheCpu", lat, "cascade", ref, "hot", "lmcache_cpu")
+    _value(m, "SysFileColdGetGBps", get, "cascade_file", ref, "cold", ("get_gbps",))
+    _value(m, "SysFilePctRawRead", get, "cascade_file", ref, "cold", ("vs_limit", "raw_odirect_read"), 100.0,
+           fmt=lambda v: f"{v:.0f}")
+    _ratio(m, "SysFileColdVsLmcacheDisk", get, "cascade_file", ref, "cold", "lmcache_disk")
+    _ratio(m, "SysFileColdVsHdf", get, "cascade_file", ref, "cold", "hdf5")
+    peers = [(row["get_gbps"], s, i) for (s, nbytes, mode), (i, row) in get.rows.items()
+             if nbytes == ref and mode == "hot" and not s.startswith("cascade")]
+    if peers:
+        best, system, i = max(peers)
+        m.add("SysBestPeerGet", escape(style.label(system)), get.rf.source("rows", i, "system") + " (fastest hot get)")
+        m.add("SysBestPeerGetGBps", sig(best), get.rf.source("rows", i, "get_gbps"))
+    else:
+        m.add("SysBestPeerGet", "--", f"{get.rf.name}: no peer ran")
+        m.add("SysBestPeerGetGBps", "--", f"{get.rf.name}: no peer ran")
+    m.add("SysNotRun", escape(not_run) or "none", ", ".join(r.rf.name for r in runs.values()) + ": not_run")
+
+
+def _table(ctx: Context, runs: dict[str, Run], systems: list[str], sizes: list[int],
+           sources: list[ResultsFile]) -> None:
+    put, get, lat = runs["write_throughput"], runs["read_throughput"], runs["read_latency"]
+    cols = [("system", "l"), ("block", "r"), ("put", "r"), ("get hot", "r"), ("get cold", "r"), ("p50 hot", "r"),
+            ("p99 hot", "r"), ("p50 cold", "r"), ("p99 cold", "r"), ("vs Cascade", "r")]
+    t = ctx.table("systems", cols, sources)
+    dash = "--"
+
+    def cell(run: Run, system: str, nbytes: int, mode: str, fn) -> str:
+        found = run.row(system, nbytes, mode)
+        return sig(fn(found[1])) if found else dash
+
+    for k, nbytes in enumerate(sizes):
+        if k:
+            t.rule()
+        t.add(r"\emph{memcpy}", size(nbytes), sig(put.limit(nbytes, "memcpy_gbps")), sig(get.limit(nbytes, "memcpy_gbps")),
+              dash, sig(1e3 * lat.limit(nbytes, "memcpy_s_p50")), dash, dash, dash, dash)
+        raw_ms = 1e3 * nbytes / (lat.limit(nbytes, "raw_odirect_read_gbps") * 1e9)
+        t.add(r"\emph{raw file}", size(nbytes), sig(put.limit(nbytes, "raw_write_gbps")), dash,
+              sig(get.limit(nbytes, "raw_odirect_read_gbps")), dash, dash, sig(raw_ms), dash, dash)
+        for system in systems:
+            hot = get.row(system, nbytes, "hot")
+            vs = dash
+            if hot and system != "cascade":
+                mine = get.row("cascade", nbytes, "hot")
+                if mine and system in mine[1]["vs_systems"]:
+                    vs = sig(mine[1]["vs_systems"][system])
+            t.add(escape(style.label(system)), size(nbytes),
+                  cell(put, system, nbytes, "put", lambda r: r["put_gbps"]),
+                  cell(get, system, nbytes, "hot", lambda r: r["get_gbps"]),
+                  cell(get, system, nbytes, "cold", lambda r: r["get_gbps"]),
+                  cell(lat, system, nbytes, "hot", lambda r: 1e3 * r["latency_s"]["p50"]),
+                  cell(lat, system, nbytes, "hot", lambda r: 1e3 * r["latency_s"]["p99"]),
+                  cell(lat, system, nbytes, "cold", lambda r: 1e3 * r["latency_s"]["p50"]),
+                  cell(lat, system, nbytes, "cold", lambda r: 1e3 * r["latency_s"]["p99"]), vs)
+    ctx.put(t)
+
+
+SPEC = FigureSpec("systems", CAPTION, "write_throughput, read_throughput and read_latency results", build,
+                  macros=MACROS, tables={"systems": TABLE_CAPTION}, wide_tables=("systems",))

@@ -112,8 +112,8 @@ def build(ctx: Context) -> list[ResultsFile]:
     ax_put.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     for ax in (ax_put, ax_get):
         ax.tick_params(axis="x", labelrotation=45)
-    fig.legend(handles=handles, loc="lower center", ncol=2, bbox_to_anchor=(0.5, 0.0))
-    fig.subplots_adjust(left=0.14, right=0.98, top=0.93, bottom=0.45, wspace=0.08)
+    bottom = style.legend_below(fig, handles, axis_room_in=0.62)  # slanted size labels
+    fig.subplots_adjust(left=0.14, right=0.98, top=0.93, bottom=bottom, wspace=0.08)
     ctx.save(fig, sources, caption_extra=extra)
 
     _macros(ctx, rf, rows)
