@@ -87,6 +87,8 @@ FACTS: dict[str, tuple[Callable[[], Any], Callable[[Any], str], str]] = {
     "DBlakeThreaded": (_attr("cascade.identity", "_BLAKE3_THREADED_BYTES"), size,
                        "cascade/identity.py: _BLAKE3_THREADED_BYTES"),
     "DOverlapMin": (_attr("cascade.store", "_OVERLAP_MIN_BYTES"), size, "cascade/store.py: _OVERLAP_MIN_BYTES"),
+    "DHistoryPerBlock": (_attr("cascade.store", "_HISTORY_PER_BLOCK"), integer,
+                         "cascade/store.py: _HISTORY_PER_BLOCK (policy history = this x capacity in blocks)"),
     "DSlabAlign": (_attr("cascade.tiers.slab", "ALIGN"), integer, "cascade/tiers/slab.py: ALIGN"),
     "DShmDefault": (_config_default("shm_bytes"), size, "cascade/config.py: Config.shm_bytes default"),
     "DFileDefault": (_config_default("file_bytes"), size, "cascade/config.py: Config.file_bytes default"),
