@@ -275,6 +275,15 @@ def test_text_uses_only_generated_macros():
                 assert name in declared, (spec.name, name)
 
 
+def test_every_generated_number_is_quoted():
+    """No orphan macros: each one appears in the text or in a caption (captions live in
+    the figure modules)."""
+    quoted = "".join(p.read_text() for p in TEXT_FILES)
+    quoted += "".join(p.read_text() for p in (PAPER / "plots").glob("*.py"))
+    unused = [m for spec in figures.all_specs() for m in spec.macros if f"\\{m}" not in quoted]
+    assert not unused, f"generated but never quoted: {unused}"
+
+
 # -- the PDF (only where TeX is installed) ---------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex: the PDF needs a TeX installation")

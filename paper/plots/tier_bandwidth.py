@@ -31,7 +31,6 @@ CAPTION = (r"Put (left) and get (right) bandwidth of each Cascade tier against b
 
 MACROS = ("TbwRefBlock", "TbwSmallBlock", "TbwLargeBlock", "TbwMemcpyGBps", "TbwRawReadGBps", "TbwRawWriteGBps",
           "TbwShmPutGBps", "TbwShmGetGBps", "TbwShmGetPctMemcpy", "TbwShmGetSmallGBps", "TbwShmGetSmallPctMemcpy",
-          "TbwShmGetLargeGBps", "TbwMemcpyLargeGBps",
           "TbwLustrePutGBps", "TbwLustreGetGBps", "TbwLustreGetPctRaw", "TbwLustrePutPctRaw",
           "TbwHashedPutGBps", "TbwHashedPutPctMemcpy", "TbwMemOverheadPct", "TbwMemOverheadBlock")
 
@@ -133,8 +132,6 @@ def _macros(ctx: Context, rf: ResultsFile, rows: list[dict]) -> None:
     m.add("TbwSmallBlock", size(small["block_bytes"]), rf.source("rows", i_small, "block_bytes"))
     m.add("TbwLargeBlock", size(large["block_bytes"]), rf.source("rows", i_large, "block_bytes"))
     m.add("TbwMemcpyGBps", sig(rf.num("rows", i, "memcpy", "gbps")), rf.source("rows", i, "memcpy", "gbps"))
-    m.add("TbwMemcpyLargeGBps", sig(rf.num("rows", i_large, "memcpy", "gbps")),
-          rf.source("rows", i_large, "memcpy", "gbps"))
     m.add("TbwRawReadGBps", sig(rf.num("rows", i, "raw_file", "read_gbps")), rf.source("rows", i, "raw_file", "read_gbps"))
     m.add("TbwRawWriteGBps", sig(rf.num("rows", i, "raw_file", "write_gbps")),
           rf.source("rows", i, "raw_file", "write_gbps"))
@@ -146,8 +143,6 @@ def _macros(ctx: Context, rf: ResultsFile, rows: list[dict]) -> None:
           rf.source("rows", i_small, "shm", "get_gbps"))
     m.add("TbwShmGetSmallPctMemcpy", pct(rf.num("rows", i_small, "ratios", "shm_get_vs_memcpy"), 0),
           rf.source("rows", i_small, "ratios", "shm_get_vs_memcpy"))
-    m.add("TbwShmGetLargeGBps", sig(rf.num("rows", i_large, "shm", "get_gbps")),
-          rf.source("rows", i_large, "shm", "get_gbps"))
     m.add("TbwLustrePutGBps", sig(rf.num("rows", i, "lustre", "put_gbps")), rf.source("rows", i, "lustre", "put_gbps"))
     m.add("TbwLustreGetGBps", sig(rf.num("rows", i, "lustre", "get_gbps")), rf.source("rows", i, "lustre", "get_gbps"))
     m.add("TbwLustreGetPctRaw", pct(rf.num("rows", i, "ratios", "lustre_cold_get_vs_raw_odirect_read"), 0),
