@@ -6,6 +6,7 @@ with the same label, so ``\\ref`` and the build keep working and the gap shows.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,8 @@ _SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#":
 
 
 def escape(text: str) -> str:
-    """Plain text -> LaTeX (special characters escaped)."""
-    return "".join(_SPECIALS.get(c, c) for c in str(text))
+    """Plain text -> LaTeX (special characters escaped; ``--`` stays two hyphens)."""
+    return re.sub(r"-(?=-)", "-{}", "".join(_SPECIALS.get(c, c) for c in str(text)))
 
 
 def _write(path: Path, text: str) -> Path:
