@@ -2,7 +2,8 @@
 
 ``os.preadv`` releases the GIL, so a one-thread pool reads ahead while the calling thread
 verifies (and, through a bounce buffer, copies) the chunk before. A block then costs about
-max(read, hash) instead of their sum.
+max(read, hash) instead of their sum. Every read has a single iovec: multi-iovec O_DIRECT
+reads measured about half as fast as single ones on this machine's disk.
 """
 from __future__ import annotations
 
@@ -15,55 +16,59 @@ import xxhash
 from .records import PAGE, pad
 
 
-def split_views(views: Sequence[memoryview], chunk: int) -> list[list[memoryview]]:
-    """Cut consecutive buffers into runs of ``chunk`` bytes (the last run may be shorter)."""
-    runs: list[list[memoryview]] = [[]]
-    room = chunk
+def _plan(views: Sequence[memoryview], offset: int, chunk: int) -> list[tuple[memoryview, int]]:
+    """(target, file offset) reads straight into ``views``, each inside one view."""
+    plan, pos = [], offset
     for view in views:
-        pos = 0
-        while pos < view.nbytes:
-            take = min(room, view.nbytes - pos)
-            runs[-1].append(view[pos:pos + take])
-            pos += take
-            room -= take
-            if room == 0:
-                runs.append([])
-                room = chunk
-    return [r for r in runs if r]
+        for start in range(0, view.nbytes, chunk):
+            piece = view[start:start + chunk]
+            plan.append((piece, pos))
+            pos += piece.nbytes
+    return plan
+
+
+def _scatter(data: memoryview, views: Sequence[memoryview], flat: int) -> None:
+    """Copy ``data`` into the concatenation of ``views`` starting at byte ``flat``."""
+    for view in views:
+        if flat >= view.nbytes:
+            flat -= view.nbytes
+            continue
+        take = min(view.nbytes - flat, data.nbytes)
+        view[flat:flat + take] = data[:take]
+        data = data[take:]
+        flat = 0
+        if not data.nbytes:
+            return
 
 
 def read_verified(fd: int, offset: int, views: Sequence[memoryview], pool: ThreadPoolExecutor,
                   chunk: int, bounce: memoryview | None = None) -> tuple[bool, int]:
     """Fill ``views`` from ``fd`` at ``offset``; return (complete, XXH3-64 of the bytes).
 
-    Without ``bounce`` the reads land in ``views`` directly (with O_DIRECT they must be
-    page-aligned). With ``bounce`` (page-aligned, at least the padded length) each chunk is
-    read there, then copied out. ``chunk`` must be a multiple of the page size.
+    Without ``bounce`` the reads land in ``views`` directly (with O_DIRECT each view must
+    be page-aligned and a whole number of pages). With ``bounce`` (page-aligned, at least
+    the padded length) each chunk is read there, then copied out. ``chunk`` must be a
+    multiple of the page size.
     """
     assert chunk % PAGE == 0
-    h = xxhash.xxh3_64()
     length = sum(v.nbytes for v in views)
-    runs = split_views(views, chunk)
-    targets = runs if bounce is None else [
-        [bounce[i * chunk:i * chunk + pad(sum(v.nbytes for v in run))]] for i, run in enumerate(runs)]
-    pending = pool.submit(os.preadv, fd, targets[0], offset)
-    pos = offset
-    for i, run in enumerate(runs):
+    if bounce is None:
+        plan = _plan(views, offset, chunk)
+    else:
+        plan = [(bounce[a:a + pad(min(chunk, length - a))], offset + a) for a in range(0, length, chunk)]
+    h = xxhash.xxh3_64()
+    pending = pool.submit(os.preadv, fd, [plan[0][0]], plan[0][1])
+    flat = 0
+    for i, (target, _) in enumerate(plan):
         got = pending.result()
-        want = sum(v.nbytes for v in run)
+        want = target.nbytes if bounce is None else min(chunk, length - flat)
         if got < want:
             return False, 0
-        pos += sum(t.nbytes for t in targets[i])
-        if i + 1 < len(runs):
-            pending = pool.submit(os.preadv, fd, targets[i + 1], pos)
-        if bounce is None:
-            for v in run:
-                h.update(v)
-        else:
-            src = targets[i][0]
-            h.update(src[:want])
-            at = 0
-            for v in run:
-                v[:] = src[at:at + v.nbytes]
-                at += v.nbytes
-    return length == sum(sum(v.nbytes for v in run) for run in runs), h.intdigest()
+        if i + 1 < len(plan):
+            pending = pool.submit(os.preadv, fd, [plan[i + 1][0]], plan[i + 1][1])
+        data = target[:want]
+        h.update(data)
+        if bounce is not None:
+            _scatter(data, views, flat)
+        flat += want
+    return True, h.intdigest()

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _MIN_COMPACT_ACTIVE = 64 << 20
-_READ_CHUNK = 8 << 20  # smallest read-ahead unit: hashing one chunk overlaps reading the next  # seal and compact a mostly-dead active file past this size
+_READ_CHUNK = 8 << 20  # read unit: hashing one chunk overlaps reading the next  # seal and compact a mostly-dead active file past this size
 
 
 @dataclass(slots=True)
@@ -269,9 +269,8 @@ class FileTier(Tier):
             if direct is not None and not all(_page_aligned(v) for v in views):
                 bounce = self._bounce_view(pad(loc.length))
             try:
-                chunk = max(_READ_CHUNK, pad(loc.length // 4))  # big requests keep the device busy
                 ok, digest = read_verified(direct if direct is not None else f.fd, start, views,
-                                           self._reader(), chunk, bounce)
+                                           self._reader(), _READ_CHUNK, bounce)
             finally:
                 if bounce is not None:
                     bounce.release()
