@@ -39,8 +39,8 @@ from .records import HEADER_BYTES, PAGE, RecordHeader, pad, unpack_header
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_MIN_COMPACT_ACTIVE = 64 << 20
-_READ_CHUNK = 8 << 20  # read unit: hashing one chunk overlaps reading the next  # seal and compact a mostly-dead active file past this size
+_MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
+_READ_CHUNK = 8 << 20  # read unit: hashing one chunk overlaps reading the next
 
 
 @dataclass(slots=True)
