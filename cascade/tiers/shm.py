@@ -14,8 +14,10 @@ import secrets
 import weakref
 from typing import Any
 
+import numpy as np
+
 from ..errors import TierFull
-from .slab_tier import SlabTier, _nbytes
+from .slab_tier import SlabTier
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^cascade-(\d+)-[0-9a-f]{32}$")
@@ -93,20 +95,24 @@ class ShmTier(SlabTier):
             raise
         os.close(fd)
         self._view = memoryview(self._mmap)
+        self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
 
+    # numpy copies release the GIL (memoryview slice assignment does not), so a put's
+    # copy overlaps the content hashing running in another thread.
     def _copy_in(self, offset: int, part: Any) -> int:
-        n = _nbytes(part)
-        self._view[offset:offset + n] = memoryview(part).cast("B")
-        return n
+        src = _flat_bytes(part)
+        np.copyto(self._bytes[offset:offset + src.size], src)
+        return src.size
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        dst = memoryview(out).cast("B")
-        dst[:] = self._view[offset:offset + dst.nbytes]
+        dst = _flat_bytes(out)
+        np.copyto(dst, self._bytes[offset:offset + dst.size])
 
     def _slab_view(self, offset: int, length: int) -> Any:
         return self._view[offset:offset + length]
 
     def close(self) -> None:
+        self._bytes = None
         if self._view is not None:
             self._view.release()
             self._view = None
@@ -120,6 +126,13 @@ class ShmTier(SlabTier):
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "path": self.path}
 
+
+
+def _flat_bytes(buf: Any) -> np.ndarray:
+    """A flat uint8 array over a C-contiguous buffer (no copy)."""
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
 
 
 class ShmPeerSlabs:
