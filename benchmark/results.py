@@ -27,6 +27,21 @@ def versions() -> dict[str, str]:
     return out
 
 
+def git_state() -> dict[str, Any]:
+    """The checkout's commit and whether tracked files differ from it (``{}`` outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "benchmark", "cascade"],
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": commit, "dirty_paths": dirty.splitlines()} if commit else {}
+
+
 def write_results(system: str, workload: str, payload: dict[str, Any], *, nodes: int = 1,
                   ranks: int = 1, config: dict[str, Any] | None = None,
                   directory: str | Path | None = None) -> Path:
@@ -41,6 +56,6 @@ def write_results(system: str, workload: str, payload: dict[str, Any], *, nodes:
         n += 1
     doc = {"system": system, "workload": workload, "nodes": nodes, "ranks": ranks,
            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,
-           "versions": versions(), "machine": machine_facts(), "config": config or {}, **payload}
+           "versions": versions(), "git": git_state(), "machine": machine_facts(), "config": config or {}, **payload}
     path.write_text(json.dumps(doc, indent=1, default=str))
     return path

@@ -234,7 +234,8 @@ def _run_size(make: type[Measure], systems: list[str], warm: list[Block], meas: 
         for m in active.values():
             m.close()
     order = {n: i for i, n in enumerate(systems)}
-    rows.sort(key=lambda row: (order[row["system"]], row.get("mode", "")))
+    modes = {"put": 0, "hot": 1, "cold": 2}
+    rows.sort(key=lambda row: (order[row["system"]], modes.get(row.get("mode"), 3)))
     return rows, problems
 
 

@@ -61,12 +61,22 @@ TIMEOUT_S = 900.0
 CASCADE = {"cascade": "shm", "cascade_file": "file"}
 
 
+def rank_counts(ranks: int) -> list[int]:
+    """1, 2, 4, ... up to ``max(4, ranks)``, ending with ``ranks`` when it is larger."""
+    out, r = [], 1
+    while r <= max(4, ranks):
+        out.append(r)
+        r *= 2
+    return out + ([ranks] if ranks > out[-1] else [])
+
+
 # -- the launcher (runner side, one process) ------------------------------------------------
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Options: ``system``, ``rank_counts``, ``sizes`` (first = block bytes), ``blocks``
+    """Options: ``system``, ``rank_counts`` (default 1, 2, 4, ... up to ``max(4, ranks)``),
+    ``sizes`` (first = block bytes), ``blocks``
     (per rank), ``warmup``, ``rounds``, ``data_dir``, ``file_dir``, ``seed``."""
     systems = common.select(options.get("system") or "all", SYSTEMS)
-    counts = options.get("rank_counts") or RANK_COUNTS
+    counts = options.get("rank_counts") or rank_counts(int(options.get("ranks") or 1))
     size = (options.get("sizes") or [BLOCK_BYTES])[0]
     blocks = int(options.get("blocks") or BLOCKS)
     warmup = int(options["warmup"]) if options.get("warmup") is not None else WARMUP
