@@ -22,7 +22,6 @@ import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +31,6 @@ from ..checksum import checksum
 from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier
-from .chunked_read import read_verified
 from .lustre_fs import is_lustre, set_striping
 from .records import HEADER_BYTES, PAGE, RecordHeader, pad, unpack_header
 
@@ -40,7 +38,6 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
-_READ_CHUNK = 8 << 20  # read unit: hashing one chunk overlaps reading the next
 
 
 @dataclass(slots=True)
@@ -97,7 +94,6 @@ class FileTier(Tier):
         self._live_bytes = 0  # record bytes of live blocks (what counts against capacity)
         self._payload_bytes = 0
         self._bounce: mmap.mmap | None = None
-        self._read_pool: ThreadPoolExecutor | None = None
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "full_events": 0, "lost_tombstones": 0}
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -265,33 +261,40 @@ class FileTier(Tier):
         start = loc.offset + HEADER_BYTES
         try:
             direct = self._direct_fd(f)
-            bounce = None
-            if direct is not None and not all(_page_aligned(v) for v in views):
-                bounce = self._bounce_view(pad(loc.length))
-            try:
-                ok, digest = read_verified(direct if direct is not None else f.fd, start, views,
-                                           self._reader(), _READ_CHUNK, bounce)
-            finally:
-                if bounce is not None:
-                    bounce.release()
+            if direct is None:
+                ok = os.preadv(f.fd, views, start) == loc.length
+            elif all(_page_aligned(v) for v in views):
+                ok = os.preadv(direct, views, start) == loc.length
+            else:
+                ok = self._read_bounced(direct, start, loc.length, views)
         except OSError as exc:
             raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
-        if not ok or digest != loc.checksum:
+        # One preadv of the whole record, then the checksum: measured here as fast as a
+        # raw O_DIRECT read for >= 1 MiB blocks; chunked read-ahead with overlapped
+        # hashing was not faster.
+        if not ok or checksum(views) != loc.checksum:
             self.counters["corrupt_reads"] += 1
             self._kill(key)
             raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
 
-    def _bounce_view(self, size: int) -> memoryview:
+    def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
+        """O_DIRECT into a page-aligned bounce buffer, then copy out (unaligned outputs)."""
+        size = pad(length)
         if self._bounce is None or len(self._bounce) < size:
             if self._bounce is not None:
                 self._bounce.close()
             self._bounce = mmap.mmap(-1, max(size, 1 << 20))  # anonymous maps are page-aligned
-        return memoryview(self._bounce)
-
-    def _reader(self) -> ThreadPoolExecutor:
-        if self._read_pool is None:
-            self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-read")
-        return self._read_pool
+        bounce = memoryview(self._bounce)
+        try:
+            if os.preadv(fd, [bounce[:size]], start) < length:
+                return False
+            pos = 0
+            for v in views:
+                v[:] = bounce[pos:pos + v.nbytes]
+                pos += v.nbytes
+        finally:
+            bounce.release()
+        return True
 
     def _direct_fd(self, f: _File) -> int | None:
         if not self._odirect:
@@ -399,9 +402,6 @@ class FileTier(Tier):
         if self._bounce is not None:
             self._bounce.close()
             self._bounce = None
-        if self._read_pool is not None:
-            self._read_pool.shutdown()
-            self._read_pool = None
         if getattr(self, "_lock_fd", None) is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

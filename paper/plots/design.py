@@ -96,7 +96,6 @@ FACTS: dict[str, tuple[Callable[[], Any], Callable[[Any], str], str]] = {
     "DRecordHeader": (_attr("cascade.tiers.records", "HEADER_BYTES"), integer, "cascade/tiers/records.py: HEADER_BYTES"),
     "DMaxNamespaceBytes": (_attr("cascade.tiers.records", "MAX_NAMESPACE_BYTES"), integer,
                            "cascade/tiers/records.py: MAX_NAMESPACE_BYTES"),
-    "DReadChunk": (_attr("cascade.tiers.file_tier", "_READ_CHUNK"), size, "cascade/tiers/file_tier.py: _READ_CHUNK"),
     "DCompactDeadPct": (_percent(_config_default("compact_dead_fraction")), str,
                         "cascade/config.py: Config.compact_dead_fraction default"),
     "DStripeCount": (_config_default("lustre_stripe_count"), integer,
