@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from cascade import block_id
+
 from . import ADAPTER_NAMES, AdapterUnavailable, available_adapters, load_adapter
 
 
@@ -40,7 +42,8 @@ def _quick(name: str, block_bytes: int, blocks: int, warmup: int, data_dir: str,
     try:
         keys = [np.roll(base[:half], i) for i in range(total)]
         vals = [np.roll(base[half:], i) for i in range(total)]
-        ids = [f"{i:032x}" for i in range(total)]
+        # content ids, as every real caller has them (Cascade's put verifies the id)
+        ids = [block_id(k, v) for k, v in zip(keys, vals)]
         for i in range(warmup):
             store.put(ids[i], keys[i], vals[i])
         store.flush()
