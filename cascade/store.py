@@ -637,6 +637,12 @@ class CascadeStore:
             self._drop(meta)
             self.counters.deletes += 1
 
+    def flush(self) -> None:
+        """Make every completed put durable in the persistent tiers (fsync). Local."""
+        with self._lock:
+            for tier in self.tiers:
+                tier.sync()
+
     def clear(self, *, namespace: str | None = None) -> int:
         """Drop every unpinned block (of ``namespace``, or of all); returns how many went.
         Local: in multi-rank runs only this rank's blocks (other ranks' pins are kept)."""

@@ -161,3 +161,16 @@ def test_reopen_with_smaller_capacity_sheds_blocks(tmp_path):
     with CascadeStore(small) as s:
         assert len(s) == 10 and s.tiers[0].free >= 0
         assert s.longest_prefix(ids) == 10  # leaf-first: the chain's head survived
+
+
+def test_flush_fsyncs_every_aggregated_file(tmp_path, monkeypatch):
+    cfg = file_only(tmp_path)
+    synced = []
+    real_fsync = os.fsync
+    with CascadeStore(cfg) as s:
+        for k, v in blocks(s.spec, 300, seed=11):  # several 1 MiB segments
+            s.put(k, v)
+        files = len(s.tiers[0]._files)
+        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+        s.flush()
+    assert files >= 2 and len(synced) == files

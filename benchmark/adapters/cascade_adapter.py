@@ -99,6 +99,12 @@ class CascadeAdapter(StorageAdapter):
         if self._store is not None and self._store.contains(block_id, namespace=NAMESPACE):
             self._store.delete(block_id, namespace=NAMESPACE)
 
+    def flush(self) -> None:
+        """fsync the file tier: the put phase ends with the bytes on disk (as the raw
+        write limit does), and later O_DIRECT reads do not pay for the write-back."""
+        if self._store is not None:
+            self._store.flush()
+
     def clear(self) -> None:
         if self._store is not None:
             self._store.clear(namespace=NAMESPACE)

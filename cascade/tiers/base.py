@@ -96,6 +96,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
             return False
         return True
 
+    def sync(self) -> None:
+        """Make every completed put durable (persistent tiers fsync; others do nothing)."""
+
     def close(self) -> None:
         """Release the tier's resources (memory, files). Idempotent."""
 

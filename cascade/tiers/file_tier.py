@@ -392,6 +392,12 @@ class FileTier(Tier):
         except KeyError:
             raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}") from None
 
+    def sync(self) -> None:
+        """fsync every file of this rank. Also what an O_DIRECT read of freshly written
+        records would otherwise do implicitly (the kernel writes dirty pages back first)."""
+        for f in self._files.values():
+            os.fsync(f.fd)
+
     def close(self) -> None:
         for f in self._files.values():
             for fd in (f.fd, f.direct_fd):
