@@ -69,8 +69,7 @@ def replay(
         chain = block_chain(request.hash_ids, namespace)
         leading = True
         pinned: list[str] = []
-        for i, (bid, parent) in enumerate(chain):
-            tokens = min(tokens_per_block, max(request.input_length - i * tokens_per_block, 0)) or tokens_per_block
+        for (bid, parent), tokens in zip(chain, request.block_tokens(tokens_per_block)):
             result.references += 1
             result.tokens += tokens
             if store.get_into(bid, key_out, value_out, namespace=namespace):
