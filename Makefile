@@ -39,5 +39,10 @@ test-mpi: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/mpi
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi tests/test_launch.py
 
+# Every benchmark workload at this commit, 3 repetitions interleaved, spread recorded
+# (benchmark/README.md, "The suite"). BENCH="--quick" for a short run.
+bench: install peers
+	$(PY) -m benchmark.suite $(BENCH)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -163,29 +163,54 @@ def _us(summary: dict[str, float]) -> dict[str, float]:
 
 
 def run(options: dict[str, Any], comm=None) -> dict[str, Any]:
-    """Both measurements (collective). Options: ``sizes`` (bytes). ``comm`` defaults to
-    the world: this is a benchmark driver, not library code."""
+    """Both measurements (collective). Options: ``sizes`` (bytes), ``ids_per_rank``,
+    ``lookups``. ``comm`` defaults to the world: this is a benchmark driver, not library code."""
     if comm is None:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
     load_before = os.getloadavg()
-    result = {"ranks": comm.Get_size(), "nodes": len(set(node_ids(comm))),
+    nodes = len(set(node_ids(comm)))
+    result = {"ranks": comm.Get_size(), "nodes": nodes,
               "remote_bandwidth": remote_bandwidth(comm, options.get("sizes") or SIZES),
-              "directory_latency": directory_latency(comm)}
+              "directory_latency": directory_latency(comm, ids_per_rank=int(options.get("ids_per_rank") or 20_000),
+                                                     lookups=int(options.get("lookups") or 5_000))}
+    result["remote_bandwidth"]["path"] = (
+        "MPI RMA Get from rank 1's window (REMOTE tier), compared with raw MPI Get of the same bytes; "
+        + ("both ranks on one node, so MPI moves the bytes through shared memory" if nodes == 1 else
+           "ranks on different nodes"))
     result["loadavg_before_after"] = [load_before, os.getloadavg()]
     return result
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="mpiexec -n 2 python -m mpi4py -m benchmark.workloads.mpi_micro",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", help="block sizes, e.g. 64K,16M (default 64K..64M)")
+    p.add_argument("--ids-per-rank", type=int, help="directory ids inserted per rank (default 20000)")
+    p.add_argument("--lookups", type=int, help="timed remote lookups (default 5000)")
+    p.add_argument("--save", action="store_true", help="write benchmark/results/cascade_mpi_micro_*.json")
+    p.add_argument("--out", help="results directory (implies --save)")
+    return p
 
 
 def main(argv: list[str]) -> None:
     from mpi4py import MPI
 
+    from cascade.config import parse_size
+
+    args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
-    result = run({}, comm)
+    options = {"sizes": [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",")] if args.sizes else None,
+               "ids_per_rank": args.ids_per_rank, "lookups": args.lookups}
+    result = run(options, comm)
     if comm.Get_rank() == 0:
-        if "--save" in argv:
+        if args.save or args.out:
             from ..results import write_results
-            result["results_file"] = str(write_results("cascade", "mpi_micro", result, nodes=result["nodes"],
-                                                       ranks=result["ranks"]))
+            result["results_file"] = str(write_results(
+                "cascade", "mpi_micro", result, nodes=result["nodes"], ranks=result["ranks"], directory=args.out,
+                config={k: v for k, v in options.items() if v is not None}))
         print(json.dumps(result, indent=1))
 
 

@@ -1,0 +1,290 @@
+"""The benchmark suite: every workload at one commit, N repetitions interleaved, spread kept.
+
+``python -m benchmark.suite [--quick | --size default|quick|tiny] [--reps N]
+[--workloads a,b] [--allow-dirty] [--out DIR]``. Repetition ``r`` runs every workload once,
+in an order rotated by ``r``, each in its own process; the results files land in
+``<suite dir>/rep<r>/`` and ``summary.json`` holds every figure's median, min and max over
+the repetitions. The output format is described in ``benchmark/README.md`` (section "The
+suite"). Refuses a git tree with uncommitted changes to tracked files unless
+``--allow-dirty``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from tqdm import tqdm
+
+from .machine import machine_facts, mpiexec_command
+from .results import RESULTS_DIR, versions
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "scaling",
+             "tier_bandwidth", "mpi_micro", "faults")
+
+#: run_benchmark / workload options per size. ``default`` is sized for about 20 minutes on
+#: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
+SIZES: dict[str, dict[str, list[str]]] = {
+    "default": {
+        "write_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
+        "read_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
+        "read_latency": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3", "--ops", "200"],
+        "trace_replay": ["--requests", "2000", "--capacities", "1000,5000", "--time-limit", "60"],
+        "scaling": ["--sizes", "2M", "--blocks", "16", "--warmup", "2", "--rounds", "3", "--rank-counts", "1,2,4"],
+        "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
+        "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
+        "faults": ["--rounds", "5"],
+    },
+    "quick": {
+        "write_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
+        "read_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
+        "read_latency": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--ops", "32"],
+        "trace_replay": ["--requests", "100", "--capacities", "200", "--time-limit", "10"],
+        "scaling": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "2", "--rank-counts", "1,2"],
+        "tier_bandwidth": ["--sizes", "64K,2M", "--total-bytes", "8M"],
+        "mpi_micro": ["--sizes", "64K,2M", "--ids-per-rank", "500", "--lookups", "300"],
+        "faults": ["--rounds", "1", "--faults", "byte_flips,header,shm_flips"],
+    },
+}
+SIZES["tiny"] = {**SIZES["quick"],
+                 "write_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2"],
+                 "read_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2"],
+                 "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2", "--ops", "8"]}
+#: --system per size and workload (default ``all``). tiny: one real peer beside Cascade, for tests.
+SYSTEMS: dict[str, dict[str, str]] = {"tiny": {"write_throughput": "cascade,hdf5", "read_throughput": "cascade,hdf5",
+                                               "read_latency": "cascade,hdf5", "trace_replay": "cascade,redis",
+                                               "scaling": "cascade,hdf5"}}
+RUN_TIMEOUT_S = 1800
+
+
+# -- git ------------------------------------------------------------------------------------
+def git_commit() -> tuple[str, list[str]]:
+    """(HEAD commit, tracked paths that differ from it); ('', []) outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    except (OSError, subprocess.SubprocessError):
+        return "", []
+    return commit, dirty
+
+
+# -- running ------------------------------------------------------------------------------------
+def rotated(workloads: Sequence[str], rep: int) -> list[str]:
+    """Rep ``r`` runs the workloads starting at index ``r mod k``, wrapping around."""
+    k = len(workloads)
+    return [workloads[(rep + i) % k] for i in range(k)]
+
+
+def command(workload: str, size: str, rep_dir: Path) -> list[str]:
+    """The process that runs one workload once at ``size`` and writes into ``rep_dir``."""
+    opts = SIZES[size][workload]
+    if workload == "mpi_micro":
+        return mpiexec_command(2, "benchmark.workloads.mpi_micro", "--out", str(rep_dir), *opts)
+    if workload == "faults":
+        return [sys.executable, "-m", "benchmark.fault_campaign", "--out", str(rep_dir), *opts]
+    return [sys.executable, "-m", "benchmark.run_benchmark", "--system", SYSTEMS.get(size, {}).get(workload, "all"),
+            "--workload", workload, "--out", str(rep_dir), *opts]
+
+
+def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, Any]:
+    """Run one workload once; returns its manifest entry (the new results file, if any)."""
+    rep_dir = suite_dir / f"rep{rep}"
+    rep_dir.mkdir(parents=True, exist_ok=True)
+    before = set(rep_dir.glob("*.json"))
+    cmd = command(workload, size, rep_dir)
+    log_path = suite_dir / "logs" / f"rep{rep}_{workload}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  timeout=RUN_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = time.perf_counter() - t0
+    new = sorted(set(rep_dir.glob("*.json")) - before)
+    entry: dict[str, Any] = {"rep": rep, "workload": workload, "command": cmd, "returncode": code,
+                             "seconds": seconds, "file": str(new[-1].relative_to(suite_dir)) if new else None,
+                             "log": str(log_path.relative_to(suite_dir))}
+    entry["status"] = "ok" if code == 0 and new else "failed"
+    if entry["status"] != "ok":
+        entry["stderr_tail"] = log_path.read_text(errors="replace")[-3000:]
+    return entry
+
+
+# -- summarising ------------------------------------------------------------------------------------
+KEY_FIELDS = ("system", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "fault")
+METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio", "token_hit_ratio", "gap_closed",
+           "vs_lru", "vs_belady", "resident_blocks", "us_per_reference", "misses", "tier_gbps", "raw_get_gbps",
+           "ratio", "injected", "detected", "acked_blocks", "acked_lost", "wrong_served", "recover_s",
+           "overhead_bytes_per_block", "overhead_fraction")
+NESTED = ("vs_systems", "vs_limit", "speedup_vs_1_rank", "latency_s")
+Figure = tuple[dict[str, Any], str, float]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
+    if _number(value):
+        yield prefix, float(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k not in ("n", "samples"):
+                yield from _flatten(f"{prefix}.{k}", v)
+
+
+def _row_figures(row: dict[str, Any], key: dict[str, Any]) -> Iterator[Figure]:
+    key = {**key, **{k: row[k] for k in KEY_FIELDS if k in row and not isinstance(row[k], (dict, list))}}
+    for m in METRICS:
+        if _number(row.get(m)):
+            yield key, m, float(row[m])
+    for n in NESTED:
+        for name, v in _flatten(n, row.get(n)):
+            yield key, name, v
+
+
+def _limit_figures(limits: dict[str, Any], field: str) -> Iterator[Figure]:
+    for at, lim in (limits or {}).items():
+        if not isinstance(lim, dict) or not at.isdigit():
+            continue
+        for k, v in lim.items():
+            if _number(v) and (k.endswith("_gbps") or k.endswith("_s_p50")):
+                yield {"system": "limit", field: int(at)}, k, float(v)
+
+
+def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
+    """The headline figures and ratios of one results file, as (row key, metric, value)."""
+    out: list[Figure] = []
+    if workload == "trace_replay":
+        for row in doc.get("system_rows", []):
+            out.extend(_row_figures(row, {}))
+    elif workload == "tier_bandwidth":
+        for row in doc.get("rows", []):
+            bb = {"system": "cascade", "block_bytes": row["block_bytes"]}
+            for tier in ("gpu", "shm", "lustre", "store_put_hashed"):
+                out.extend(_row_figures(row.get(tier, {}), {**bb, "tier": tier}))
+            out.extend(({**bb, "tier": "ratios"}, k, float(v)) for k, v in row.get("ratios", {}).items() if _number(v))
+            out.append(({"system": "limit", "block_bytes": row["block_bytes"]}, "memcpy_gbps", row["memcpy"]["gbps"]))
+            out.extend(({"system": "limit", "block_bytes": row["block_bytes"]}, f"raw_file_{k}", float(v))
+                       for k, v in row["raw_file"].items() if k.endswith("_gbps") and _number(v))
+        mem = doc.get("memory_overhead") or {}
+        for row in mem.get("rows", []):
+            out.extend(_row_figures(row, {"system": "cascade", "tier": "memory"}))
+    elif workload == "mpi_micro":
+        for row in (doc.get("remote_bandwidth") or {}).get("rows", []):
+            out.extend(_row_figures(row, {"system": "cascade"}))
+        lat = doc.get("directory_latency") or {}
+        for name, v in _flatten("directory", {k: lat.get(k) for k in (
+                "lookup_us", "raw_fetch_and_op_us", "insert_us", "lookup_p50_over_raw_fetch_and_op")}):
+            if name.split(".")[-1] in ("p50", "p99", "lookup_p50_over_raw_fetch_and_op"):
+                out.append(({"system": "cascade"}, name, v))
+        batched = lat.get("batched") or {}
+        if _number(batched.get("median_ids_per_s")):
+            out.append(({"system": "cascade"}, "directory.batched.median_ids_per_s", float(batched["median_ids_per_s"])))
+    else:
+        for row in doc.get("rows", []):
+            if "skipped" not in row:
+                out.extend(_row_figures(row, {}))
+        out.extend(_limit_figures(doc.get("limits", {}), "ranks" if workload == "scaling" else "block_bytes"))
+    return out
+
+
+def summarize(suite_dir: Path, runs: list[dict[str, Any]], reps: int) -> dict[str, Any]:
+    """Spread of every figure over the repetitions (ratios taken inside each repetition)."""
+    table: dict[tuple, dict[str, Any]] = {}
+    not_run = []
+    for run in runs:
+        if not run.get("file"):
+            continue
+        doc = json.loads((suite_dir / run["file"]).read_text())
+        for problem in doc.get("not_run", []):
+            not_run.append({"rep": run["rep"], "workload": run["workload"],
+                            **{k: v for k, v in problem.items() if k != "traceback"}})
+        for key, metric, value in figures(run["workload"], doc):
+            ident = (run["workload"], tuple(sorted(key.items(), key=lambda kv: kv[0])), metric)
+            entry = table.setdefault(ident, {"workload": run["workload"], **key, "metric": metric,
+                                             "values": [None] * reps})
+            entry["values"][run["rep"]] = value
+    out = []
+    for entry in table.values():
+        vals = [v for v in entry["values"] if v is not None]
+        entry.update(n=len(vals), median=statistics.median(vals), min=min(vals), max=max(vals))
+        if entry["metric"].startswith("vs_limit.") and entry["max"] > 1:
+            entry["above_noisy_limit"] = True
+        out.append(entry)
+    return {"format": "cascade-bench-suite-summary/1", "reps": reps, "figures": out, "not_run": not_run}
+
+
+# -- command line ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmark.suite", description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="default")
+    p.add_argument("--quick", action="store_const", const="quick", dest="size", help="= --size quick")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (>= 3 unless --size tiny)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    p.add_argument("--allow-dirty", action="store_true", help="run although tracked files differ from HEAD")
+    p.add_argument("--out", help=f"parent of the suite directory (default {RESULTS_DIR})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or not workloads:
+        p.error(f"unknown workloads {bad}; choose from {', '.join(WORKLOADS)}")
+    if args.reps < (1 if args.size == "tiny" else 3):
+        p.error("--reps must be >= 3 (spread needs repetitions)")
+    commit, dirty = git_commit()
+    if dirty and not args.allow_dirty:
+        print("refusing to run: tracked files differ from HEAD (commit them, or pass --allow-dirty):\n  "
+              + "\n  ".join(dirty), file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    suite_dir = Path(args.out or RESULTS_DIR) / f"suite_{(commit or 'nogit')[:12]}_{stamp}"
+    suite_dir.mkdir(parents=True)
+    order = [rotated(workloads, r) for r in range(args.reps)]
+    manifest: dict[str, Any] = {
+        "format": "cascade-bench-suite/1", "commit": commit, "dirty": bool(dirty), "dirty_paths": dirty,
+        "command": [sys.executable, "-m", "benchmark.suite", *(argv if argv is not None else sys.argv[1:])],
+        "size": args.size, "reps": args.reps, "workloads": workloads,
+        "options": {w: SIZES[args.size][w] for w in workloads}, "systems": {w: SYSTEMS.get(args.size, {}).get(w, "all") for w in workloads},
+        "order": order, "runs": [], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_facts(), "versions": versions(), "loadavg_before_after": [list(os.getloadavg())]}
+    t0 = time.perf_counter()
+    with tqdm(total=args.reps * len(workloads), desc="suite", unit="run") as bar:
+        for rep, names in enumerate(order):
+            for name in names:
+                bar.set_postfix_str(f"rep {rep} {name}")
+                manifest["runs"].append(run_one(name, args.size, rep, suite_dir))
+                bar.update()
+                (suite_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=time.perf_counter() - t0)
+    manifest["loadavg_before_after"].append(list(os.getloadavg()))
+    summary = {"commit": commit, **summarize(suite_dir, manifest["runs"], args.reps)}
+    (suite_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (suite_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    failed = [r for r in manifest["runs"] if r["status"] != "ok"]
+    for r in failed:
+        print(f"FAILED rep {r['rep']} {r['workload']} (exit {r['returncode']}): see {suite_dir / r['log']}",
+              file=sys.stderr)
+    print(f"suite: {len(manifest['runs'])} runs, {len(summary['figures'])} figures, "
+          f"{manifest['seconds']:.0f} s -> {suite_dir}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

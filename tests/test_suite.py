@@ -1,0 +1,64 @@
+"""The benchmark suite: interleaved repetitions, one manifest, spread per figure."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmark import suite
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_rotation() -> None:
+    w = ["a", "b", "c"]
+    assert [suite.rotated(w, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], w]
+
+
+def test_refuses_dirty_tree(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(suite, "git_commit", lambda: ("f" * 40, ["cascade/store.py"]))
+    assert suite.main(["--size", "tiny", "--reps", "1", "--out", str(tmp_path)]) == 2
+    assert "cascade/store.py" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        suite.main(["--reps", "2", "--allow-dirty", "--out", str(tmp_path)])  # spread needs >= 3
+    with pytest.raises(SystemExit):
+        suite.main(["--workloads", "nope", "--allow-dirty", "--out", str(tmp_path)])
+
+
+def _load(tmp_path):
+    (d,) = tmp_path.glob("suite_*")
+    return d, json.loads((d / "manifest.json").read_text()), json.loads((d / "summary.json").read_text())
+
+
+def test_every_workload_runs_once(tmp_path) -> None:
+    assert suite.main(["--size", "tiny", "--reps", "1", "--allow-dirty", "--out", str(tmp_path)]) == 0
+    d, manifest, summary = _load(tmp_path)
+    assert manifest["format"] == "cascade-bench-suite/1" and len(manifest["commit"]) == 40
+    assert [r["workload"] for r in manifest["runs"]] == list(suite.WORKLOADS)
+    for run in manifest["runs"]:
+        assert run["status"] == "ok" and (d / run["file"]).exists(), run
+    seen = {f["workload"] for f in summary["figures"]}
+    assert seen == set(suite.WORKLOADS)
+    fig = {(f["workload"], f.get("system"), f.get("mode"), f["metric"]): f for f in summary["figures"]}
+    assert fig[("read_throughput", "cascade", "hot", "get_gbps")]["median"] > 0
+    assert fig[("read_throughput", "cascade", "hot", "vs_systems.hdf5")]["median"] > 0
+    assert 0 <= fig[("trace_replay", "cascade", None, "block_hit_ratio")]["median"] <= 1
+    assert fig[("faults", None, None, "wrong_served")]["max"] == 0
+    assert summary["not_run"] == []
+
+
+def test_repetitions_interleaved_with_spread(tmp_path) -> None:
+    args = ["--size", "tiny", "--reps", "3", "--workloads", "write_throughput,tier_bandwidth", "--allow-dirty",
+            "--out", str(tmp_path)]
+    assert suite.main(args) == 0
+    d, manifest, summary = _load(tmp_path)
+    assert manifest["order"] == [["write_throughput", "tier_bandwidth"], ["tier_bandwidth", "write_throughput"],
+                                 ["write_throughput", "tier_bandwidth"]]
+    assert [r["workload"] for r in manifest["runs"]] == [w for rep in manifest["order"] for w in rep]
+    put = next(f for f in summary["figures"] if f["workload"] == "write_throughput"
+               and f.get("system") == "cascade" and f["metric"] == "put_gbps")
+    assert put["n"] == 3 and len(put["values"]) == 3
+    assert put["min"] <= put["median"] <= put["max"] and put["min"] > 0
+    for f in summary["figures"]:
+        if f["metric"].startswith("vs_limit.") and f["max"] > 1:
+            assert f["above_noisy_limit"] is True
