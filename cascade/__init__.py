@@ -2,11 +2,13 @@
 
 Quick start::
 
-    from cascade import CascadeStore, Config
+    from cascade import CascadeStore, Config, model_fingerprint, prefix_ids
+    fp = model_fingerprint("tiny", "rev1", "float16")
     with CascadeStore(Config(model="tiny", file_dir="/tmp/cascade-demo")) as store:
+        ids = prefix_ids(token_ids, block_tokens=store.config.block_tokens, model_fingerprint=fp)
         k, v = store.spec.empty()
-        bid = store.put(k, v)
-        key, value = store.get(bid)
+        store.put(k, v, block_id=ids[0])
+        key, value = store.get(ids[0])
 """
 from .config import Config
 from .errors import (
@@ -22,11 +24,12 @@ from .errors import (
 )
 from .identity import block_id
 from .models import MODEL_PRESETS, BlockSpec, ModelPreset
+from .prefix import ModelFingerprint, model_fingerprint, prefix_ids
 from .store import CascadeStore
 
 __version__ = "0.1.0"
 __all__ = [
-    "CascadeStore", "Config", "block_id", "BlockSpec", "ModelPreset", "MODEL_PRESETS",
+    "CascadeStore", "Config", "block_id", "prefix_ids", "model_fingerprint", "ModelFingerprint", "BlockSpec", "ModelPreset", "MODEL_PRESETS",
     "CascadeError", "ConfigError", "BlockNotFound", "BlockPinned", "CorruptBlock",
     "InvalidBlock", "LaunchError", "RankFailure", "TierFull",
 ]

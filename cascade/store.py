@@ -211,8 +211,10 @@ class CascadeStore:
     ) -> str:
         """Store a block (K and V arrays of the store's spec); return its id. Local.
 
-        The id is the content digest unless ``block_id`` is given (``verify=True`` then
-        recomputes and checks it). A put of an id already cached in ``namespace`` only
+        The main path: ``block_id`` is a token-prefix id (:func:`cascade.prefix_ids`),
+        known before the KV is computed; the put then only copies (no hashing of the KV;
+        the tiers' record checksums guard the bytes). Without ``block_id`` the id is the
+        content digest; ``verify=True`` recomputes it and checks a given ``block_id``. A put of an id already cached in ``namespace`` only
         adds a reference (dedup). ``parent`` is the id of the previous block of the
         sequence. Raises :class:`InvalidBlock` for bad input and :class:`TierFull` when
         no tier can take the block (nothing stored is lost either way).
@@ -622,9 +624,19 @@ class CascadeStore:
                     found[i] = entry is not None and self.cluster.readable(entry)
             return found
 
-    def longest_prefix(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """How many leading blocks of the chain ``block_ids`` are cached (cluster-wide
-        in multi-rank runs). Local; one batched directory lookup."""
+    def longest_prefix(self, block_ids: Sequence[str] | None = None, *, tokens: Any = None,
+                       model_fingerprint: Any = None, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """How many leading blocks of a chain are cached (cluster-wide in multi-rank
+        runs): of ``block_ids``, or of the token-prefix ids of ``tokens`` (token ids,
+        blocks of ``config.block_tokens``, :func:`cascade.prefix_ids` with
+        ``model_fingerprint``). Cached tokens = the result x ``config.block_tokens``.
+        Local; one batched directory lookup."""
+        if (block_ids is None) == (tokens is None):
+            raise InvalidBlock("longest_prefix: pass either block_ids or tokens (with model_fingerprint)")
+        if tokens is not None:
+            from .prefix import prefix_ids
+
+            block_ids = prefix_ids(tokens, block_tokens=self.config.block_tokens, model_fingerprint=model_fingerprint)
         found = self.contains_many(block_ids, namespace=namespace)
         return found.index(False) if False in found else len(found)
 

@@ -6,8 +6,11 @@ Two configurations, each holding exactly ``capacity_bytes``:
 * ``cascade_file`` — the file (Lustre) tier only, O_DIRECT reads: compared with
   file-backed systems (LMCache's disk backend, HDF5).
 
-Puts hash the content (BLAKE3, overlapped with the copy) and check it against the
-benchmark's id (``verify=True``): the timed put includes content addressing. Reads go
+Puts take the benchmark's id as a precomputed block id, as an engine passes a
+token-prefix id (:func:`cascade.prefix_ids`, computed from token ids before any KV
+exists, like LMCache's chunk hash): the store does no KV hashing; integrity stays with
+the tiers' record checksums. ``hash_on_put=True`` restores content addressing (BLAKE3
+of the KV, overlapped with the copy, checked against the id: ``verify=True``). Reads go
 straight into the caller's buffers (``get_into``), no extra copy. The block shape is taken
 from the first put (key and value of equal size, as K and V are); a put of another size
 drops what the store held and starts a store of that size (``uniform_blocks``).
@@ -35,7 +38,7 @@ class CascadeAdapter(StorageAdapter):
     has_eviction: ClassVar[bool] = True
     uniform_blocks: ClassVar[bool] = True
 
-    def __init__(self, tier: str = "shm", hash_on_put: bool = True) -> None:
+    def __init__(self, tier: str = "shm", hash_on_put: bool = False) -> None:
         super().__init__()
         if tier not in ("shm", "file"):
             raise ValueError(f"tier must be 'shm' or 'file', got {tier!r}")
@@ -128,5 +131,5 @@ class CascadeFileAdapter(CascadeAdapter):
 
     name: ClassVar[str] = "cascade_file"
 
-    def __init__(self, hash_on_put: bool = True) -> None:
+    def __init__(self, hash_on_put: bool = False) -> None:
         super().__init__(tier="file", hash_on_put=hash_on_put)

@@ -2,8 +2,9 @@
 
 Two phases, both against one cluster-wide store:
 
-1. exchange: every rank puts ``--blocks`` blocks, then reads every other rank's blocks
-   and checks them byte for byte (cross-rank reads through the directory);
+1. exchange: every rank puts ``--blocks`` blocks of its token sequence under token-prefix
+   ids, then recomputes every other rank's ids from its tokens, reads those blocks and
+   checks them byte for byte (cross-rank reads through the directory);
 2. replay: the requests of the built-in workload (or ``--trace``) are dealt round-robin
    to the ranks and replayed concurrently (shared prefixes hit across ranks).
 
@@ -51,22 +52,39 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _exchange(store, comm, blocks: int, seed: int) -> dict[str, Any]:
-    """Each rank puts ``blocks`` blocks; then every rank reads and checks all of them."""
+    """Each rank puts ``blocks`` blocks of its own token sequence under token-prefix ids;
+    then every rank recomputes every other rank's ids from that rank's tokens (as an
+    engine would: no ids are exchanged), checks how long a prefix the cluster holds and
+    reads and checks every block."""
+    from ..prefix import model_fingerprint, prefix_ids
+
     spec = store.spec
+    fingerprint = model_fingerprint(store.config.model, "cascade-main-job", str(np.dtype(spec.dtype)))
+
+    def tokens(rank: int) -> np.ndarray:
+        return np.random.default_rng([seed, rank]).integers(0, 128_000, blocks * store.config.block_tokens)
+
+    def ids_of(rank: int) -> list[str]:
+        return prefix_ids(tokens(rank), block_tokens=store.config.block_tokens, model_fingerprint=fingerprint)
 
     def content(rank: int, i: int):
         rng = np.random.default_rng([seed, rank, i])
         return rng.standard_normal(spec.shape).astype(spec.dtype), rng.standard_normal(spec.shape).astype(spec.dtype)
 
     t0 = time.perf_counter()
-    mine = [store.put(*content(comm.rank, i)) for i in range(blocks)]
+    mine, parent = ids_of(comm.rank), None
+    for i, bid in enumerate(mine):
+        store.put(*content(comm.rank, i), block_id=bid, parent=parent)
+        parent = bid
     put_s = time.perf_counter() - t0
     comm.Barrier()
-    everyone = comm.allgather(mine)
-    wrong = missing = 0
+    wrong = missing = short_prefix = 0
     key_out, value_out = spec.empty()
     t0 = time.perf_counter()
-    for rank, ids in enumerate(everyone):
+    for rank in range(comm.size):
+        ids = ids_of(rank)
+        held = store.longest_prefix(tokens=tokens(rank), model_fingerprint=fingerprint)
+        short_prefix += len(ids) - held
         for i, bid in enumerate(ids):
             if not store.get_into(bid, key_out, value_out):
                 missing += 1
@@ -75,7 +93,8 @@ def _exchange(store, comm, blocks: int, seed: int) -> dict[str, Any]:
             wrong += not (np.array_equal(key_out, k) and np.array_equal(value_out, v))
     get_s = time.perf_counter() - t0
     comm.Barrier()
-    return {"blocks_put": blocks, "blocks_read": sum(map(len, everyone)), "wrong": wrong, "missing": missing,
+    return {"blocks_put": blocks, "blocks_read": blocks * comm.size, "wrong": wrong, "missing": missing,
+            "prefix_blocks_missing": short_prefix, "ids": "token-prefix (cascade.prefix_ids)",
             "put_s": put_s, "get_s": get_s}
 
 
