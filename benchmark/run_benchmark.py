@@ -27,6 +27,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "read_latency": ("read_latency", ADAPTER_NAMES, "per-get p50/p90/p99/max of every system, hot and cold"),
     "trace_replay": ("trace_replay", TRACE_SYSTEMS, "hit ratios on a trace vs LRU and Belady, every evicting system"),
     "scaling": ("scaling", SCALING_SYSTEMS, "aggregate put/get GB/s at 1, 2, 4 ranks (mpiexec)"),
+    "queue_hints": ("queue_hints", ("cascade",), "hit ratio with scheduler hints at queue depths vs LRU/Belady"),
 }
 
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacities", help="comma-separated capacities in blocks (trace_replay)")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
     p.add_argument("--requests", type=int, help="replay only the first N requests (every system)")
+    p.add_argument("--queue-depths", help="queue depths, e.g. 0,16,64,256 (queue_hints)")
+    p.add_argument("--seeds", help="generator seeds, e.g. 0,1,2 (queue_hints)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")
     p.add_argument("--out", help="results directory (default benchmark/results)")
     return p
@@ -77,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "system": args.system, "blocks": args.blocks, "warmup": args.warmup, "rounds": args.rounds,
         "ops": args.ops, "data_dir": args.data_dir, "seed": args.seed, "time_limit": args.time_limit,
         "rank_counts": [int(r) for r in args.rank_counts.split(",")] if args.rank_counts else None,
+        "queue_depths": [int(d) for d in args.queue_depths.split(",")] if args.queue_depths else None,
+        "seeds": [int(d) for d in args.seeds.split(",")] if args.seeds else None,
     }
     result = module.run(options)
     path = write_results(args.system.replace(",", "+"), args.workload, result, ranks=args.ranks,

@@ -28,6 +28,7 @@ ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
+hint_fraction               0.25             most of the fastest tier that hinted blocks may hold
 directory_slots             65536            global-directory entries per rank (multi-rank runs)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
 stats_interval              10.0             seconds between stats-file refreshes
@@ -105,6 +106,7 @@ class Config:
     default_ttl: float = 0.0
     verify_dram_reads: bool = False
     promote_on_hit: bool = True
+    hint_fraction: float = 0.25
     directory_slots: int = 1 << 16
     stats_dir: str = ""
     stats_interval: float = 10.0
@@ -126,6 +128,8 @@ class Config:
             raise ConfigError("directory_slots: must be at least 8")
         if self.default_ttl < 0:
             raise ConfigError("default_ttl: must be >= 0")
+        if not 0.0 <= self.hint_fraction <= 1.0:
+            raise ConfigError("hint_fraction: must be in [0, 1]")
         if self.lustre_stripe_count < -1 or self.lustre_stripe_count == 0:
             raise ConfigError("lustre_stripe_count: -1 (all OSTs) or >= 1")
 

@@ -5,19 +5,28 @@ blocks in order; a block that is cached is a hit (read with ``get_into``), one t
 is put right away with its predecessor as parent. Blocks a request already touched stay
 pinned until the request ends (they are in flight), so the policy cannot drop them mid-request.
 
+With ``queue_depth=D`` the replay also plays a serving engine's scheduler: the next ``D``
+requests are visible in a queue, and the blocks they will read are hinted
+(:meth:`CascadeStore.hint`: kept from eviction until read, within the store's
+``hint_fraction`` of the fastest tier). A block is hinted once while any queued request
+wants it: when it enters the queue (if cached), when it is put, and again after a get used
+the hint up while other queued requests still want it. ``queue_depth=0`` is the online
+policy alone.
+
 The block payload is one reusable random buffer: ids come from the trace, not from the
 content (``put(..., block_id=...)``), so replays measure placement, not hashing.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from .errors import TierFull
+from .errors import ConfigError, TierFull
 from .store import CascadeStore
 from .trace import Request, block_chain
 
@@ -56,17 +65,20 @@ def replay(
     pin_in_flight: bool = True,
     progress: bool = False,
     seed: int = 0,
+    queue_depth: int = 0,
 ) -> ReplayResult:
     """Replay ``requests`` against ``store``; returns the hit counts. Local."""
+    if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 0:
+        raise ConfigError(f"queue_depth: expected an integer >= 0, got {queue_depth!r}")
     rng = np.random.default_rng(seed)
     key = rng.standard_normal(store.spec.shape).astype(store.spec.dtype)
     value = rng.standard_normal(store.spec.shape).astype(store.spec.dtype)
     key_out, value_out = store.spec.empty()
     result = ReplayResult()
     total = len(requests) if hasattr(requests, "__len__") else None
-    for request in tqdm(requests, total=total, desc="replay", unit="req", disable=not progress):
+    queue = _Queue(store, iter(requests), namespace, queue_depth)
+    for request, chain in tqdm(queue, total=total, desc="replay", unit="req", disable=not progress):
         result.requests += 1
-        chain = block_chain(request.hash_ids, namespace)
         leading = True
         pinned: list[str] = []
         for (bid, parent), tokens in zip(chain, request.block_tokens(tokens_per_block)):
@@ -83,6 +95,7 @@ def replay(
                 except TierFull:
                     result.rejected += 1
                     continue
+            queue.still_wanted(bid)
             if pin_in_flight:
                 store.pin(bid, namespace=namespace)
                 pinned.append(bid)
@@ -90,3 +103,52 @@ def replay(
             store.unpin(bid, namespace=namespace)
     result.store_stats = store.stats()
     return result
+
+
+class _Queue:
+    """The requests in order, with the next ``depth`` of them visible as a queue whose
+    blocks are hinted to the store. Iterating yields (request, its block chain)."""
+
+    def __init__(self, store: CascadeStore, requests: Iterator[Request], namespace: str, depth: int) -> None:
+        self.store, self.requests, self.namespace, self.depth = store, requests, namespace, depth
+        # (request, chain, whether its blocks were counted in ``wanted``)
+        self.queued: deque[tuple[Request, list[tuple[str, str | None]], bool]] = deque()
+        self.wanted: Counter[str] = Counter()  # block id -> queued requests that read it
+
+    def __iter__(self) -> Iterator[tuple[Request, list[tuple[str, str | None]]]]:
+        while True:
+            self._fill(self.depth + 1)
+            if not self.queued:
+                return
+            request, chain, counted = self.queued.popleft()
+            if counted:
+                for bid, _ in chain:
+                    self.wanted[bid] -= 1
+                    if not self.wanted[bid]:
+                        del self.wanted[bid]
+            yield request, chain
+
+    def _fill(self, size: int) -> None:
+        while len(self.queued) < size:
+            request = next(self.requests, None)
+            if request is None:
+                return
+            chain = block_chain(request.hash_ids, self.namespace)
+            counted = self.depth > 0 and bool(self.queued)  # the head is served now, not queued
+            self.queued.append((request, chain, counted))
+            if counted:
+                self._want(chain)
+
+    def _want(self, chain: list[tuple[str, str | None]]) -> None:
+        new = []
+        for bid, _ in chain:
+            self.wanted[bid] += 1
+            if self.wanted[bid] == 1:
+                new.append(bid)
+        if new:
+            self.store.hint(new, namespace=self.namespace)
+
+    def still_wanted(self, bid: str) -> None:
+        """``bid`` was just read or put: hint it again if queued requests want it."""
+        if self.wanted.get(bid):
+            self.store.hint([bid], namespace=self.namespace)

@@ -44,6 +44,7 @@ class StoreCounters:
     cluster_hits: int = 0  # gets served from another rank's tiers (part of hits)
     cluster_deduped: int = 0  # puts of blocks another rank already held (part of deduped)
     cluster_corruptions: int = 0  # another rank's file-tier record failed verification
+    hints: int = 0  # scheduler hints taken (store.hint)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -130,6 +130,7 @@ class CascadeStore:
         self.rank = rank
         self._stats_written = 0.0
         self._meta: dict[BlockKey, BlockMeta] = {}
+        self._hinted_bytes = 0  # bytes of blocks with hints > 0 (capped, see hint())
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
         self.cluster = None
@@ -484,6 +485,9 @@ class CascadeStore:
         self._forget(meta)
 
     def _forget(self, meta: BlockMeta) -> None:
+        if meta.hints:
+            self._hinted_bytes -= meta.nbytes
+            meta.hints = 0
         self._meta.pop(meta.key, None)
         self.policy.removed(meta)
         parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
@@ -556,6 +560,8 @@ class CascadeStore:
             self.get_latency[t].record(time.perf_counter() - started)
             for faster in self.tier_counters[:t]:
                 faster.misses += 1
+            if meta.hints:  # the queued request it was hinted for has come
+                self._release_hint(meta)
             self.policy.touched(meta, now)
             if t > 0 and self.config.promote_on_hit:
                 self._promote(meta, outs)
@@ -605,6 +611,74 @@ class CascadeStore:
             return
         self.tier_counters[src].promotions += 1
         self.tier_counters[0].bytes_written += meta.nbytes
+
+    # -- scheduler hints --------------------------------------------------------------------
+    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Blocks a queued request will read soon: move each cached one up to the
+        fastest tier (best effort) and keep it from eviction until a :meth:`get` /
+        :meth:`get_into` of it (one get uses up one hint) or :meth:`unhint`. Hints count:
+        a block hinted for two queued requests stays protected until both read it.
+
+        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes,
+        so hints cannot starve puts: a hint that would go past the cap, and a hint of a
+        block not cached on this rank, is ignored. Returns how many hints were taken.
+        Local (other ranks' blocks are not hinted); thread-safe.
+        """
+        keys = [self._key(b, namespace) for b in block_ids]
+        cap = self.config.hint_fraction * self.tiers[0].capacity
+        taken = 0
+        with self._lock:
+            for bkey in keys:
+                meta = self._meta.get(bkey)
+                if meta is None:
+                    continue
+                if meta.hints == 0:
+                    if self._hinted_bytes + meta.nbytes > cap:
+                        continue
+                    self._hinted_bytes += meta.nbytes
+                meta.hints += 1
+                taken += 1
+                self.policy.changed(meta)
+                if meta.tier > 0:
+                    self._promote_cached(meta)
+            self.counters.hints += taken
+        return taken
+
+    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Withdraw one hint of each id (its request left the queue unserved); ids
+        without a hint are skipped. Returns how many hints were withdrawn. Local."""
+        keys = [self._key(b, namespace) for b in block_ids]
+        withdrawn = 0
+        with self._lock:
+            for bkey in keys:
+                meta = self._meta.get(bkey)
+                if meta is not None and meta.hints:
+                    self._release_hint(meta)
+                    withdrawn += 1
+        return withdrawn
+
+    def _release_hint(self, meta: BlockMeta) -> None:
+        meta.hints -= 1
+        if meta.hints == 0:
+            self._hinted_bytes -= meta.nbytes
+        self.policy.changed(meta)
+
+    def _promote_cached(self, meta: BlockMeta) -> None:
+        """Read a block from its slower tier and promote it (for a hint). Best effort:
+        a corrupt record is dropped, as on a get."""
+        buf = np.empty(meta.nbytes, dtype=np.uint8)
+        try:
+            self.tiers[meta.tier].read_into(meta.key, buf)
+        except CorruptBlock as exc:
+            log.warning("%s", exc)
+            self.tier_counters[meta.tier].corruptions += 1
+            if meta.key in self.tiers[meta.tier]:
+                del self.tiers[meta.tier][meta.key]
+            if meta.entry is not None:
+                self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=False)
+            self._forget(meta)
+            return
+        self._promote(meta, [buf])
 
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
@@ -746,7 +820,7 @@ class CascadeStore:
                                     "get_latency": hist.as_dict()}
             return {"rank": self.rank, "blocks": len(self._meta), **self.counters.as_dict(), "tiers": tiers,
                     "put_latency": self.put_latency.as_dict(), "cluster_get_latency": self.cluster_latency.as_dict(),
-                    "policy": self.policy.kind,
+                    "policy": self.policy.kind, "hinted_bytes": self._hinted_bytes,
                     "block_bytes": self.spec.block_bytes}
 
     def _maybe_write_stats(self, force: bool = False) -> None:

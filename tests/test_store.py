@@ -293,3 +293,41 @@ def test_use_counts_outlive_eviction(tiny_config):
         assert s._meta[("default", hot)].hits == 7
         fresh = s.put(*make_block(s.spec, 2900))
         assert s._meta[("default", fresh)].hits == 0
+
+
+def test_hint_promotes_and_protects_until_read(tmp_path):
+    from cascade import Config
+
+    cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 * 4096, file_dir=str(tmp_path / "f"),
+                 file_segment_bytes=1 << 20, hint_fraction=0.5)
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, 100 + i) for i in range(12)]
+        ids = [s.put(k, v) for k, v in blocks]
+        shm, lustre = s.tiers[0], s.tiers[-1]
+        assert ids[0] in [b for _, b in lustre] and ids[0] not in [b for _, b in shm]
+        assert s.hint(ids[:2]) == 2
+        assert {ids[0], ids[1]} <= {b for _, b in shm}  # promoted to the fastest tier
+        for k, v in (make_block(s.spec, 200 + i) for i in range(20)):  # churn SHM
+            s.put(k, v)
+        assert {ids[0], ids[1]} <= {b for _, b in shm}  # still there: protected
+        # the cap: 4 of the 8 SHM blocks may be hinted; further hints are refused
+        assert s.hint(ids[2:8]) == 2 and s.stats()["hinted_bytes"] == 4 * s.spec.block_bytes
+        got = s.get(ids[0])  # uses up the hint
+        assert got is not None and np.array_equal(got[0], blocks[0][0])
+        assert s.unhint(ids[1:4]) == 3 and s.unhint([ids[1]]) == 0
+        assert s.stats()["hinted_bytes"] == 0
+        for k, v in (make_block(s.spec, 300 + i) for i in range(20)):
+            s.put(k, v)
+        assert ids[0] not in {b for _, b in shm}  # unprotected again: evicted from SHM
+        assert s.hint(["f" * 32]) == 0  # not cached: ignored
+
+
+def test_hints_count_and_deleted_blocks_release_their_bytes(store):
+    k, v = make_block(store.spec, 7)
+    bid = store.put(k, v)
+    assert store.hint([bid, bid]) == 2
+    assert store.get(bid) is not None and store.stats()["hinted_bytes"] == store.spec.block_bytes
+    assert store.get(bid) is not None and store.stats()["hinted_bytes"] == 0
+    store.hint([bid])
+    store.delete(bid)
+    assert store.stats()["hinted_bytes"] == 0

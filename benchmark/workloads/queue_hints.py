@@ -1,0 +1,102 @@
+"""queue_hints: hit ratio of Cascade with scheduler hints at queue depths 0/16/64/256,
+beside the LRU and Belady references, on several request sources and capacities.
+
+Each source — the shared Mooncake trace (when present, or ``--trace``) and the built-in
+generator at several seeds — is replayed through the real store (one SHM tier of
+``capacity x block_bytes``, semantic policy) with :func:`cascade.replay.replay` and
+``queue_depth=D``: the next ``D`` requests are visible and their cached blocks hinted
+(:meth:`CascadeStore.hint`). Depth 0 is the online policy alone; the check
+``depth0_ge_lru`` says whether it is at least the reference LRU's hit ratio for every
+source and capacity. LRU and Belady do not use the queue (Belady sees the whole future).
+
+Options: ``capacities`` (blocks), ``queue_depths``, ``seeds`` (generator seeds; default
+0,1,2), ``trace``, ``requests`` (prefix of each source), ``sizes`` (first = block bytes,
+default 4 KiB: hit ratios do not depend on it), ``hint_fraction``.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+from cascade.replay import replay
+from cascade.trace import DEFAULT_TRACE, TOKENS_PER_BLOCK, read_trace
+from cascade.workload import WorkloadParams, generate
+
+from ..reference_policies import simulate
+
+CAPACITIES = [1000, 5000, 20000]
+QUEUE_DEPTHS = [0, 16, 64, 256]
+SEEDS = [0, 1, 2]
+BLOCK_BYTES = 4 << 10
+
+
+def sources(options: dict[str, Any]) -> list[tuple[str, list, int]]:
+    """(name, requests, tokens per block) of every source replayed."""
+    out = []
+    limit = options.get("requests")
+    path = options.get("trace") or DEFAULT_TRACE
+    if path:
+        out.append((f"trace:{path}", read_trace(path, limit), TOKENS_PER_BLOCK))
+    params = WorkloadParams()
+    for seed in options.get("seeds") or SEEDS:
+        reqs = generate(params, seed=seed)
+        out.append((f"cascade.workload.generate(seed={seed})", reqs[:limit] if limit else reqs, params.tokens_per_block))
+    return out
+
+
+def replay_depth(requests: list, capacity: int, depth: int, tpb: int, block_bytes: int,
+                 hint_fraction: float) -> dict[str, Any]:
+    workdir = tempfile.mkdtemp(prefix="queue_hints_")
+    cfg = Config(shm_bytes=capacity * block_bytes, file_bytes=0, file_dir=workdir, hint_fraction=hint_fraction)
+    t0 = time.perf_counter()
+    try:
+        with CascadeStore(cfg, block_spec=BlockSpec.flat(block_bytes)) as store:
+            r = replay(store, requests, tokens_per_block=tpb, queue_depth=depth)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"queue_depth": depth, "block_hit_ratio": r.block_hit_ratio, "token_hit_ratio": r.token_hit_ratio,
+            "hits": r.hits, "references": r.references, "rejected": r.rejected,
+            "hints": r.store_stats.get("hints"), "elapsed_s": time.perf_counter() - t0}
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    capacities = options.get("capacities") or CAPACITIES
+    depths = options.get("queue_depths") or QUEUE_DEPTHS
+    block_bytes = (options.get("sizes") or [BLOCK_BYTES])[0]
+    hint_fraction = float(options.get("hint_fraction") or Config().hint_fraction)
+    rows = []
+    for name, requests, tpb in sources(options):
+        for capacity in tqdm(capacities, desc=name[:40], unit="capacity"):
+            lru = simulate(requests, "lru", capacity, tpb)
+            belady = simulate(requests, "belady", capacity, tpb)
+            cascade = [replay_depth(requests, capacity, d, tpb, block_bytes, hint_fraction) for d in depths]
+            online = next((c for c in cascade if c["queue_depth"] == 0), None)
+            rows.append({"source": name, "requests": len(requests), "capacity_blocks": capacity,
+                         "reference_lru": lru.block_hit_ratio, "reference_belady": belady.block_hit_ratio,
+                         "references": lru.references, "cascade": cascade,
+                         "depth0_ge_lru": None if online is None else online["block_hit_ratio"] >= lru.block_hit_ratio})
+    checks = [r["depth0_ge_lru"] for r in rows if r["depth0_ge_lru"] is not None]
+    return {"schema": "cascade-bench/queue_hints/1", "capacities": capacities, "queue_depths": depths,
+            "block_bytes": block_bytes, "hint_fraction": hint_fraction, "policy": "semantic", "rows": rows,
+            "targets": [{"name": "depth-0 online policy >= reference LRU on every source and capacity",
+                         "met": all(checks) if checks else None, "checked": len(checks)}]}
+
+
+def table(result: dict[str, Any]) -> str:
+    depths = result["queue_depths"]
+    lines = [f"{'source':<44} {'capacity':>8} {'LRU':>7} {'Belady':>7} "
+             + " ".join(f"{'d=' + str(d):>7}" for d in depths) + "  d0>=LRU"]
+    for r in result["rows"]:
+        by = {c["queue_depth"]: c["block_hit_ratio"] for c in r["cascade"]}
+        lines.append(f"{r['source'][-44:]:<44} {r['capacity_blocks']:>8} {r['reference_lru']:>7.2%} "
+                     f"{r['reference_belady']:>7.2%} " + " ".join(f"{by[d]:>7.2%}" for d in depths)
+                     + f"  {r['depth0_ge_lru']}")
+    for t in result["targets"]:
+        lines.append(f"target {t['name']}: {t['met']} ({t['checked']} checked)")
+    return "\n".join(lines)
