@@ -34,10 +34,14 @@ test: test-unit test-mpi
 test-unit: install peers
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/mpi
 
-# The multi-rank suite: the same test bodies at one rank and at $(RANKS) ranks.
+# The multi-rank suite: the same test bodies at one rank, at $(RANKS) ranks on one node,
+# and at $(RANKS) ranks as 2 emulated nodes (MPICH's MPIR_CVAR_NUM_CLIQUES splits the
+# ranks into "nodes" whose traffic goes through the network module; CASCADE_TEST_NODES
+# makes tests/mpi/test_nodes_mpi.py fail if the split did not happen).
 test-mpi: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/mpi
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi tests/test_launch.py
+	MPIR_CVAR_NUM_CLIQUES=2 CASCADE_TEST_NODES=2 $(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
 
 # Every benchmark workload at this commit, 3 repetitions interleaved, spread recorded
 # (benchmark/README.md, "The suite"). BENCH="--quick" for a short run.

@@ -142,6 +142,7 @@ class CascadeStore:
                 remote = next((t for t in built if t.name == "remote"), None)
                 self._kinds = [TierKind.of(t.name) for t in self.tiers]
                 self.cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
+                                       shm_buffer=getattr(shm, "mapping", None),
                                        remote=remote, directory_slots=self.config.directory_slots)
             self._recover()
         except BaseException:
@@ -842,11 +843,11 @@ class CascadeStore:
         with self._lock:
             if self._meta or self.counters.puts or self.counters.gets:
                 self._maybe_write_stats(force=True)
-            for tier in self._built_tiers:
-                tier.close()
-            if self.cluster is not None:
+            if self.cluster is not None:  # first: its slab window maps the SHM tier's slab
                 self.cluster.close()
                 self.cluster = None
+            for tier in self._built_tiers:
+                tier.close()
             self._meta.clear()
             if self._hasher is not None:
                 self._hasher.shutdown()

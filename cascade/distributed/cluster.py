@@ -7,12 +7,21 @@ communicator of more than one rank uses to
   :class:`~.directory.ShardedDirectory`, and keep that entry true when the block moves
   or leaves (moves and drops are refused while another rank pins the block);
 * find and read blocks other ranks hold: node peers' SHM slabs through their files in
-  ``/dev/shm``, any rank's REMOTE-window bytes with one-sided ``Get``, and any rank's
-  aggregated files on the shared file system. GPU-resident blocks of other ranks are
-  not readable here (no CUDA IPC): they count as misses.
+  ``/dev/shm``, SHM slabs of ranks on other nodes through an RMA window over the slab
+  (:mod:`.shm_window`), any rank's REMOTE-window bytes, and aggregated files of ranks
+  that share this rank's ``file_dir`` (checked at start, :mod:`.shared_fs`).
 
-Cross-rank reads pin the entry (ref-count in the directory) for their duration, so the
-holder can neither move nor free the bytes meanwhile.
+GPU-resident blocks of other ranks are not readable (no CUDA IPC or GPU RDMA here): a
+rank that meets one counts it in :attr:`Cluster.unreadable` (logged once), stores its own
+copy rather than deduplicating onto it, and keeps that copy private. The same holds for
+file-tier blocks of ranks whose ``file_dir`` it cannot see.
+
+Cross-rank reads take no pin: they use Gets only (lookup, bytes, lookup again) and keep
+the bytes only if the entry still has the same placement and version afterwards. The
+holder changes the entry (a move bumps the version, a withdrawal deletes it) before it
+frees or reuses the bytes, so an unchanged entry proves the bytes were intact (seqlock).
+Atomics would be the alternative, and between nodes MPICH completes those only when the
+target enters MPI (:mod:`.progress_check`); Gets complete while it computes.
 
 Collective: the constructor and :meth:`close`. Everything else is local and one-sided.
 """
@@ -23,11 +32,14 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BlockNotFound
+from ..errors import BlockNotFound, CorruptBlock
 from ..tiers.base import BlockKey
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory
+from .progress_check import check_progress
+from .shared_fs import file_share_groups
+from .shm_window import SlabWindow
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -53,24 +65,44 @@ class TierKind(enum.IntEnum):
 class Cluster:
     """Directory + peer readers for one rank of ``comm`` (size > 1)."""
 
+    # optimistic reads retried this often before falling back to a pinned read
+    OPTIMISTIC_TRIES = 3
+
     def __init__(self, comm: MPI.Comm, *, shm_path: str | None, file_dir: str,
-                 remote: RemoteTier | None, directory_slots: int) -> None:
+                 remote: RemoteTier | None, directory_slots: int, shm_buffer: Any | None = None,
+                 check_progress_at_start: bool = True) -> None:
         from mpi4py import MPI
 
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.directory = ShardedDirectory(comm, slots_per_rank=directory_slots)
+        self.shm_window: SlabWindow | None = None
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             # node id = lowest rank on the node; node peers read each other's SHM slabs
             self.node_of = comm.allgather(local.allreduce(self.rank, op=MPI.MIN))
             self.shm_paths = comm.allgather(shm_path)
+            self.file_groups = file_share_groups(comm, file_dir, local)
+            self.shm_window = SlabWindow(comm, shm_buffer)
+            # None on one node; False: inter-node atomics wait for a busy target (warned)
+            self.atomics_progress = check_progress(comm, self.node_of) if check_progress_at_start else None
+        except BaseException:
+            if self.shm_window is not None:
+                self.shm_window.free()
+            self.directory.free()
+            raise
         finally:
             local.Free()
+        self.nodes = len(set(self.node_of))
         self.file_dir = file_dir
         self.remote = remote
         self._peers = ShmPeerSlabs()
+        self.unreadable = 0       # entries found that this rank cannot read (GPU, private files)
+        self.optimistic_retries = 0
+        self.same_node_reads = 0  # SHM reads through /dev/shm (node peers)
+        self.window_reads = 0     # SHM reads through the slab window (other nodes)
+        self._warned: set[int] = set()
 
     # -- what another rank can read ---------------------------------------------------------
     def readable(self, entry: DirectoryEntry) -> bool:
@@ -79,15 +111,46 @@ class Cluster:
         if entry.rank == self.rank:
             return True
         if kind is TierKind.SHM:
-            return self.node_of[entry.rank] == self.node_of[self.rank] and self.shm_paths[entry.rank] is not None
+            return self._same_node_shm(entry.rank) or (
+                self.shm_window is not None and self.shm_window.sizes[entry.rank] > 0)
         if kind is TierKind.REMOTE:
             return self.remote is not None
-        return kind is TierKind.LUSTRE
+        if kind is TierKind.LUSTRE:
+            group = self.file_groups[self.rank]
+            return group >= 0 and self.file_groups[entry.rank] == group
+        return False  # GPU: no device memory access across processes here
+
+    def _same_node_shm(self, rank: int) -> bool:
+        return self.node_of[rank] == self.node_of[self.rank] and self.shm_paths[rank] is not None
 
     def read(self, key: BlockKey, outs: Sequence[Any]) -> DirectoryEntry | None:
-        """Read a block some rank published into ``outs``: pin, look up, copy, unpin.
-        Returns the entry it read, or None (absent, unreadable here, or gone meanwhile).
+        """Read a block some rank published into ``outs``. Returns the entry it read, or
+        None (absent, unreadable here, or gone meanwhile). Gets only: 2 directory round
+        trips + 1 for the bytes (see the module docstring); after
+        :attr:`OPTIMISTIC_TRIES` changed entries, one pinned read (atomics).
         :class:`CorruptBlock` when file-tier bytes fail verification."""
+        namespace, block_id = key
+        for _ in range(self.OPTIMISTIC_TRIES):
+            entry = self.directory.lookup(namespace, block_id)
+            if entry is None:
+                return None
+            if not self.readable(entry):
+                self._count_unreadable(entry)
+                return None
+            try:
+                got, error = self._copy(key, entry, outs), None
+            except CorruptBlock as exc:
+                got, error = False, exc
+            again = self.directory.lookup(namespace, block_id)
+            if again is not None and again.placement() == entry.placement() and again.version == entry.version:
+                if error is not None:
+                    raise error
+                return entry if got else None
+            self.optimistic_retries += 1  # moved or withdrawn while we read: bytes unproven
+        return self._pinned_read(key, outs)
+
+    def _pinned_read(self, key: BlockKey, outs: Sequence[Any]) -> DirectoryEntry | None:
+        """Pin, look up, copy, unpin: the holder can neither move nor free it meanwhile."""
         namespace, block_id = key
         try:
             self.directory.add_ref(namespace, block_id)
@@ -97,24 +160,41 @@ class Cluster:
             entry = self.directory.lookup(namespace, block_id)  # the location, under the pin
             if entry is None or not self.readable(entry):
                 return None
-            kind = TierKind(entry.tier)
-            if kind is TierKind.SHM:
-                self._peers.read_into(self.shm_paths[entry.rank], entry.location, list(outs))
-            elif kind is TierKind.REMOTE:
-                self.remote.read_remote_parts(entry.rank, entry.location, outs)
-            elif kind is TierKind.LUSTRE:
-                try:
-                    read_record(self.file_dir, entry.rank, entry.location, key, outs)
-                except BlockNotFound:
-                    return None
-            else:
-                return None
-            return entry
+            return entry if self._copy(key, entry, outs) else None
         finally:
             try:
                 self.directory.release(namespace, block_id)
             except (BlockNotFound, PinUnderflow):
                 pass
+
+    def _copy(self, key: BlockKey, entry: DirectoryEntry, outs: Sequence[Any]) -> bool:
+        """Copy the bytes ``entry`` points at into ``outs``; False when they are gone."""
+        kind = TierKind(entry.tier)
+        if kind is TierKind.SHM:
+            if self._same_node_shm(entry.rank):
+                self._peers.read_into(self.shm_paths[entry.rank], entry.location, list(outs))
+                self.same_node_reads += 1
+            else:
+                self.shm_window.get_into(entry.rank, entry.location, outs)
+                self.window_reads += 1
+        elif kind is TierKind.REMOTE:
+            self.remote.read_remote_parts(entry.rank, entry.location, outs)
+        elif kind is TierKind.LUSTRE:
+            try:
+                read_record(self.file_dir, entry.rank, entry.location, key, outs)
+            except BlockNotFound:
+                return False
+        else:
+            return False
+        return True
+
+    def _count_unreadable(self, entry: DirectoryEntry) -> None:
+        self.unreadable += 1
+        if entry.tier not in self._warned:
+            self._warned.add(entry.tier)
+            log.warning("rank %d cannot read %s-tier blocks of rank %d (counted as misses in "
+                        "cluster.unreadable; this rank keeps its own copies)",
+                        self.rank, TierKind(entry.tier).name, entry.rank)
 
     # -- the holder's bookkeeping ---------------------------------------------------------------
     def publish(self, key: BlockKey, kind: TierKind, location: int, length: int,
@@ -165,6 +245,9 @@ class Cluster:
             pass  # the parent is not cached (or was re-inserted): nothing to count
 
     def close(self) -> None:
-        """Collective: free the directory windows."""
+        """Collective: free the directory and slab windows."""
         self._peers.close()
+        if self.shm_window is not None:
+            self.shm_window.free()
+            self.shm_window = None
         self.directory.free()

@@ -101,7 +101,7 @@ class ShardedDirectory:
         self.nbuckets = L.buckets_for(slots_per_rank)
         self.slots_per_rank = self.nbuckets * L.BUCKET_SLOTS
         self._max_probe = L.max_probe(self.nbuckets)
-        self._win: MPI.Win | None = allocate_window(comm, self.nbuckets * L.BUCKET_BYTES, 8)
+        self._win: MPI.Win | None = allocate_window(comm, self.nbuckets * L.BUCKET_BYTES, 8, label="directory")
         self._raw = bytearray(L.BUCKET_BYTES)  # one bucket, read by single-key operations
         self._bucket = np.frombuffer(self._raw, dtype=np.uint64)
         self._origin = np.zeros(1, dtype=np.uint64)
@@ -366,24 +366,21 @@ class ShardedDirectory:
 
     def _gather_buckets(self, owners: np.ndarray, buckets: np.ndarray) -> np.ndarray:
         """Bucket ``buckets[i]`` of rank ``owners[i]`` as row i of a ``(n, BUCKET_WORDS)``
-        array: one indexed Get per owner (each distinct bucket once), all in flight."""
-        MPI = self._MPI
+        array: one contiguous Get per distinct bucket, all in flight, one flush per owner.
+        Not one derived-datatype Get: MPICH's network modules may run those as active
+        messages, which wait for the target to enter MPI."""
         rows = np.empty((len(owners), L.BUCKET_WORDS), dtype=np.uint64)
-        fetched, types = [], []
+        fetched = []
         for owner in np.unique(owners).tolist():
             sel = np.nonzero(owners == owner)[0]
             distinct, inverse = np.unique(buckets[sel], return_inverse=True)
             got = np.empty((len(distinct), L.BUCKET_WORDS), dtype=np.uint64)
-            target = MPI.UINT64_T.Create_indexed_block(
-                L.BUCKET_WORDS, (distinct * L.BUCKET_WORDS).tolist()).Commit()
-            self._win.Get([got, MPI.UINT64_T], owner, (0, 1, target))
+            for row, bucket in enumerate(distinct.tolist()):
+                self._win.Get(got[row], owner, bucket * L.BUCKET_WORDS)
             fetched.append((owner, sel, inverse, got))
-            types.append(target)
         for owner, sel, inverse, got in fetched:
             self._win.Flush_local(owner)
             rows[sel] = got[inverse]
-        for target in types:
-            target.Free()
         return rows
 
     def _cas(self, owner: int, disp: int, compare: int, value: int) -> int:

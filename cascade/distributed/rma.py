@@ -30,9 +30,63 @@ def load_mpi():
     return MPI
 
 
-def allocate_window(comm: MPI.Comm, nbytes: int, disp_unit: int, *, zero: bool = True) -> MPI.Win:
+class RoundTrips:
+    """Counts of completed RMA round trips (each ``Flush``/``Flush_local`` = one) per
+    window kind, for the scale figures (docs/scale.md). Process-wide, not thread-safe
+    (counts may be lost under threads; they are statistics)."""
+
+    counts: dict[str, int] = {}
+
+    @classmethod
+    def snapshot(cls) -> dict[str, int]:
+        return dict(cls.counts)
+
+    @classmethod
+    def since(cls, before: dict[str, int]) -> dict[str, int]:
+        """Round trips per window kind since ``before`` (a :meth:`snapshot`)."""
+        return {k: v - before.get(k, 0) for k, v in cls.counts.items() if v != before.get(k, 0)}
+
+
+class CountedWin:
+    """An ``MPI.Win`` that counts its flushes (round trips) under ``label`` in
+    :class:`RoundTrips`; every other attribute is the window's own."""
+
+    __slots__ = ("win", "label")
+
+    def __init__(self, win: MPI.Win, label: str) -> None:
+        self.win = win
+        self.label = label
+        RoundTrips.counts.setdefault(label, 0)
+
+    def Flush(self, rank: int) -> None:
+        RoundTrips.counts[self.label] += 1
+        self.win.Flush(rank)
+
+    def Flush_local(self, rank: int) -> None:
+        RoundTrips.counts[self.label] += 1
+        self.win.Flush_local(rank)
+
+    def __getattr__(self, name: str):
+        return getattr(self.win, name)
+
+
+def window_info(MPI) -> MPI.Info:
+    """Info hints for Cascade's windows: ``accumulate_ordering=none`` (nothing relies on
+    the order of two atomics; every dependent step waits for its ``Flush``).
+    ``accumulate_ops=same_op_no_op`` is NOT given: the directory's CTL word takes both
+    ``Compare_and_swap`` and ``Accumulate(REPLACE)``. Measured with the PyPI MPICH on 2
+    emulated nodes (benchmark/workloads/mpi_micro.py ``busy_target``): no hint set
+    (including ``same_op_no_op`` and ``disable_shm_accumulate``) makes inter-node atomics
+    complete while the target computes; plain ``Get`` does, with or without hints."""
+    info = MPI.Info.Create()
+    info.Set("accumulate_ordering", "none")
+    return info
+
+
+def allocate_window(comm: MPI.Comm, nbytes: int, disp_unit: int, *, zero: bool = True,
+                    label: str = "window") -> MPI.Win:
     """Collective: a ``Win.Allocate`` window (zeroed unless ``zero=False``) with its
-    ``Lock_all`` epoch open.
+    ``Lock_all`` epoch open, counting its round trips under ``label``.
 
     Passive-target epochs are opened once here: with MPICH a fresh ``Lock`` waits for
     the target to enter MPI, whereas operations inside ``Lock_all`` + ``Flush`` complete
@@ -40,7 +94,11 @@ def allocate_window(comm: MPI.Comm, nbytes: int, disp_unit: int, *, zero: bool =
     local stores and RMA see one copy (true for every shared-memory and RDMA device).
     """
     MPI = load_mpi()
-    win = MPI.Win.Allocate(nbytes, disp_unit, comm=comm)
+    info = window_info(MPI)
+    try:
+        win = MPI.Win.Allocate(nbytes, disp_unit, info=info, comm=comm)
+    finally:
+        info.Free()
     if win.Get_attr(MPI.WIN_MODEL) != MPI.WIN_UNIFIED:
         win.Free()
         raise RuntimeError("Cascade needs MPI windows with the unified memory model")
@@ -49,11 +107,12 @@ def allocate_window(comm: MPI.Comm, nbytes: int, disp_unit: int, *, zero: bool =
     win.Lock_all()
     win.Sync()
     comm.Barrier()  # nobody touches a window before every rank has zeroed its part
-    return win
+    return CountedWin(win, label)
 
 
 def free_window(win: MPI.Win) -> None:
     """Collective: close the ``Lock_all`` epoch and free the window."""
+    win = getattr(win, "win", win)
     win.Unlock_all()
     win.Free()
 

@@ -77,8 +77,10 @@ class WindowSlab:
         self._BYTE = MPI.BYTE
         self.nodes = node_ids(comm)
         mine = self.chunks[self.rank]
-        self._data: MPI.Win | None = allocate_window(comm, mine * chunk_bytes, 1, zero=False)
-        self._bitmap: MPI.Win | None = allocate_window(comm, 8 * -(-mine // WORD_BITS), 8)
+        self._data: MPI.Win | None = allocate_window(comm, mine * chunk_bytes, 1, zero=False,
+                                                              label="remote_data")
+        self._bitmap: MPI.Win | None = allocate_window(comm, 8 * -(-mine // WORD_BITS), 8,
+                                                                label="remote_lease")
         self._origin = np.zeros(1, dtype=np.uint64)
         self._compare = np.zeros(1, dtype=np.uint64)
         self._result = np.zeros(1, dtype=np.uint64)

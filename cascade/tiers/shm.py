@@ -123,6 +123,12 @@ class ShmTier(SlabTier):
             self._finalizer()
         self._index.clear()
 
+    @property
+    def mapping(self) -> mmap.mmap | None:
+        """The slab's shared mapping (None when closed or of capacity 0): what the
+        cluster exposes as an RMA window to ranks on other nodes."""
+        return self._mmap
+
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "path": self.path}
 
