@@ -7,9 +7,10 @@ from typing import Any
 import xxhash
 
 
-def checksum(parts: Iterable[Any]) -> int:
-    """XXH3-64 of the concatenation of ``parts`` (buffers), without concatenating."""
-    h = xxhash.xxh3_64()
+def checksum(parts: Iterable[Any], seed: int = 0) -> int:
+    """XXH3-64 (with ``seed``) of the concatenation of ``parts`` (buffers), without
+    concatenating."""
+    h = xxhash.xxh3_64(seed=seed)
     for part in parts:
         h.update(part)
     return h.intdigest()

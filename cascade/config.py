@@ -40,6 +40,7 @@ Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMP
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tempfile
@@ -56,7 +57,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "policy": ("semantic", "lru"),
     "ttl_mode": ("last_use", "first_use"),
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+# Strict: a number, then optionally a unit K/M/G/T (binary) with an optional "iB"/"B",
+# or a bare "B". "1iB", "4KB B" or "1e3" are errors, not some other size.
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -74,7 +77,10 @@ def parse_size(value: Any, key: str = "size") -> int:
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        exact = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+        if exact != int(exact):
+            raise ConfigError(f"{key}: {value!r} is not a whole number of bytes")
+        size = int(exact)
     else:
         raise ConfigError(f"{key}: expected a size such as 1073741824 or '1G', got {value!r}")
     if size < 0:
@@ -126,10 +132,19 @@ class Config:
             raise ConfigError("file_segment_bytes: must be at least 1 MiB")
         if self.directory_slots < 8:
             raise ConfigError("directory_slots: must be at least 8")
+        for key in ("default_ttl", "compact_dead_fraction", "stats_interval"):
+            if not math.isfinite(getattr(self, key)):
+                raise ConfigError(f"{key}: must be a finite number, got {getattr(self, key)!r}")
         if self.default_ttl < 0:
             raise ConfigError("default_ttl: must be >= 0")
-        if not 0.0 <= self.hint_fraction <= 1.0:
+        if not 0.0 <= self.hint_fraction <= 1.0:  # NaN fails this too
             raise ConfigError("hint_fraction: must be in [0, 1]")
+        if self.stats_interval <= 0:
+            raise ConfigError(f"stats_interval: must be > 0 seconds, got {self.stats_interval!r}")
+        _check_dir_value("file_dir", self.file_dir)
+        _check_dir_value("shm_dir", self.shm_dir)
+        if self.stats_dir:
+            _check_dir_value("stats_dir", self.stats_dir)
         if self.lustre_stripe_count < -1 or self.lustre_stripe_count == 0:
             raise ConfigError("lustre_stripe_count: -1 (all OSTs) or >= 1")
 
@@ -174,6 +189,30 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_dataclass_init = Config.__init__
+
+
+def _config_init(self: Config, *args: Any, **kwargs: Any) -> None:
+    """Keyword-only construction; an unknown key is a ConfigError (not a TypeError)."""
+    if args:
+        raise ConfigError(f"Config takes keyword arguments only, got {len(args)} positional")
+    _dataclass_init(self, **_check_keys(kwargs, "Config()"))
+
+
+Config.__init__ = _config_init  # type: ignore[method-assign]
+
+
+def _check_dir_value(key: str, value: str) -> None:
+    """A directory setting must be a non-empty path that is not an existing non-directory
+    (ownership and permissions are checked where the directory is used)."""
+    if not value.strip():
+        raise ConfigError(f"{key}: must be a directory path, got an empty string")
+    if "\0" in value:
+        raise ConfigError(f"{key}: contains a NUL byte")
+    if os.path.lexists(value) and not os.path.isdir(value):
+        raise ConfigError(f"{key}: {value!r} exists and is not a directory; choose another path")
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:

@@ -47,3 +47,7 @@ class RankFailure(CascadeError, RuntimeError):
 
 class LaunchError(CascadeError, RuntimeError):
     """The process layout is wrong (e.g. SLURM_NTASKS != MPI world size)."""
+
+
+class StoreClosed(CascadeError, RuntimeError):
+    """The store was closed: open a new one to use it again."""

@@ -21,7 +21,8 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Iterator, Sequence
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +33,15 @@ from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier
 from .lustre_fs import is_lustre, set_striping
-from .records import HEADER_BYTES, PAGE, RecordHeader, pad, unpack_header
+from .private_dir import ensure_private_dir
+from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_header
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
+# Never follow a symlink planted in place of one of our files; close-on-exec as usual.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(slots=True)
@@ -47,6 +51,7 @@ class _Loc:
     length: int  # payload bytes
     checksum: int
     parent: str | None
+    expires: float = 0.0  # wall-clock expiry, 0 = none
 
     @property
     def record_bytes(self) -> int:
@@ -65,7 +70,8 @@ class _File:
 
 
 class FileTier(Tier):
-    """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing)."""
+    """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
+    refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
     name = "lustre"
 
@@ -95,8 +101,11 @@ class FileTier(Tier):
         self._payload_bytes = 0
         self._bounce: mmap.mmap | None = None
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
-                         "compactions": 0, "full_events": 0, "lost_tombstones": 0}
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+                         "compactions": 0, "full_events": 0, "lost_tombstones": 0, "bad_files": 0}
+        # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
+        # so a block demoted here keeps its TTL across restarts.
+        self.expiry_of: Callable[[BlockKey], float] | None = None
+        ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
@@ -111,7 +120,10 @@ class FileTier(Tier):
     # -- opening and recovery -----------------------------------------------------------
     def _take_lock(self) -> int:
         path = os.path.join(self.directory, f"agg_rank{self.rank:03d}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = _open_own(path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:  # e.g. ELOOP: a symlink planted as our lock file
+            raise CascadeError(f"cannot open {path}: {exc.strerror}; remove it or use another file_dir") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -128,16 +140,23 @@ class FileTier(Tier):
     def _open_file(self, file_id: int, *, create: bool = False) -> _File:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         path = self._file_path(file_id)
-        fd = os.open(path, flags, 0o600)
+        fd = _open_own(path, flags)
         f = _File(file_id, path, fd, os.fstat(fd).st_size)
         self._files[file_id] = f
         return f
 
     def _recover(self) -> None:
-        pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6}})\.bin$")
+        # \d{6,}: ids are zero-padded to 6 digits and keep growing past 999999.
+        pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6,}})\.bin$")
         ids = sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n)))
         for file_id in ids:
-            self._scan(self._open_file(file_id))
+            try:
+                f = self._open_file(file_id)
+            except (OSError, CascadeError) as exc:  # a directory, symlink or foreign file in its place
+                self.counters["bad_files"] += 1
+                log.warning("%s: skipping %s: %s", self.name, self._file_path(file_id), exc)
+                continue
+            self._scan(f)
         for f in list(self._files.values()):
             if f.live == 0 and not self._needed_tombstones(f):
                 self._drop_file(f)
@@ -164,14 +183,15 @@ class FileTier(Tier):
                 if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
                     self._forget(key)
             else:
-                loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent)
+                loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
                 self._remember(key, loc)
                 last = (key, loc)
             offset += header.record_bytes
         # Only a file's last record can be torn by a crash mid-append: verify it now.
         if last is not None and self._index.get(last[0]) is last[1]:
             buf = bytearray(last[1].length)
-            if os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf) or checksum([buf]) != last[1].checksum:
+            if (os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf)
+                    or checksum([buf], key_seed(*last[0])) != last[1].checksum):
                 self.counters["torn_records"] += 1
                 self._forget(last[0])
 
@@ -211,9 +231,10 @@ class FileTier(Tier):
         length = sum(v.nbytes for v in views)
         if not self.fits(length):
             raise TierFull(f"{self.name}: no room for {length} bytes ({self.free} of {self._capacity} free)")
-        header = RecordHeader(key[0], key[1], length, checksum(views), parent=parent)
+        expires = self.expiry_of(key) if self.expiry_of is not None else 0.0
+        header = RecordHeader(key[0], key[1], length, checksum(views, key_seed(*key)), parent=parent, expires=expires)
         loc = self._append(header, views)
-        self._remember(key, _Loc(loc[0], loc[1], length, header.checksum, parent))
+        self._remember(key, _Loc(loc[0], loc[1], length, header.checksum, parent, expires))
         self._maybe_compact_after_change()
 
     def _append(self, header: RecordHeader, views: Sequence[memoryview]) -> tuple[int, int]:
@@ -272,7 +293,7 @@ class FileTier(Tier):
         # One preadv of the whole record, then the checksum: measured here as fast as a
         # raw O_DIRECT read for >= 1 MiB blocks; chunked read-ahead with overlapped
         # hashing was not faster.
-        if not ok or checksum(views) != loc.checksum:
+        if not ok or checksum(views, key_seed(*key)) != loc.checksum:
             self.counters["corrupt_reads"] += 1
             self._kill(key)
             raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
@@ -301,9 +322,9 @@ class FileTier(Tier):
             return None
         if f.direct_fd is None:
             try:
-                f.direct_fd = os.open(f.path, os.O_RDONLY | os.O_DIRECT)
-            except OSError as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
-                log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc.strerror)
+                f.direct_fd = _open_own(f.path, os.O_RDONLY | os.O_DIRECT)
+            except (OSError, CascadeError) as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
+                log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc)
                 self._odirect = False
                 return None
         return f.direct_fd
@@ -345,6 +366,23 @@ class FileTier(Tier):
         """The parent id recorded with ``key`` (survives restarts)."""
         return self._loc(key).parent
 
+    def expires_of(self, key: BlockKey) -> float:
+        """The wall-clock expiry recorded with ``key`` (0 = none; survives restarts)."""
+        return self._loc(key).expires
+
+    def set_expiry(self, key: BlockKey, expires: float) -> None:
+        """Record a new wall-clock expiry for ``key`` by rewriting its header in place
+        (one page; a torn write fails the header CRC and loses only this block)."""
+        loc = self._loc(key)
+        if loc.expires == expires:
+            return
+        f = self._files[loc.file_id]
+        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=expires)
+        os.pwrite(f.fd, header.pack(), loc.offset)
+        if self._fsync:
+            os.fsync(f.fd)
+        loc.expires = expires
+
     # -- compaction -----------------------------------------------------------------------
     def _needed_tombstones(self, f: _File) -> list[tuple[BlockKey, int, int]]:
         return [t for t in f.tombstones if t[1] in self._files and t[1] != f.file_id]
@@ -370,8 +408,9 @@ class FileTier(Tier):
             except CorruptBlock:
                 continue  # counted and dropped by the read
             self._forget(key)
-            new_file, new_offset = self._append(RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent), [memoryview(buf)])
-            self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent))
+            header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
+            new_file, new_offset = self._append(header, [memoryview(buf)])
+            self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
         for key, tfile, toff in self._needed_tombstones(f):
             new_file, _ = self._append(RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff), [])
             self._files[new_file].tombstones.append((key, tfile, toff))
@@ -439,19 +478,33 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
     path = os.path.join(directory, f"agg_rank{rank:03d}_{file_id:06d}.bin")
     views = [as_byte_view(o, "output buffer") for o in outs]
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_own(path, os.O_RDONLY)
     except FileNotFoundError:
         raise BlockNotFound(f"{path} is gone (compacted or removed)") from None
+    except (OSError, CascadeError) as exc:  # a symlink, directory or foreign file in its place
+        raise CorruptBlock(f"{path}: {exc}") from None
     try:
         header = unpack_header(os.pread(fd, HEADER_BYTES, offset))
         if header is None or header.tombstone or (header.namespace, header.block_id) != key:
             raise BlockNotFound(f"no record of {key[1]} at {path}:{offset}")
         if header.payload_len != sum(v.nbytes for v in views):
             raise CorruptBlock(f"record of {key[1]} at {path}:{offset} has {header.payload_len} bytes")
-        if os.preadv(fd, views, offset + HEADER_BYTES) != header.payload_len or checksum(views) != header.checksum:
+        if (os.preadv(fd, views, offset + HEADER_BYTES) != header.payload_len
+                or checksum(views, key_seed(*key)) != header.checksum):
             raise CorruptBlock(f"record of {key[1]} at {path}:{offset} is truncated or fails its checksum")
     finally:
         os.close(fd)
+
+
+def _open_own(path: str, flags: int) -> int:
+    """``os.open`` that refuses a symlink (O_NOFOLLOW), a non-regular file and a file of
+    another user: a planted or swapped file is never read or written."""
+    fd = os.open(path, flags | _NOFOLLOW | os.O_NONBLOCK, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise CascadeError(f"{path} is not a regular file of uid {os.geteuid()}: refusing to use it")
+    return fd
 
 
 def _page_aligned(view: memoryview) -> bool:

@@ -4,39 +4,50 @@ Each record is a 4096-byte header followed by the payload, padded to 4096 bytes 
 payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
 
     offset  size  field
-    0       8     magic b"CASCREC1"
+    0       8     magic b"CASCREC2"
     8       4     flags (1 = tombstone)
     12      4     namespace length n (<= 255)
     16      16    block id (raw bytes)
     32      8     payload length
-    40      8     payload checksum (XXH3-64)
+    40      8     payload checksum (XXH3-64 seeded by namespace and id: see key_seed)
     48      8     tombstone target: file id of the killed record (else 0)
     56      8     tombstone target: offset of the killed record (else 0)
     64      16    parent block id (raw bytes; flag 2 says it is set)
-    80      n     namespace (UTF-8)
-    80+n    4     CRC-32 of bytes [0, 80+n)
+    80      8     expiry, wall-clock seconds since the epoch (float64; 0 = none)
+    88      n     namespace (UTF-8)
+    88+n    4     CRC-32 of bytes [0, 88+n)
 
 A header whose magic or CRC does not match is not a record; a payload whose checksum
-does not match is corrupt. Neither is ever served as data.
+does not match is corrupt. Neither is ever served as data. The payload checksum is
+seeded with the record's (namespace, id), so a record copied or planted under another
+id fails it. Version-1 records (``CASCREC1``, no expiry, unbound checksum) are not read.
 """
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from dataclasses import dataclass
 
+import xxhash
+
 PAGE = 4096
 HEADER_BYTES = PAGE
-MAGIC = b"CASCREC1"
+MAGIC = b"CASCREC2"
 FLAG_TOMBSTONE = 1
 FLAG_PARENT = 2
-_FIXED = struct.Struct("<8sII16sQQQQ16s")
+_FIXED = struct.Struct("<8sII16sQQQQ16sd")
 MAX_NAMESPACE_BYTES = 255
 
 
 def pad(n: int) -> int:
     """``n`` rounded up to a whole page."""
     return (n + PAGE - 1) // PAGE * PAGE
+
+
+def key_seed(namespace: str, block_id: str) -> int:
+    """The XXH3 seed binding a record's payload checksum to its (namespace, id)."""
+    return xxhash.xxh3_64_intdigest(namespace.encode() + b"\0" + bytes.fromhex(block_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +60,7 @@ class RecordHeader:
     target_file: int = 0
     target_offset: int = 0
     parent: str | None = None
+    expires: float = 0.0  # wall-clock expiry (time.time()), 0 = none
 
     @property
     def record_bytes(self) -> int:
@@ -63,6 +75,7 @@ class RecordHeader:
         head = _FIXED.pack(
             MAGIC, flags, len(ns), bytes.fromhex(self.block_id), self.payload_len, self.checksum,
             self.target_file, self.target_offset, bytes.fromhex(self.parent) if self.parent else bytes(16),
+            self.expires,
         ) + ns
         head += struct.pack("<I", zlib.crc32(head))
         return head.ljust(HEADER_BYTES, b"\0")
@@ -72,7 +85,7 @@ def unpack_header(buf: bytes) -> RecordHeader | None:
     """The header in ``buf`` (at least 4096 bytes), or None if it is not a valid header."""
     if len(buf) < _FIXED.size + 4 or buf[:8] != MAGIC:
         return None
-    magic, flags, ns_len, raw_id, payload_len, digest, tfile, toff, raw_parent = _FIXED.unpack_from(buf)
+    magic, flags, ns_len, raw_id, payload_len, digest, tfile, toff, raw_parent, expires = _FIXED.unpack_from(buf)
     end = _FIXED.size + ns_len
     if ns_len > MAX_NAMESPACE_BYTES or len(buf) < end + 4:
         return None
@@ -83,5 +96,8 @@ def unpack_header(buf: bytes) -> RecordHeader | None:
         namespace = buf[_FIXED.size:end].decode()
     except UnicodeDecodeError:
         return None
+    if not math.isfinite(expires) or expires < 0:
+        return None
     parent = raw_parent.hex() if flags & FLAG_PARENT else None
-    return RecordHeader(namespace, raw_id.hex(), payload_len, digest, bool(flags & FLAG_TOMBSTONE), tfile, toff, parent)
+    return RecordHeader(namespace, raw_id.hex(), payload_len, digest, bool(flags & FLAG_TOMBSTONE), tfile, toff,
+                        parent, expires)
