@@ -45,6 +45,7 @@ class StoreCounters:
     cluster_deduped: int = 0  # puts of blocks another rank already held (part of deduped)
     cluster_corruptions: int = 0  # another rank's file-tier record failed verification
     hints: int = 0  # scheduler hints taken (store.hint)
+    replaced_unconfirmed: int = 0  # puts whose bytes differed from a record found on disk
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, TierFull
+from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
@@ -30,6 +30,7 @@ from .tiers.base import BlockKey, Tier
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
 from .tiers.shm import ShmTier, remove_stale_slabs
+from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
@@ -133,6 +134,13 @@ class CascadeStore:
         self._hinted_bytes = 0  # bytes of blocks with hints > 0 (capped, see hint())
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
+        self._closed = False
+        # Blocks found on disk at open, not yet confirmed by a put of the same bytes: a
+        # put never dedups onto one of them unseen (see _confirmed).
+        self._unconfirmed: set[BlockKey] = set()
+        for tier in self.tiers:
+            if hasattr(tier, "expiry_of"):  # persistent tiers record TTLs (wall clock)
+                tier.expiry_of = self._wall_expiry
         self.cluster = None
         try:
             if clustered:
@@ -154,8 +162,10 @@ class CascadeStore:
     def _recover(self) -> None:
         """Adopt blocks that persistent tiers found on disk (warm restart)."""
         now = time.monotonic()
+        wall = time.time()
         for t, tier in enumerate(self.tiers):
             parent_of = getattr(tier, "parent_of", None)
+            expires_of = getattr(tier, "expires_of", None)
             sizes = {tier.length(key) for key in tier}
             if sizes - {self.spec.block_bytes}:
                 raise ConfigError(
@@ -163,9 +173,15 @@ class CascadeStore:
                     f"{sorted(sizes)} bytes but this store's blocks are {self.spec.block_bytes} bytes "
                     f"({self.config.model}, {self.config.block_tokens} tokens): use another file_dir")
             for key in tier:
+                expires = expires_of(key) if expires_of else 0.0
+                if expires and expires <= wall:  # its TTL ran out while no store was open
+                    del tier[key]
+                    self.counters.expired += 1
+                    continue
                 meta = BlockMeta(key, tier.length(key), t, parent=parent_of(key) if parent_of else None,
-                                 ttl=self.config.default_ttl)
+                                 ttl=expires - wall if expires else self.config.default_ttl)
                 self._meta[key] = meta
+                self._unconfirmed.add(key)
         for meta in self._meta.values():
             meta.depth = self._depth(meta)
             self.policy.admitted(meta, now)
@@ -189,13 +205,18 @@ class CascadeStore:
         return depth
 
     # -- validation -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this CascadeStore is closed")
+
     def _check_pair(self, key: Any, value: Any) -> list[Any]:
+        self._check_open()
         self.spec.check(key, "key")
         self.spec.check(value, "value")
         return [key, value]
 
-    @staticmethod
-    def _key(block_id: str, namespace: str) -> BlockKey:
+    def _key(self, block_id: str, namespace: str) -> BlockKey:
+        self._check_open()
         return (check_namespace(namespace), check_id(block_id))
 
     # -- put ------------------------------------------------------------------------------
@@ -225,6 +246,8 @@ class CascadeStore:
         check_namespace(namespace)
         if parent is not None:
             check_id(parent)
+        priority = check_priority(priority)  # all checks before anything is stored
+        ttl = None if ttl is None else check_ttl(ttl)
         started = time.perf_counter()
         staged = None
         if block_id is None or verify:
@@ -248,7 +271,7 @@ class CascadeStore:
             self.counters.puts += 1
             now = time.monotonic()
             meta = self._meta.get(bkey)
-            if meta is not None and not self._expired(meta, now):
+            if meta is not None and not self._expired(meta, now) and self._confirmed(meta, parts):
                 self._discard(staged)
                 meta.shares += 1
                 self.policy.touched(meta, now)
@@ -278,7 +301,10 @@ class CascadeStore:
                              ttl=self.config.default_ttl if ttl is None else ttl)
             meta.depth = self._depth(meta)
             self._meta[bkey] = meta
+            self._unconfirmed.discard(bkey)
             self.policy.admitted(meta, now)
+            if meta.ttl:
+                self._persist_ttl(meta)
             self._link_child(meta)
             if self.cluster is not None and not self._publish(meta):
                 self.counters.deduped += 1  # another rank published it first: use theirs
@@ -726,6 +752,7 @@ class CascadeStore:
 
     def flush(self) -> None:
         """Make every completed put durable in the persistent tiers (fsync). Local."""
+        self._check_open()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -733,6 +760,7 @@ class CascadeStore:
     def clear(self, *, namespace: str | None = None) -> int:
         """Drop every unpinned block (of ``namespace``, or of all); returns how many went.
         Local: in multi-rank runs only this rank's blocks (other ranks' pins are kept)."""
+        self._check_open()
         with self._lock:
             dropped = 0
             for meta in list(self._meta.values()):
@@ -786,18 +814,19 @@ class CascadeStore:
 
     def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Give a block a time to live in seconds (0 = none), counted per ``ttl_mode``."""
-        if ttl < 0:
-            raise InvalidBlock(f"ttl must be >= 0, got {ttl}")
+        ttl = check_ttl(ttl)
         with self._lock:
             meta = self._require(block_id, namespace)
             meta.ttl = ttl
             self.policy.changed(meta)
+            self._persist_ttl(meta)
 
     def set_priority(self, block_id: str, priority: int, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Raise (or lower, negative) a block's value: each step doubles (halves) it."""
+        priority = check_priority(priority)
         with self._lock:
             meta = self._require(block_id, namespace)
-            meta.priority = int(priority)
+            meta.priority = priority
             self.policy.changed(meta)
 
     def _require(self, block_id: str, namespace: str) -> BlockMeta:
@@ -810,10 +839,47 @@ class CascadeStore:
     def __len__(self) -> int:
         return len(self._meta)
 
+    # -- TTLs on disk and blocks found there ------------------------------------------------
+    def _wall_expiry(self, key: BlockKey) -> float:
+        """Wall-clock expiry of a block for persistent tiers (0 = none). In-process TTLs
+        run on the monotonic clock; on disk they must survive a restart."""
+        meta = self._meta.get(key)
+        if meta is None or meta.ttl <= 0:
+            return 0.0
+        return time.time() + (self.policy.expires_at(meta) - time.monotonic())
+
+    def _persist_ttl(self, meta: BlockMeta) -> None:
+        set_expiry = getattr(self.tiers[meta.tier], "set_expiry", None)
+        if set_expiry is not None:
+            try:
+                set_expiry(meta.key, self._wall_expiry(meta.key))
+            except OSError as exc:  # the block still expires in this process
+                log.warning("cannot record the TTL of %s: %s", meta.key[1], exc)
+
+    def _confirmed(self, meta: BlockMeta, parts: list[Any]) -> bool:
+        """Whether a put of ``parts`` may dedup onto ``meta``. A block found on disk at
+        open is compared once with the first put of its id: different bytes (a stale or
+        planted record) make the put replace it instead."""
+        if meta.key not in self._unconfirmed:
+            return True
+        stored = np.empty(meta.nbytes, dtype=np.uint8)
+        try:
+            self.tiers[meta.tier].read_into(meta.key, stored)
+        except (CorruptBlock, OSError):
+            return False
+        incoming = np.concatenate([np.frombuffer(memoryview(np.ascontiguousarray(p)).cast("B"), np.uint8)
+                                   for p in parts])
+        if not np.array_equal(stored, incoming):
+            self.counters.replaced_unconfirmed += 1
+            return False
+        self._unconfirmed.discard(meta.key)
+        return True
+
     # -- reporting and shutdown ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counters overall and per tier (blocks, bytes, hits, misses, evictions,
         promotions, demotions, corruptions, full events, plus tier facts)."""
+        self._check_open()
         with self._lock:
             tiers = {}
             for tier, counters, hist in zip(self.tiers, self.tier_counters, self.get_latency):
@@ -852,6 +918,7 @@ class CascadeStore:
             if self._hasher is not None:
                 self._hasher.shutdown()
                 self._hasher = None
+            self._closed = True  # any later call raises StoreClosed
 
     def __enter__(self) -> "CascadeStore":
         return self

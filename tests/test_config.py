@@ -21,7 +21,7 @@ def test_sizes(text, expected):
 def test_unknown_key_is_an_error():
     with pytest.raises(ConfigError, match="unknown key"):
         Config.load(shm_byte=1)
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError, match="shm_byte"):  # a ConfigError, not a TypeError
         Config(shm_byte=1)
 
 

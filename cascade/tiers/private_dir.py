@@ -26,7 +26,8 @@ def ensure_private_dir(path: str, key: str = "file_dir") -> str:
     while not os.path.lexists(probe):
         missing.append(probe)
         probe = os.path.dirname(probe)
-    _check_ancestors(probe if os.path.isdir(probe) else os.path.dirname(probe), uid, key, path)
+    if missing and os.path.isdir(probe):  # refuse before creating anything under it
+        _check_ancestors(probe, uid, key, path)
     for component in reversed(missing):  # parents first, each 0700 (makedirs gives parents 0777-umask)
         try:
             os.mkdir(component, 0o700)

@@ -1,0 +1,256 @@
+"""Hostile and careless input: planted blocks, bad arguments, use after close, restarts."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from cascade import CascadeStore, Config, ConfigError, InvalidBlock
+from cascade.config import parse_size
+from cascade.errors import CascadeError, StoreClosed
+from cascade.tiers.file_tier import FileTier
+
+
+def _block(store, fill: int):
+    k, v = store.spec.empty()
+    k[...] = fill
+    v[...] = fill + 1
+    return k, v
+
+
+def _file_only(tmp_path, **kw) -> Config:
+    return Config(model="tiny", shm_bytes=0, file_bytes=256 * 8192, file_dir=str(tmp_path / "files"),
+                  file_segment_bytes=1 << 20, **kw)
+
+
+# -- item 7: planted blocks ----------------------------------------------------------------
+def test_file_dir_writable_by_others_is_refused(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    with pytest.raises(ConfigError, match=f"chmod 700 {d}"):
+        FileTier(1 << 20, str(d))
+    os.chmod(d, 0o700)
+    FileTier(1 << 20, str(d)).close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_file_dir_of_another_user_is_refused(tmp_path):
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(ConfigError, match="not by you"):
+        CascadeStore(_file_only(tmp_path).replace(file_dir=str(d)))
+
+
+def test_file_dir_under_a_shared_parent_and_missing_parents(tmp_path):
+    shared = tmp_path / "open"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # others could rename our directory away: refused
+    with pytest.raises(ConfigError, match="sticky"):
+        FileTier(1 << 20, str(shared / "a" / "b"))
+    assert not (shared / "a").exists()  # and no parent was created
+    deep = tmp_path / "x" / "y" / "z"
+    FileTier(1 << 20, str(deep)).close()
+    for p in (tmp_path / "x", tmp_path / "x" / "y", deep):
+        assert os.stat(p).st_mode & 0o777 == 0o700
+
+
+def test_file_dir_symlink_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        FileTier(1 << 20, str(link))
+
+
+def test_record_copied_under_another_id_is_a_miss(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        a = store.put(*_block(store, 1))
+        b = store.put(*_block(store, 2))
+        files = sorted((tmp_path / "files").glob("agg_rank000_*.bin"))
+    # Plant: rewrite b's header so it names a's id (with a valid header CRC).
+    from cascade.tiers.records import HEADER_BYTES, unpack_header
+
+    path = files[0]
+    data = bytearray(path.read_bytes())
+    offsets = []
+    off = 0
+    while off + HEADER_BYTES <= len(data):
+        h = unpack_header(bytes(data[off:off + HEADER_BYTES]))
+        if h is None:
+            off += 4096
+            continue
+        offsets.append((off, h))
+        off += h.record_bytes
+    (off_a, ha), (off_b, hb) = [(o, h) for o, h in offsets if not h.tombstone][:2]
+    assert (ha.block_id, hb.block_id) == (a, b)
+    import dataclasses
+
+    forged = dataclasses.replace(hb, block_id=a).pack()
+    data[off_a:off_a + HEADER_BYTES] = forged  # a's header now fronts a copy of b's payload ...
+    data[off_a + HEADER_BYTES:off_b] = data[off_b + HEADER_BYTES:off_b + HEADER_BYTES + (off_b - off_a - HEADER_BYTES)]
+    path.write_bytes(bytes(data))
+    with CascadeStore(cfg) as store:
+        # ... but its checksum is bound to b's (namespace, id): a's lookup is a miss, not b's bytes.
+        assert store.get(a) is None
+        k, v = store.get(b)
+        assert (k == 2).all()
+
+
+def test_put_never_dedups_onto_a_planted_record(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        k, v = _block(store, 7)
+        bid = store.put(k, v, block_id="ab" * 16)  # stands for a record someone else wrote
+    with CascadeStore(cfg) as store:
+        k2, v2 = _block(store, 9)  # the victim's real bytes under that id
+        assert store.put(k2, v2, block_id="ab" * 16) == bid
+        assert store.stats()["replaced_unconfirmed"] == 1
+        got_k, got_v = store.get(bid)
+        assert (got_k == 9).all() and (got_v == 10).all()
+        assert store.put(k2, v2, block_id="ab" * 16) == bid  # now confirmed: a plain dedup
+        assert store.stats()["deduped"] == 1
+
+
+def test_files_replaced_by_directories_or_symlinks_are_skipped(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        store.put(*_block(store, 1))
+    d = tmp_path / "files"
+    (d / "agg_rank000_000050.bin").mkdir()
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"x" * 8192)
+    (d / "agg_rank000_000051.bin").symlink_to(target)
+    with CascadeStore(cfg) as store:
+        assert len(store) == 1
+        assert store.stats()["tiers"]["lustre"]["bad_files"] == 2
+        store.put(*_block(store, 3))  # the active file is a new one, not the planted names
+    assert target.read_bytes() == b"x" * 8192
+
+
+# -- item 8: validation --------------------------------------------------------------------
+@pytest.mark.parametrize("priority", [1024, 65, -65, 1.5, True, None, "3", float("nan")])
+def test_bad_priority_stores_nothing(tiny_config, priority):
+    with CascadeStore(tiny_config) as store:
+        with pytest.raises(InvalidBlock, match="priority"):
+            store.put(*_block(store, 1), priority=priority)
+        assert len(store) == 0 and store.stats()["puts"] == 0
+        bid = store.put(*_block(store, 1), priority=64)
+        with pytest.raises(InvalidBlock, match="priority"):
+            store.set_priority(bid, priority)
+
+
+@pytest.mark.parametrize("ttl", ["10", -1, float("nan"), float("inf"), True, [1]])
+def test_bad_ttl_stores_nothing(tiny_config, ttl):
+    with CascadeStore(tiny_config) as store:
+        with pytest.raises(InvalidBlock, match="ttl"):
+            store.put(*_block(store, 1), ttl=ttl)
+        assert len(store) == 0
+        bid = store.put(*_block(store, 1), ttl=np.float32(2.5))
+        with pytest.raises(InvalidBlock, match="ttl"):
+            store.set_ttl(bid, ttl)
+        with pytest.raises(InvalidBlock, match="ttl"):
+            store.set_ttl(bid, None)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"shm_bytez": 1}, "shm_bytez"), ({"file_dir": ""}, "file_dir"), ({"file_dir": "   "}, "file_dir"),
+    ({"stats_interval": float("nan")}, "stats_interval"), ({"stats_interval": -1}, "stats_interval"),
+    ({"stats_interval": 0}, "stats_interval"), ({"default_ttl": float("nan")}, "default_ttl"),
+    ({"default_ttl": "inf"}, "default_ttl"), ({"compact_dead_fraction": float("nan")}, "compact_dead_fraction"),
+])
+def test_bad_config_values_are_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Config(**kwargs)
+
+
+def test_file_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("")
+    with pytest.raises(ConfigError, match="not a directory"):
+        Config(file_dir=str(f))
+
+
+@pytest.mark.parametrize("text", ["1iB", "4KB B", "1e3", "K", "1.5", "4 KiBB", "-1K", "0x10"])
+def test_strict_size_grammar(text):
+    with pytest.raises(ConfigError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text,expected", [("123", 123), ("4K", 4096), ("4KiB", 4096), ("4kb", 4096),
+                                           ("4G", 4 << 30), ("1.5G", 3 << 29), ("8B", 8), ("0.5K", 512)])
+def test_size_grammar_accepts(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_every_call_after_close_is_store_closed(tiny_config):
+    store = CascadeStore(tiny_config)
+    k, v = _block(store, 1)
+    bid = store.put(k, v)
+    store.close()
+    store.close()  # idempotent
+    calls = [lambda: store.put(k, v), lambda: store.get(bid), lambda: store.get_into(bid, k, v),
+             lambda: store.contains(bid), lambda: store.delete(bid), lambda: store.pin(bid),
+             lambda: store.unpin(bid), lambda: store.set_ttl(bid, 1), lambda: store.set_priority(bid, 1),
+             lambda: store.longest_prefix([bid]), lambda: store.stats(), lambda: store.flush(),
+             lambda: store.clear(), lambda: store.get_many([bid]), lambda: store.put_many([(k, v)])]
+    for call in calls:
+        with pytest.raises(StoreClosed):
+            call()
+
+
+def test_file_ids_past_999999_survive_restart(tmp_path):
+    d = str(tmp_path / "files")
+    block = np.full(600 << 10, 3, dtype=np.uint8)
+    keys = [("default", f"{i:032x}") for i in range(5)]
+    tier = FileTier(1 << 24, d)
+    tier.put(keys[0], [block])
+    tier.close()
+    os.rename(os.path.join(d, "agg_rank000_000001.bin"), os.path.join(d, "agg_rank000_999999.bin"))
+    tier = FileTier(1 << 24, d, segment_bytes=1 << 20)
+    for key in keys[1:]:  # 600 KiB records in 1 MiB segments: rolls to file 1000000 and beyond
+        tier.put(key, [block])
+    assert any(f.file_id >= 1_000_000 for f in tier._files.values())
+    tier.close()
+    tier = FileTier(1 << 24, d, segment_bytes=1 << 20)
+    assert sorted(tier) == sorted(keys)
+    out = np.empty_like(block)
+    tier.read_parts_into(keys[-1], [out])
+    assert (out == 3).all()
+    tier.close()
+
+
+def test_ttl_is_persisted_and_wall_clock_based(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        short = store.put(*_block(store, 1), ttl=0.3)
+        long = store.put(*_block(store, 2), ttl=3600)
+        later = store.put(*_block(store, 3))
+        store.set_ttl(later, 0.3)  # set after the put: persisted too
+        forever = store.put(*_block(store, 4))
+    time.sleep(0.5)
+    with CascadeStore(cfg) as store:
+        assert store.get(short) is None and store.get(later) is None
+        assert store.get(long) is not None and store.get(forever) is not None
+        assert store.stats()["expired"] == 2
+
+
+def test_ttl_survives_demotion_to_the_file_tier(tmp_path):
+    cfg = Config(model="tiny", shm_bytes=2 * 4096, file_bytes=256 * 8192, file_dir=str(tmp_path / "files"),
+                 file_segment_bytes=1 << 20)
+    with CascadeStore(cfg) as store:
+        first = store.put(*_block(store, 1), ttl=0.3)
+        for i in range(2, 8):  # push `first` down to the file tier
+            store.put(*_block(store, i))
+        assert store.stats()["tiers"]["lustre"]["blocks"] >= 1
+        store.flush()
+    time.sleep(0.5)
+    with CascadeStore(cfg) as store:
+        assert store.get(first) is None
+
