@@ -154,6 +154,22 @@ def block_chain(hash_ids: Sequence[int], namespace: str = "default") -> list[tup
     return chain
 
 
+def request_tokens(request: Request, tokens_per_block: int = TOKENS_PER_BLOCK, vocab: int = 128_000):
+    """Token ids for a request that has only hash ids (a Mooncake trace, or
+    :mod:`cascade.workload`): block ``i`` gets ``request.block_tokens()[i]`` ids drawn
+    from a generator seeded by its hash id. Since hash ids are chained, equal token
+    prefixes come out exactly where the hash ids are equal, so
+    :func:`cascade.prefix_ids` over these tokens gives ids that share as the trace's do
+    (for full blocks). Returns a uint32 array. Local, thread-safe; ~10 us per block.
+    """
+    import numpy as np
+
+    counts = request.block_tokens(tokens_per_block)
+    parts = [np.random.default_rng(h).integers(0, vocab, n, dtype=np.uint32)
+             for h, n in zip(request.hash_ids, counts)]
+    return np.concatenate(parts) if parts else np.empty(0, np.uint32)
+
+
 def _salt(namespace: str) -> bytes:
     return check_namespace(namespace).encode() + b"\0"
 

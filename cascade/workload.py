@@ -17,6 +17,9 @@ Two kinds of request; conversations start and document queries arrive uniformly 
 - document queries (RAG-like): the most popular system prompt, a shared document
   (popularity-skewed choice), then a question.
 
+:func:`cascade.trace.request_tokens` turns a request into token ids consistent with its
+hash ids, for engines and tests that key blocks with :func:`cascade.prefix_ids`.
+
 With the defaults a run has ~3,800 requests and ~50,000 block references, ~80% of which an
 unbounded cache would hit. :func:`cascade.trace.write_trace` saves it as a trace file.
 """

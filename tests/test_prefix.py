@@ -95,3 +95,20 @@ def test_store_put_with_prefix_ids_does_no_kv_hashing(tiny_config, monkeypatch):
             store.longest_prefix()
         with pytest.raises(InvalidBlock):
             store.longest_prefix(ids, tokens=tokens, model_fingerprint=FP)
+
+
+def test_trace_requests_as_tokens_share_prefix_ids_as_their_hash_ids_do():
+    from cascade.trace import Request, request_tokens
+    from cascade.workload import WorkloadParams, generate
+
+    requests = generate(WorkloadParams(n_conversations=30, n_document_queries=20, n_documents=4), seed=1)
+    by_hash: dict[int, str] = {}
+    for r in requests:
+        tokens = request_tokens(r, 512)
+        assert len(tokens) == r.input_length
+        ids = prefix_ids(tokens, block_tokens=512, model_fingerprint=FP)
+        assert len(ids) == r.input_length // 512
+        for h, bid in zip(r.hash_ids, ids):
+            assert by_hash.setdefault(h, bid) == bid  # equal hash id <=> equal prefix id
+    assert len(set(by_hash.values())) == len(by_hash)
+    assert len(request_tokens(Request(0, 0, 1, ()), 512)) == 0
