@@ -6,7 +6,9 @@ import json
 import logging
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -59,19 +61,58 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_file_dir(args: argparse.Namespace, cfg: Config) -> tuple[str, str | None]:
+    """The file-tier directory of this run and the fresh one to remove afterwards.
+
+    A run starts cold in a new private directory under ``file_dir`` (removed at exit), so
+    two runs of one command measure the same thing; ``--warm`` reuses ``file_dir`` itself
+    and whatever earlier runs left there."""
+    from .tiers.private_dir import ensure_private_dir
+
+    base = ensure_private_dir(cfg.file_dir)
+    if args.warm or cfg.file_bytes == 0:
+        return base, None
+    fresh = tempfile.mkdtemp(prefix="run-", dir=base)  # mode 0700
+    return fresh, fresh
+
+
+def _say_file_tier(args: argparse.Namespace, base: str, used: str, fresh: str | None) -> None:
+    if fresh is not None:
+        print(f"file tier: fresh directory {used} (cold start, removed at exit; --warm reuses {base})", flush=True)
+    else:
+        print(f"file tier: warm, reusing {used} and the blocks earlier runs left there", flush=True)
+
+
+def _forwarded_run_args(raw: Sequence[str]) -> list[str]:
+    """The arguments after the ``run`` subcommand, minus the ones only this launcher reads."""
+    start = next(i for i, a in enumerate(raw) if not a.startswith("-")) + 1  # global flags come first
+    return [a for a in raw[start:] if a != "--warm"]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Replay the built-in workload (or ``--trace``) against a store; print the report."""
-    if args.ranks > 1:
-        from .distributed.launcher import run_local_ranks
+    cfg = _config(args)
+    used, fresh = _run_file_dir(args, cfg)
+    try:
+        _say_file_tier(args, os.path.abspath(cfg.file_dir), used, fresh)
+        if args.ranks > 1:
+            from .distributed.launcher import run_local_ranks
 
-        return run_local_ranks(args.ranks, sys.argv[2:])
+            forwarded = _forwarded_run_args(args.raw_argv) + ["--set", f"file_dir={used}"]
+            return run_local_ranks(args.ranks, forwarded)
+        return _run_here(args, cfg.replace(file_dir=used))
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _run_here(args: argparse.Namespace, cfg: Config) -> int:
     from .replay import replay
     from .report import summary, tier_table
     from .store import CascadeStore
     from .trace import read_trace
     from .workload import WorkloadParams, generate
 
-    cfg = _config(args)
     if args.trace:
         requests = read_trace(args.trace, limit=args.requests)
         source = args.trace
@@ -122,21 +163,52 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), never a traceback."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _trace_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such trace file: {text}")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read trace file: {text}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cascade", description=__doc__)
+    parser = _Parser(prog="cascade", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cascade {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the tiers do")
     sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--config", help="TOML file with a [cascade] table (or CASCADE_CONFIG)")
     common.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
     sub.add_parser("info", parents=[common], help="tiers, capacities, paths and versions").set_defaults(func=cmd_info)
     run = sub.add_parser("run", parents=[common], help="the main job: replay a workload, report per tier")
-    run.add_argument("--trace", help="Mooncake-format JSONL trace (default: the built-in workload generator)")
-    run.add_argument("--requests", type=int, default=None, help="replay only the first N requests")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--ranks", type=int, default=1, help="run N local MPI ranks (mpiexec)")
-    run.add_argument("--blocks", type=int, help="with --ranks: blocks each rank puts and all others read back")
+    run.add_argument("--trace", type=_trace_file,
+                     help="Mooncake-format JSONL trace (default: the built-in workload generator)")
+    run.add_argument("--requests", type=_count(0), default=None, help="replay only the first N requests")
+    run.add_argument("--seed", type=_count(0), default=0)
+    run.add_argument("--ranks", type=_count(1), default=1, help="run N local MPI ranks (mpiexec)")
+    run.add_argument("--blocks", type=_count(0), help="with --ranks: blocks each rank puts and all others read back")
+    run.add_argument("--warm", action="store_true",
+                     help="reuse file_dir and the blocks earlier runs left there (default: a fresh directory)")
     run.add_argument("--results", help="write a results JSON into this directory")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
@@ -148,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
+    args.raw_argv = raw
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

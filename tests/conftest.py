@@ -1,6 +1,9 @@
 """Shared fixtures: small configs in per-test temp directories."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from cascade import Config
@@ -11,3 +14,20 @@ def tiny_config(tmp_path) -> Config:
     """A store config with the tiny model (4 KiB blocks), 64 blocks of SHM, 256 of file."""
     return Config(model="tiny", shm_bytes=64 * 4096, file_bytes=256 * 8192,
                   file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmpdir(tmp_path_factory):
+    """Point TMPDIR (this process's tempfile module and every subprocess, e.g. ``cascade
+    run`` and mpiexec ranks) at the session's pytest temp directory, so nothing the suite
+    creates - mkdtemp dirs, the default ``$TMPDIR/cascade-<uid>`` file_dir - is left in /tmp."""
+    path = str(tmp_path_factory.mktemp("tmpdir"))
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = path
+    yield path
+    tempfile.tempdir = saved_tempdir
+    if saved_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved_env

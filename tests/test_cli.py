@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cascade.cli import main
 
 
@@ -34,3 +36,61 @@ def test_run_replays_and_writes_results_and_stats(capsys, tmp_path):
 def test_bad_config_is_a_clear_error(capsys):
     assert main(["info", "--set", "shm_bites=1"]) == 2
     assert "unknown key" in capsys.readouterr().err
+
+
+def _cli(tmp_path, *args, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.getcwd())
+    return subprocess.run([sys.executable, "-m", "cascade.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=os.getcwd())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--requests", "-5"], "--requests: must be >= 0"),
+    (["run", "--ranks", "0"], "--ranks: must be >= 1"),
+    (["run", "--trace", "/nonexistent/trace.jsonl"], "no such trace file"),
+    (["run", "--requests", "many"], "expected an integer"),
+    (["run", "--set", "shm_bytes=1iB"], "shm_bytes"),
+])
+def test_bad_run_arguments_are_one_line_usage_errors(tmp_path, args, message):
+    files = tmp_path / "files"
+    done = _cli(tmp_path, *args, "--set", f"file_dir={files}", "--set", "model=tiny")
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not files.exists() or not any(files.rglob("*.bin"))  # nothing stored
+
+
+def _run_args(tmp_path, *extra):
+    return ["run", "--requests", "30", "--quiet", "--set", "model=tiny", "--set", "shm_bytes=16K",
+            "--set", f"file_dir={tmp_path / 'files'}", *extra]
+
+
+def test_run_is_cold_in_a_fresh_directory_unless_warm(capsys, tmp_path):
+    assert main(_run_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "fresh directory" in out and "--warm" in out
+    assert not list((tmp_path / "files").iterdir())  # the fresh directory is gone
+    ratios = []
+    for _ in range(2):
+        assert main(_run_args(tmp_path, "--warm")) == 0
+        out = capsys.readouterr().out
+        assert "warm, reusing" in out
+        ratios.append(float(out.split("block hit ratio ")[1].split("%")[0]))
+    assert list((tmp_path / "files").glob("agg_rank000_*.bin"))
+    assert ratios[1] > ratios[0]  # the second warm run found the first one's blocks
+    assert main(_run_args(tmp_path)) == 0  # cold again: not the warm runs' ratio
+    cold = float(capsys.readouterr().out.split("block hit ratio ")[1].split("%")[0])
+    assert cold < ratios[1]
+
+
+def test_verbose_multi_rank_run(tmp_path):
+    done = _cli(tmp_path, "-v", "run", "--ranks", "2", "--requests", "20", "--blocks", "4",
+                "--set", "model=tiny", "--set", "shm_bytes=256K", "--set", f"file_dir={tmp_path / 'files'}",
+                timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "fresh directory" in done.stdout and "2 ranks" in done.stdout
+    assert not list((tmp_path / "files").iterdir())

@@ -1,6 +1,7 @@
 """Property-based tests: every tier behaves like a dict; bad input is a clear error."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import numpy as np
@@ -66,6 +67,9 @@ class TierVersusDict(RuleBasedStateMachine):
 
     def teardown(self):
         self.tier.close()
+        directory = getattr(self.tier, "directory", None)
+        if directory is not None:  # the file tier's mkdtemp directory
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 class ShmVersusDict(TierVersusDict):

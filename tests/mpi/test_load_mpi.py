@@ -2,6 +2,7 @@
 acknowledged block is readable byte-exact or was evicted, and the stats add up."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -83,3 +84,5 @@ def test_threads_times_ranks_mixed_workload(comm, everywhere):
         comm.Barrier()
     finally:
         store.close()
+        if comm.rank == 0:  # close() is collective: every rank is done with the files
+            shutil.rmtree(path, ignore_errors=True)

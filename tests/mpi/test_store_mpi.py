@@ -5,6 +5,7 @@ Same bodies at 1 rank (plain pytest: the store is then local) and at 4 ranks
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 
@@ -28,6 +29,9 @@ def same(got, expected) -> bool:
 def shared_dir(comm):
     path = comm.bcast(tempfile.mkdtemp(prefix="cascade-mpi-") if comm.rank == 0 else None)
     yield path
+    comm.Barrier()  # every rank's store is closed: the files can go
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_store(comm, shared_dir, **overrides) -> CascadeStore:
