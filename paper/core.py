@@ -74,13 +74,13 @@ class Context:
         self.written += style.save(fig, self.figures_dir, spec.name)
         caption = spec.caption + (" " + caption_extra if caption_extra else "")
         self.written.append(figure_float(self.generated_dir, spec.name, caption,
-                                         [f.name for f in sources], wide=spec.wide))
+                                         [n for f in sources for n in f.rep_names], wide=spec.wide))
 
     def table(self, name: str, columns: list[tuple[str, str]], sources: Sequence[ResultsFile]) -> Table:
         """A new table of the current spec (caption from the spec); write it with :meth:`put`."""
         assert self.spec is not None and name in self.spec.tables, f"table {name} not declared by its spec"
         self._use(sources)
-        return Table(name, self.spec.tables[name], columns, [f.name for f in sources],
+        return Table(name, self.spec.tables[name], columns, [n for f in sources for n in f.rep_names],
                      wide=name in self.spec.wide_tables)
 
     def put(self, table: Table) -> None:

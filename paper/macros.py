@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .spread import fmt
+
 _NAME_RE = re.compile(r"^[A-Za-z]+$")
 MISSING = r"\textbf{[n/a]}"
 
@@ -36,7 +38,12 @@ def _group(digits: str) -> str:
 def sig(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant figures, but never rounding integer digits away
     and without exponent notation (``12.74 -> '12.7'``, ``0.31234 -> '0.312'``,
-    ``1234.5 -> '1234'``)."""
+    ``1234.5 -> '1234'``). A measured :class:`~paper.spread.Spread` reads
+    ``median (min--max)``."""
+    return fmt(x, lambda v: _sig(v, digits))
+
+
+def _sig(x: float, digits: int) -> str:
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
     decimals = max(digits - 1 - int(math.floor(math.log10(abs(x)))), 0)
@@ -45,12 +52,12 @@ def sig(x: float, digits: int = 3) -> str:
 
 def pct(fraction: float, decimals: int = 1) -> str:
     """A fraction as a percentage number (``0.3412 -> '34.1'``); the text adds ``\\%``."""
-    return f"{100 * fraction:.{decimals}f}"
+    return fmt(fraction, lambda v: f"{100 * v:.{decimals}f}")
 
 
 def integer(x: float) -> str:
     """An integer, grouped as :func:`_group` does (``65536 -> '65\\,536'``)."""
-    return _group(str(int(round(x))))
+    return fmt(x, lambda v: _group(str(int(round(v)))))
 
 
 def size(nbytes: float) -> str:

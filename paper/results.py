@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .spread import Spread, merge
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = REPO_ROOT / "benchmark" / "results"
 
@@ -67,6 +69,19 @@ class ResultsFile:
     ranks: int
     stamp: str  # sortable: YYYYMMDDHHMMSS plus a sequence number
     notes: list[str] = field(default_factory=list)
+    reps: list["ResultsFile"] = field(default_factory=list)  # the repetitions merged into this one
+
+    def __post_init__(self) -> None:
+        if not self.reps:
+            self.reps = [self]
+
+    def _missing(self, walked: list[Key]) -> ResultsError:
+        """The error for a field absent from the merged document: named against the
+        repetition that lacks it (merging keeps only what every repetition has)."""
+        for rep in self.reps:
+            if rep is not self and not _present(rep.doc, walked):
+                return ResultsError(rep.path, field_name(walked))
+        return ResultsError(self.path, field_name(walked))
 
     @property
     def name(self) -> str:
@@ -82,9 +97,9 @@ class ResultsFile:
             walked.append(k)
             if isinstance(k, int):
                 if not isinstance(node, list) or not -len(node) <= k < len(node):
-                    raise ResultsError(self.path, field_name(walked))
+                    raise self._missing(walked)
             elif not isinstance(node, dict) or k not in node:
-                raise ResultsError(self.path, field_name(walked))
+                raise self._missing(walked)
             node = node[k]
         return node
 
@@ -100,7 +115,7 @@ class ResultsFile:
         value = self.get(*keys, within=within, prefix=prefix)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ResultsError(self.path, field_name((*prefix, *keys)), f"is {value!r}, not a finite number")
-        return float(value)
+        return value if isinstance(value, Spread) else float(value)
 
     def seq(self, *keys: Key, within: Any = None, prefix: tuple[Key, ...] = (), nonempty: bool = True) -> list[Any]:
         """A list at ``keys`` (non-empty unless ``nonempty=False``)."""
@@ -119,7 +134,28 @@ class ResultsFile:
 
     def source(self, *keys: Key) -> str:
         """``file: field`` for provenance comments."""
-        return f"{self.name}: {field_name(keys)}" if keys else self.name
+        where = f"{self.name}: {field_name(keys)}" if keys else self.name
+        if len(self.reps) > 1:
+            others = ", ".join(f"{r.path.parent.name}/{r.path.name}" for r in self.reps[1:])
+            where += f" [median, min-max of {len(self.reps)} repetitions; also {others}]"
+        return where
+
+    @property
+    def rep_names(self) -> list[str]:
+        """Every repetition's file (provenance of merged numbers)."""
+        return [r.name for r in self.reps]
+
+
+def _present(doc: Any, keys: list[Key]) -> bool:
+    node = doc
+    for k in keys:
+        if isinstance(k, int):
+            if not isinstance(node, list) or not -len(node) <= k < len(node):
+                return False
+        elif not isinstance(node, dict) or k not in node:
+            return False
+        node = node[k]
+    return True
 
 
 def _split_head(head: str) -> tuple[str, str] | None:
@@ -161,26 +197,100 @@ def load_file(path: Path) -> ResultsFile:
     return ResultsFile(path, doc, str(system), str(workload), nodes, ranks, _stamp(doc, match))
 
 
+SUITE_FORMAT = "cascade-bench-suite/1"
+MANIFEST = "manifest.json"
+
+
+def find_suite(path: Path) -> Path | None:
+    """The suite directory ``path`` names: ``path`` itself (or its directory, for a
+    ``manifest.json``) when it holds a manifest, else the newest ``*/manifest.json`` under
+    ``path`` (by the manifest's ``started`` time, then the directory name); None if none."""
+    path = Path(path)
+    if path.is_file() and path.name == MANIFEST:
+        return path.parent
+    if (path / MANIFEST).is_file():
+        return path
+    found = []
+    for manifest in path.glob(f"*/{MANIFEST}"):
+        try:
+            started = str(json.loads(manifest.read_text()).get("started", ""))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            started = ""
+        found.append((re.sub(r"\D", "", started), manifest.parent.name, manifest.parent))
+    return max(found)[2] if found else None
+
+
+def _suite_files(suite: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The results files a suite's manifest lists as run successfully (``runs[*].file``)."""
+    runs = manifest.get("runs")
+    if not isinstance(runs, list):
+        raise ResultsError(suite / MANIFEST, "runs")
+    out = []
+    for k, run in enumerate(runs):
+        if not isinstance(run, dict):
+            raise ResultsError(suite / MANIFEST, f"runs[{k}]", "is not an object")
+        if run.get("status", "ok") == "ok" and isinstance(run.get("file"), str):
+            out.append(suite / run["file"])
+    return out
+
+
+def merge_files(reps: list[ResultsFile]) -> ResultsFile:
+    """One :class:`ResultsFile` for the repetitions of one workload (numbers that differ
+    become :class:`~paper.spread.Spread`); it is named after the first repetition's file
+    and a missing field is reported against the repetition that lacks it."""
+    reps = sorted(reps, key=lambda f: (f.stamp, str(f.path)))
+    first = reps[0]
+    doc = merge([f.doc for f in reps]) if len(reps) > 1 else first.doc
+    merged = ResultsFile(first.path, doc, first.system, first.workload, first.nodes, first.ranks, first.stamp)
+    merged.reps = reps
+    return merged
+
+
 @dataclass
 class Results:
-    """Every results file of a directory, by workload."""
+    """One suite run: for each workload (and system, nodes, ranks) the merge of its
+    repetitions. Only the files of that one suite are ever read."""
 
     directory: Path
     files: list[ResultsFile]
     unreadable: list[ResultsError]
+    suite: Path | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, directory: Path | str) -> "Results":
-        """Read ``directory/*.json``. Files that are not JSON objects are kept aside in
-        :attr:`unreadable` (reported by the driver); nothing else is skipped."""
-        directory = Path(directory)
-        files, bad = [], []
-        for path in sorted(directory.glob("*.json")):
+    def load(cls, path: Path | str) -> "Results":
+        """Read the suite at ``path`` (a suite directory, its ``manifest.json``, or a
+        directory of suites: the newest). No suite: no files (every figure is skipped).
+        Files that are not JSON objects are kept aside in :attr:`unreadable`."""
+        path = Path(path)
+        suite = find_suite(path)
+        if suite is None:
+            return cls(path, [], [])
+        bad: list[ResultsError] = []
+        try:
+            manifest = json.loads((suite / MANIFEST).read_text())
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+            paths = _suite_files(suite, manifest)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return cls(suite, [], [ResultsError(suite / MANIFEST, "<file>", f"cannot be read ({exc})")], suite)
+        except ResultsError as exc:
+            return cls(suite, [], [exc], suite)
+        groups: dict[tuple, list[ResultsFile]] = {}
+        for p in paths:
             try:
-                files.append(load_file(path))
+                f = load_file(p)
             except ResultsError as exc:
                 bad.append(exc)
-        return cls(directory, files, bad)
+                continue
+            groups.setdefault((f.workload, f.system, f.nodes, f.ranks), []).append(f)
+        files = [merge_files(reps) for reps in groups.values()]
+        return cls(suite, files, bad, suite, manifest)
+
+    @property
+    def repetitions(self) -> int:
+        """The most repetitions any workload of the suite has (0 without a suite)."""
+        return max((len(f.reps) for f in self.files), default=0)
 
     def of(self, workload: str, system: str | None = None) -> list[ResultsFile]:
         """Files of ``workload`` (and ``system``), oldest first."""

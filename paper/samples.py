@@ -1,11 +1,14 @@
-"""Re-measure ``paper/sample_results/``: small, real results files for the paper's tests.
+"""Re-measure ``paper/sample_results/``: a small, real suite run for the paper's tests.
 
-    python -m paper.samples [--out DIR]      (or: make -C paper samples)
+    python -m paper.samples [--out DIR] [--reps N]     (or: make -C paper samples)
 
-Runs the real workloads at tiny sizes, through the same command lines a user runs --
-nothing here is typed in -- and keeps their results files with the raw per-call sample
-lists dropped (the summaries computed from them are kept; each file says so in
-``trimmed``). The runs:
+Writes a suite directory in the layout of ``python -m benchmark.suite``
+(``benchmark/README.md``): ``manifest.json`` (format ``cascade-bench-suite/1``) and
+``rep0/ rep1/ ...``, one results file per workload in each. Each repetition runs the
+real workloads at tiny sizes, through the same command lines a user runs -- nothing here
+is typed in -- and keeps their results files with the raw per-call sample lists dropped
+(the summaries computed from them are kept; each file says so in ``trimmed``). Unlike the
+suite, repetitions run one after the other, not interleaved. The runs of a repetition:
 
 * ``python -m benchmark.run_benchmark --system all`` for ``write_throughput``,
   ``read_throughput`` and ``read_latency`` (2 MiB blocks, 8 measured, 2 rounds),
@@ -22,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +55,7 @@ def _finish(path: Path) -> Path:
     doc = json.loads(path.read_text())
     doc = trim(doc)
     doc["trimmed"] = "paper/samples.py: raw per-call sample lists removed; every other field as measured"
-    path.write_text(json.dumps(doc, indent=1))
+    path.write_text(json.dumps(doc, separators=(",", ":")))
     return path
 
 
@@ -108,7 +113,48 @@ def _cascade_run(out: Path, ranks: int, work: Path) -> None:
     _call(cmd)
 
 
-def regenerate(out: Path) -> list[Path]:
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+
+def write_manifest(suite: Path, command: list[str], started: str) -> Path:
+    """``suite/manifest.json`` listing every ``rep*/*.json`` as a successful run."""
+    runs = []
+    for rep_dir in sorted(suite.glob("rep*"), key=lambda p: int(p.name[3:])):
+        for path in sorted(rep_dir.glob("*.json")):
+            workload = json.loads(path.read_text()).get("workload") or "run"
+            runs.append({"rep": int(rep_dir.name[3:]), "workload": workload, "status": "ok",
+                         "file": str(path.relative_to(suite))})
+    dirty = [line[3:] for line in _git("status", "--porcelain", "--", "cascade", "benchmark").splitlines()]
+    manifest = {"format": "cascade-bench-suite/1", "written_by": "python -m paper.samples (not benchmark.suite: "
+                "tiny sizes, repetitions one after the other)", "commit": _git("rev-parse", "HEAD") or None,
+                "dirty": bool(dirty), "dirty_paths": dirty, "command": command, "size": "paper-sample",
+                "reps": len({r["rep"] for r in runs}), "workloads": sorted({r["workload"] for r in runs}),
+                "runs": runs, "started": started, "finished": datetime.now(timezone.utc).isoformat()}
+    path = suite / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def regenerate(out: Path, reps: int = 3) -> list[Path]:
+    """A suite of ``reps`` repetitions in ``out/suite_<commit12>_<stamp>/`` (``out`` is
+    emptied of older suites first)."""
+    started = datetime.now(timezone.utc).isoformat()
+    for old in out.glob("suite_*"):
+        shutil.rmtree(old)
+    suite = out / f"suite_{(_git('rev-parse', 'HEAD') or 'unknown')[:12]}_{_stamp()}"
+    for r in range(reps):
+        one_repetition(suite / f"rep{r}")
+    write_manifest(suite, ["python", "-m", "paper.samples", "--reps", str(reps)], started)
+    return sorted(suite.rglob("*.json"))
+
+
+def one_repetition(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.json"):
         old.unlink()
@@ -134,13 +180,16 @@ def regenerate(out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper.samples", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=SAMPLE_DIR)
+    p.add_argument("--out", type=Path, default=SAMPLE_DIR, help="where the suite directory goes")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (default %(default)s)")
     p.add_argument("--mpi-micro-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mpi_micro_child:
         _mpi_micro_child(args.out)
         return 0
-    for path in regenerate(args.out):
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    for path in regenerate(args.out, args.reps):
         print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 

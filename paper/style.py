@@ -123,6 +123,29 @@ def bytes_axis(ax, sizes: list[int]) -> None:
     ax.minorticks_off()
 
 
+def whiskers(ax, xs: list[float], ys: list[Any], color: str = "black", *, cap: float | None = None) -> int:
+    """Min-max error bars over the repetitions of a suite run, at every point whose value
+    is a :class:`~paper.spread.Spread` (plain numbers, equal in every repetition, get
+    none). Drawn as lines so that axis limits computed from ``ax.get_lines()`` include them.
+    ``cap``: half-width of the caps in x data units (bars); None: marker caps (lines).
+    Returns the number of bars drawn."""
+    from .spread import Spread
+
+    drawn = 0
+    for x, y in zip(xs, ys):
+        if not isinstance(y, Spread) or not y.varies:
+            continue
+        kw = {"color": color, "lw": 0.7, "zorder": 4}
+        if cap is None:
+            ax.plot([x, x], [y.lo, y.hi], marker="_", markersize=3.5, markeredgewidth=0.7, **kw)
+        else:
+            ax.plot([x, x], [y.lo, y.hi], **kw)
+            ax.plot([x - cap, x + cap], [y.lo, y.lo], **kw)
+            ax.plot([x - cap, x + cap], [y.hi, y.hi], **kw)
+        drawn += 1
+    return drawn
+
+
 def legend_below(fig: Figure, handles: list, *, ncol: int = 2, axis_room_in: float = 0.42) -> float:
     """A figure legend along the bottom edge; returns the ``bottom`` to give
     ``subplots_adjust`` so the axes, their tick labels and x label (``axis_room_in``

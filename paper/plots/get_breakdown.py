@@ -19,6 +19,7 @@ from .. import style
 from ..core import Context, FigureSpec, Skip
 from ..macros import integer, pct, sig
 from ..results import ResultsError, ResultsFile, field_name
+from ..spread import Spread
 
 TIER_ORDER = ("gpu", "shm", "remote", "lustre", "cluster")
 
@@ -27,7 +28,9 @@ CAPTION = (r"Where get time goes, by the tier that served the get, from the stor
            r"fraction of gets against latency (histogram buckets are powers of two in microseconds, "
            r"so each step is a bucket's upper bound). Bottom: each tier's share of the gets and of "
            r"the total get time. ``another rank'' are local misses read from a peer's tier "
-           r"through the global directory.")
+           r"through the global directory. Over the \SuiteReps repetitions of the suite run: the top panel "
+           r"counts each bucket's median, the bottom shows medians with their minimum and maximum as "
+           r"horizontal bars.")
 
 TABLE_CAPTION = (r"Gets by serving tier in the \texttt{cascade run} of Fig.~\ref{fig:get_breakdown}: count, "
                  r"mean, median (p50) and p99 latency as histogram-bucket upper bounds, and the tier's "
@@ -59,7 +62,8 @@ def histograms(rf: ResultsFile) -> dict[str, dict]:
         for name, keys in parts:
             hist = rf.mapping(*keys, within=rank_stats, prefix=prefix)
             buckets = rf.seq("buckets", within=hist, prefix=(*prefix, *keys))
-            if not all(isinstance(b, int) and b >= 0 for b in buckets):
+            # merged repetitions hold a Spread where a count differs between them
+            if not all((isinstance(b, int) or isinstance(b, Spread)) and b >= 0 for b in buckets):
                 raise ResultsError(rf.path, field_name((*prefix, *keys, "buckets")), "holds non-counts")
             total = rf.num("sum_s", within=hist, prefix=(*prefix, *keys))
             count = rf.num("count", within=hist, prefix=(*prefix, *keys))
@@ -69,7 +73,7 @@ def histograms(rf: ResultsFile) -> dict[str, dict]:
                                    f"has {len(buckets)} buckets, other ranks {len(agg['buckets'])}")
             agg["buckets"] += np.asarray(buckets, dtype=np.int64)
             agg["sum_s"] += total
-            agg["count"] += int(count)
+            agg["count"] = agg["count"] + count  # a Spread stays one (per-repetition sums)
     return {name: out[name] for name in (*TIER_ORDER, *sorted(set(out) - set(TIER_ORDER)))
             if name in out and out[name]["count"] > 0}
 
@@ -140,6 +144,11 @@ def build(ctx: Context) -> list[ResultsFile]:
     colors = [style.series(n)[1] for n in names]
     ax_bar.barh(y - 0.2, gets_pct, height=0.38, color=colors, alpha=0.35)
     ax_bar.barh(y + 0.2, time_pct, height=0.38, color=colors)
+    for yy, values in ((y - 0.2, gets_pct), (y + 0.2, time_pct)):  # min-max over repetitions
+        for k, v in zip(yy, values):
+            if isinstance(v, Spread) and v.varies:
+                ax_bar.plot([v.lo, v.hi], [k, k], color="black", lw=0.7, marker="|", markersize=3.5,
+                            markeredgewidth=0.7, zorder=4)
     ax_bar.set_yticks(y)
     ax_bar.set_yticklabels([style.label(n) for n in names])
     ax_bar.invert_yaxis()

@@ -37,7 +37,9 @@ CAPTION = (r"Hit ratio against cache capacity (in blocks) when a production trac
            r"Bottom: where each system lies between LRU (at zero) and Belady (at the top line), each on "
            r"exactly the requests it replayed; hollow markers are systems that replayed only a prefix of the "
            r"run. Same semantics everywhere: every block reference is a lookup and a missed block is put "
-           r"right after it. Cascade replays through its real store with parents and in-flight pins.")
+           r"right after it. Cascade replays through its real store with parents and in-flight pins. Where the "
+           r"\SuiteReps repetitions of the suite run differ, points are medians and vertical bars their "
+           r"minimum and maximum.")
 
 TABLE_CAPTION = (r"Trace replay through Cascade's store: block hit ratio (\%) per capacity; ``gap closed'' is "
                  r"$(\mathit{hit}-\mathit{LRU})/(\mathit{Belady}-\mathit{LRU})$ of the semantic policy; "
@@ -107,19 +109,23 @@ def build(ctx: Context) -> list[ResultsFile]:
 
     fig, (ax_hit, ax_gap) = style.figure(4.3, nrows=2, sharex=True, gridspec_kw={"height_ratios": [1.2, 1]})
     for ref in ("reference_lru", "reference_belady"):
-        ax_hit.plot(caps, [100 * r[ref]["block_hit_ratio"] for r in rows], **REFS[ref])
+        ys = [100 * r[ref]["block_hit_ratio"] for r in rows]
+        ax_hit.plot(caps, ys, **REFS[ref])
+        style.whiskers(ax_hit, caps, ys, REFS[ref].get("color", "black"))
     for system in systems:
         mine = sorted((r for _, r in srows if r["system"] == system), key=lambda r: r["capacity_blocks"])
         _, color, marker = style.series(system)
         whole = [r for r in mine if int(r["requests"]) == full and not r.get("truncated")]
         if whole:
-            ax_hit.plot([r["capacity_blocks"] for r in whole], [100 * r["block_hit_ratio"] for r in whole],
-                        color=color, marker=marker, **_style(system))
+            xs, ys = [r["capacity_blocks"] for r in whole], [100 * r["block_hit_ratio"] for r in whole]
+            ax_hit.plot(xs, ys, color=color, marker=marker, **_style(system))
+            style.whiskers(ax_hit, xs, ys, color)
         pts = [(r["capacity_blocks"], 100 * r["gap_closed"], int(r["requests"]) == full and not r.get("truncated"))
                for r in mine if r.get("gap_closed") is not None]
         if pts:
             ax_gap.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.9,
                         **{k: v for k, v in _style(system).items() if k != "ms"})
+            style.whiskers(ax_gap, [p[0] for p in pts], [p[1] for p in pts], color)
             for cap, gap, whole_run in pts:  # hollow: the system replayed only a prefix of the run
                 ax_gap.plot([cap], [gap], ls="None", marker=marker, color=color, mfc=color if whole_run else "white",
                             ms=_style(system).get("ms", style.RC["lines.markersize"]),

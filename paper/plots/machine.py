@@ -6,20 +6,41 @@ from __future__ import annotations
 
 from ..core import Context, FigureSpec, Skip
 from ..macros import integer, sig
-from ..results import ResultsFile
+from ..results import ResultsFile, display_path
 from ..tables import escape
 
-FILES_CAPTION = (r"The results files every figure and table of this paper was generated from "
-                 r"(\texttt{benchmark/results/}), with the machine each ran on.")
+FILES_CAPTION = (r"The results files every figure and table of this paper was generated from: one suite run "
+                 r"(\texttt{\SuiteName}, commit \texttt{\SuiteCommit}), each workload repeated \SuiteReps "
+                 r"times (the first repetition's file is named; ``runs'': how many repetitions of it the "
+                 r"suite holds), with the machine each ran on.")
 VERSIONS_CAPTION = r"Software versions recorded in those results files."
 
-MACROS = ("MachineCpus", "MachineMemGiB", "MachineCpuModel", "ResultsFilesUsed")
+MACROS = ("MachineCpus", "MachineMemGiB", "MachineCpuModel", "ResultsFilesUsed", "SuiteReps", "SuiteCommit",
+          "SuiteName", "SuiteDirty")
 PACKAGES = ("cascade", "python", "numpy", "mpi4py", "blake3", "lmcache", "torch", "redis", "h5py", "mooncake")
 
 
 def _machine(rf: ResultsFile) -> dict | None:
     machine = rf.doc.get("machine")
     return machine if isinstance(machine, dict) else None
+
+
+def _suite_macros(ctx: Context) -> None:
+    """The suite run every number comes from: its directory, commit and repetitions."""
+    res = ctx.results
+    manifest = res.suite / "manifest.json" if res.suite else None
+    src = str(manifest) if manifest is None else f"{display_path(manifest)}"
+    commit = res.manifest.get("commit")
+    ctx.macros.add("SuiteName", escape(res.suite.name if res.suite else "--"), f"{src}: directory name")
+    ctx.macros.add("SuiteCommit", escape(str(commit)[:12]) if isinstance(commit, str) else "unknown",
+                   f"{src}: commit")
+    reps = res.manifest.get("reps")
+    ctx.macros.add("SuiteReps", integer(reps) if isinstance(reps, int) else integer(res.repetitions),
+                   f"{src}: reps" if isinstance(reps, int) else "most repetition files of one workload")
+    dirty = res.manifest.get("dirty")
+    ctx.macros.add("SuiteDirty", "from a clean tree" if dirty is False else
+                   "from a tree with uncommitted changes" if dirty is True else "(clean state not recorded)",
+                   f"{src}: dirty")
 
 
 def build(ctx: Context) -> list[ResultsFile]:
@@ -34,14 +55,18 @@ def build(ctx: Context) -> list[ResultsFile]:
     m.add("MachineCpus", integer(ref.num("machine", "cpus")), ref.source("machine", "cpus"))
     m.add("MachineMemGiB", sig(ref.num("machine", "memory_bytes") / (1 << 30)), ref.source("machine", "memory_bytes"))
     m.add("MachineCpuModel", escape(str(ref.get("machine", "cpu_model"))), ref.source("machine", "cpu_model"))
-    m.add("ResultsFilesUsed", integer(len(used)), "count of the files listed in Tables/results_files.tex")
+    m.add("ResultsFilesUsed", integer(sum(len(f.reps) for f in used)),
+          "count of the repetition files behind Tables/results_files.tex")
+    _suite_macros(ctx)
 
-    t = ctx.table("results_files", [("results file", "l"), ("ranks", "r"), ("nodes", "r"), ("host", "l"),
-                                    ("CPUs", "r"), ("memory (GiB)", "r"), ("kernel", "l")], used)
+    t = ctx.table("results_files", [("results file", "l"), ("runs", "r"), ("ranks", "r"), ("nodes", "r"),
+                                    ("host", "l"), ("CPUs", "r"), ("memory (GiB)", "r"), ("kernel", "l")],
+                  used)
     for f in used:
         mach = _machine(f) or {}
         host = mach.get("hostname") or f.doc.get("host") or "--"
-        t.add(f"\\texttt{{{escape(f.path.name)}}}", integer(f.ranks), integer(f.nodes), escape(str(host)),
+        t.add(f"\\texttt{{{escape(f.path.name)}}}", integer(len(f.reps)), integer(f.ranks), integer(f.nodes),
+              escape(str(host)),
               integer(mach["cpus"]) if isinstance(mach.get("cpus"), int) else "--",
               sig(mach["memory_bytes"] / (1 << 30)) if isinstance(mach.get("memory_bytes"), int) else "--",
               escape(str(mach.get("kernel", "--"))))

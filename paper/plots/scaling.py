@@ -32,7 +32,8 @@ CAPTION = (r"Weak scaling on one node: aggregate put (left) and get (right) thro
            r"every other system is one private instance per rank. The dashed line is this machine's "
            r"aggregate memcpy (all ranks copying at once) and the dash-dotted one raw MPI \texttt{Get} with "
            r"every rank reading from a neighbour, measured in the same run; ``Cascade, another rank's blocks'' "
-           r"are gets of blocks put by a different rank, through the global directory.")
+           r"are gets of blocks put by a different rank, through the global directory. Points: medians over the "
+           r"\SuiteReps repetitions of the suite run; vertical bars: their minimum and maximum.")
 NODES_CAPTION = (r"Lower panel: the main job (\texttt{python -m cascade.distributed run}) on one to \ScaleMaxNodes nodes: "
                  r"aggregate put and cross-rank read throughput of its exchange phase.")
 
@@ -106,11 +107,15 @@ def build(ctx: Context) -> list[ResultsFile]:
         fig, (ax_put, ax_get) = style.figure(2.9, ncols=2, sharey=True)
         ax_nodes = None
     for ax, metric in ((ax_put, "put_gbps"), (ax_get, "get_gbps")):
-        ax.plot(counts, [limits[n]["memcpy_aggregate_gbps"] for n in counts], color="black", ls="--", lw=0.9)
+        ys = [limits[n]["memcpy_aggregate_gbps"] for n in counts]
+        ax.plot(counts, ys, color="black", ls="--", lw=0.9)
+        style.whiskers(ax, counts, ys, "black")
         for system in systems:
             mine = sorted((r for _, r in rows if r["system"] == system), key=lambda r: r["ranks"])
             _, color, marker = style.series(system)
-            ax.plot([r["ranks"] for r in mine], [r[metric] for r in mine], color=color, marker=marker)
+            xs, ys = [r["ranks"] for r in mine], [r[metric] for r in mine]
+            ax.plot(xs, ys, color=color, marker=marker)
+            style.whiskers(ax, xs, ys, color)
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts)
         ax.set_xticklabels([str(n) for n in counts])
@@ -120,12 +125,14 @@ def build(ctx: Context) -> list[ResultsFile]:
     mpi = [(n, limits[n]["mpi_get_aggregate_gbps"]) for n in counts if "mpi_get_aggregate_gbps" in limits[n]]
     if mpi:
         ax_get.plot([n for n, _ in mpi], [v for _, v in mpi], color=style.LIMIT_COLOR, ls="-.", lw=0.9, marker="+")
+        style.whiskers(ax_get, [n for n, _ in mpi], [v for _, v in mpi], style.LIMIT_COLOR)
     cross = sorted((r for _, r in rows if r["system"] == "cascade" and r.get("cross_get_gbps")),
                    key=lambda r: r["ranks"])
     _, ccolor, _ = style.series("cascade")
     if cross:
         ax_get.plot([r["ranks"] for r in cross], [r["cross_get_gbps"] for r in cross], color=ccolor, ls=":",
                     marker="x")
+        style.whiskers(ax_get, [r["ranks"] for r in cross], [r["cross_get_gbps"] for r in cross], ccolor)
     ax_put.set_ylabel("aggregate (GB/s)")
     for ax in (ax_put, ax_get):
         ax.set_yscale("log")

@@ -17,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import style
 from ..core import Context, FigureSpec, Skip
-from ..macros import MacroBook, sig, size
+from ..macros import MacroBook, pct, sig, size
 from ..results import ResultsError, ResultsFile
 from ..tables import escape
 from .common import default_block_bytes, reference_row
@@ -29,7 +29,9 @@ HATCH = "////"
 
 CAPTION = (r"The compared systems on the same blocks from one shared data directory, each with the same "
            r"capacity (\SysRefBlock blocks). Top: put throughput including the final flush; middle: "
-           r"\texttt{get\_into} throughput; bottom: per-get latency, median (bar) and p99 (whisker). "
+           r"\texttt{get\_into} throughput; bottom: per-get latency, median (bar) and p99 (circle). "
+           r"Bars are medians over the \SuiteReps repetitions of the suite run, whiskers their minimum and "
+           r"maximum. "
            r"Solid: hot (just written or cached); hatched: cold, after the system's files were dropped "
            r"from the page cache (file-backed systems only). Lines: this machine's limits measured in the "
            r"same runs --- memcpy of a block and a raw file written, then read with \texttt{O\_DIRECT}, "
@@ -114,6 +116,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         got = put.row(system, ref, "put")
         if got:
             ax_put.bar(i, got[1]["put_gbps"], width=0.55, color=color)
+            style.whiskers(ax_put, [i], [got[1]["put_gbps"]], cap=0.1)
         for run, ax, value in ((get, ax_get, lambda r: r["get_gbps"]), (lat, ax_lat, lambda r: 1e3 * r["p50_s"])):
             hot, cold = run.row(system, ref, "hot"), run.row(system, ref, "cold")
             slots = [(hot, 0.0)] if not cold else [(hot, -0.2), (cold, 0.2)]
@@ -124,9 +127,12 @@ def build(ctx: Context) -> list[ResultsFile]:
                 ax.bar(i + dx, value(found[1]), width=width, color="white" if is_cold else color,
                        edgecolor=color, hatch=HATCH if is_cold else None, linewidth=0.8)
                 if run is lat:
-                    p50, p99 = 1e3 * found[1]["latency_s"]["p50"], 1e3 * found[1]["latency_s"]["p99"]
-                    ax.plot([i + dx, i + dx], [p50, p99], color="black", lw=0.7)
-                    ax.plot([i + dx - width / 4, i + dx + width / 4], [p99, p99], color="black", lw=0.7)
+                    p99 = 1e3 * found[1]["latency_s"]["p99"]
+                    ax.plot([i + dx], [p99], marker="o", markersize=2.6, markerfacecolor="white",
+                            markeredgecolor="black", markeredgewidth=0.6, ls="none", zorder=5)
+                    style.whiskers(ax, [i + dx], [1e3 * found[1]["latency_s"]["p50"]], cap=width / 5)
+                else:
+                    style.whiskers(ax, [i + dx], [value(found[1])], cap=width / 5)
     span = (-0.6, len(systems) - 0.4)
     ax_put.hlines(put.limit(ref, "memcpy_gbps"), *span, colors="black", linestyles="--", lw=0.9)
     ax_put.hlines(put.limit(ref, "raw_write_gbps"), *span, colors=style.LIMIT_COLOR, linestyles=":", lw=1.1)
@@ -147,9 +153,11 @@ def build(ctx: Context) -> list[ResultsFile]:
                Line2D([], [], color=style.LIMIT_COLOR, ls=":", lw=1.1, label="raw file (put: write, get: O_DIRECT read)"),
                Patch(facecolor="#777777", label="hot"),
                Patch(facecolor="white", edgecolor="#777777", hatch=HATCH, label="cold"),
-               Line2D([], [], color="black", lw=0.7, label="p99")]
+               Line2D([], [], color="black", lw=0.7, marker="_", label="min-max"),
+               Line2D([], [], color="black", marker="o", markersize=2.6, markerfacecolor="white", ls="none",
+                      markeredgewidth=0.6, label="p99")]
     ax_put.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=2, borderaxespad=0.1)
-    fig.subplots_adjust(left=0.15, right=0.98, top=0.87, bottom=0.16, hspace=0.12)
+    fig.subplots_adjust(left=0.15, right=0.98, top=0.85, bottom=0.16, hspace=0.12)
     not_run = _not_run(runs)
     extra = (f"Not run here: {escape(not_run)}." if not_run else "")
     ctx.save(fig, sources, caption_extra=extra)
@@ -206,8 +214,7 @@ def _macros(m: MacroBook, runs: dict[str, Run], ref: int, not_run: str) -> None:
           + " (smallest size measured by all three workloads >= the default block)")
     _value(m, "SysCascadePutGBps", put, "cascade", ref, "put", ("put_gbps",))
     _value(m, "SysCascadeGetGBps", get, "cascade", ref, "hot", ("get_gbps",))
-    _value(m, "SysCascadeGetPctMemcpy", get, "cascade", ref, "hot", ("vs_limit", "memcpy"), 100.0,
-           fmt=lambda v: f"{v:.0f}")
+    _value(m, "SysCascadeGetPctMemcpy", get, "cascade", ref, "hot", ("vs_limit", "memcpy"), fmt=lambda v: pct(v, 0))
     _value(m, "SysCascadePFiftyMs", lat, "cascade", ref, "hot", ("latency_s", "p50"), 1e3)
     _value(m, "SysCascadePNinetyNineMs", lat, "cascade", ref, "hot", ("latency_s", "p99"), 1e3)
     _ratio(m, "SysPutVsLmcacheCpu", put, "cascade", ref, "put", "lmcache_cpu")
@@ -217,8 +224,8 @@ def _macros(m: MacroBook, runs: dict[str, Run], ref: int, not_run: str) -> None:
     _ratio(m, "SysGetVsHdf", get, "cascade", ref, "hot", "hdf5")
     _ratio(m, "SysLatVsLmcacheCpu", lat, "cascade", ref, "hot", "lmcache_cpu")
     _value(m, "SysFileColdGetGBps", get, "cascade_file", ref, "cold", ("get_gbps",))
-    _value(m, "SysFilePctRawRead", get, "cascade_file", ref, "cold", ("vs_limit", "raw_odirect_read"), 100.0,
-           fmt=lambda v: f"{v:.0f}")
+    _value(m, "SysFilePctRawRead", get, "cascade_file", ref, "cold", ("vs_limit", "raw_odirect_read"),
+           fmt=lambda v: pct(v, 0))
     _ratio(m, "SysFileColdVsLmcacheDisk", get, "cascade_file", ref, "cold", "lmcache_disk")
     _ratio(m, "SysFileColdVsHdf", get, "cascade_file", ref, "cold", "hdf5")
     peers = [(row["get_gbps"], s, i) for (s, nbytes, mode), (i, row) in get.rows.items()

@@ -27,7 +27,8 @@ CAPTION = (r"Put (left) and get (right) bandwidth of each Cascade tier against b
            r"\texttt{fsync} and read back with \texttt{O\_DIRECT}. LUSTRE-tier gets are cold "
            r"\texttt{O\_DIRECT} reads with checksum verification. The GPU tier runs its code with numpy as "
            r"array module (host memory: no GPU here). ``store put + BLAKE3'' is a whole "
-           r"\texttt{CascadeStore.put} including content hashing. Medians of per-block times.")
+           r"\texttt{CascadeStore.put} including content hashing. Medians of per-block times; points are "
+           r"medians over the \SuiteReps repetitions of the suite run, vertical bars their minimum and maximum.")
 
 MACROS = ("TbwRefBlock", "TbwSmallBlock", "TbwLargeBlock", "TbwMemcpyGBps", "TbwRawReadGBps", "TbwRawWriteGBps",
           "TbwShmPutGBps", "TbwShmGetGBps", "TbwShmGetPctMemcpy", "TbwShmGetSmallGBps", "TbwShmGetSmallPctMemcpy",
@@ -77,17 +78,25 @@ def build(ctx: Context) -> list[ResultsFile]:
 
     fig, (ax_put, ax_get) = style.figure(2.65, ncols=2, sharey=True)
     for ax, op in ((ax_put, "put"), (ax_get, "get")):
-        ax.plot(sizes, [r["memcpy"]["gbps"] for r in rows], color="black", ls="--", lw=0.9)
+        ys = [r["memcpy"]["gbps"] for r in rows]
+        ax.plot(sizes, ys, color="black", ls="--", lw=0.9)
+        style.whiskers(ax, sizes, ys, "black")
         raw = "write_gbps" if op == "put" else "read_gbps"
-        ax.plot(sizes, [r["raw_file"][raw] for r in rows], color=style.LIMIT_COLOR, ls=":", lw=1.1)
+        ys = [r["raw_file"][raw] for r in rows]
+        ax.plot(sizes, ys, color=style.LIMIT_COLOR, ls=":", lw=1.1)
+        style.whiskers(ax, sizes, ys, style.LIMIT_COLOR)
         for tier in TIERS:
             _, color, marker = style.series(tier)
-            ax.plot(sizes, [r[tier][f"{op}_gbps"] for r in rows], color=color, marker=marker)
+            ys = [r[tier][f"{op}_gbps"] for r in rows]
+            ax.plot(sizes, ys, color=color, marker=marker)
+            style.whiskers(ax, sizes, ys, color)
         style.bytes_axis(ax, sizes)
         ax.set_xlabel("block size (bytes)")
         ax.set_title(op, pad=2)
     _, color, marker = style.series("store_put_hashed")
-    ax_put.plot(sizes, [r["store_put_hashed"]["put_gbps"] for r in rows], color=color, marker=marker)
+    ys = [r["store_put_hashed"]["put_gbps"] for r in rows]
+    ax_put.plot(sizes, ys, color=color, marker=marker)
+    style.whiskers(ax_put, sizes, ys, color)
     handles = [Line2D([], [], color="black", ls="--", lw=0.9, label="memcpy"),
                Line2D([], [], color=style.LIMIT_COLOR, ls=":", lw=1.1, label="raw file (put: write, get: read)")]
     extra = ""
@@ -95,8 +104,12 @@ def build(ctx: Context) -> list[ResultsFile]:
         rrows = remote[1]
         rsizes = [int(r["bytes"]) for r in rrows]
         _, color, marker = style.series("remote")
-        ax_get.plot(rsizes, [r["tier_gbps"] for r in rrows], color=color, marker=marker)
-        ax_get.plot(rsizes, [r["raw_get_gbps"] for r in rrows], color=style.LIMIT_COLOR, ls="-.", lw=0.9)
+        ys = [r["tier_gbps"] for r in rrows]
+        ax_get.plot(rsizes, ys, color=color, marker=marker)
+        style.whiskers(ax_get, rsizes, ys, color)
+        ys = [r["raw_get_gbps"] for r in rrows]
+        ax_get.plot(rsizes, ys, color=style.LIMIT_COLOR, ls="-.", lw=0.9)
+        style.whiskers(ax_get, rsizes, ys, style.LIMIT_COLOR)
         handles.append(Line2D([], [], color=style.LIMIT_COLOR, ls="-.", lw=0.9, label="raw MPI Get"))
         extra = (r"REMOTE-tier gets (\texttt{RemoteTier.read\_into} from another rank's window) and raw "
                  r"MPI \texttt{Get}\,+\,\texttt{Flush} come from the same node's \texttt{mpi\_micro} run.")
