@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cascade-installed
 PEERS  := $(VENV)/.peers-installed
 RANKS  ?= 4
 
-.PHONY: install peers run test test-unit test-mpi bench clean
+.PHONY: install peers tex run test test-unit test-mpi bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ $(PEERS): $(STAMP) third_party/install.sh third_party/constraints.txt $(wildcard
 
 peers: $(PEERS)
 
+# TeX for the paper's PDF test (tests/test_paper.py): Debian texlive packages via apt-get,
+# a quick no-op once installed (paper/install-tex.sh).
+tex:
+	sh paper/install-tex.sh
+
 # The main job on the embedded default: the built-in workload on $(RANKS) local MPI
 # ranks sharing one four-tier store (file tier in $$TMPDIR), with a per-tier report.
 run: install
@@ -31,7 +36,7 @@ run: install
 
 test: test-unit test-mpi
 
-test-unit: install peers
+test-unit: install peers tex
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/mpi
 
 # The multi-rank suite: the same test bodies at one rank, at $(RANKS) ranks on one node,

@@ -20,6 +20,14 @@ def escape(text: str) -> str:
     return re.sub(r"-(?=-)", "-{}", "".join(_SPECIALS.get(c, c) for c in str(text)))
 
 
+_RANGE = re.compile(r" \(([^()\s]+--[^()\s]+)\)")
+
+
+def _small_range(cell: str) -> str:
+    """``'11.8 (6.13--15.1)'`` -> the range in a smaller font, so tables stay narrow."""
+    return _RANGE.sub(r"\\,{\\scriptsize(\1)}", cell)
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -49,7 +57,7 @@ class Table:
     def add(self, *cells: str) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"table {self.name}: row of {len(cells)} cells, {len(self.columns)} columns")
-        self.rows.append(list(cells))
+        self.rows.append([_small_range(c) for c in cells])
 
     def rule(self) -> None:
         """A \\midrule before the next row."""
@@ -63,12 +71,14 @@ class Table:
             if i in self.group_rows and i:
                 body.append(r"\midrule")
             body.append(" & ".join(row) + r" \\")
+        # shrunk to the line width only when wider (ranges of repeated runs widen cells)
         return (_provenance(self.sources)
                 + f"\\begin{{{env}}}[t]\n\\centering\\footnotesize\n\\setlength{{\\tabcolsep}}{{3.2pt}}\n"
                 + f"\\caption{{{self.caption}}}\\label{{tab:{self.name}}}\n"
+                + "\\resizebox{\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi}{!}{%\n"
                 + f"\\begin{{tabular}}{{{spec}}}\n\\toprule\n"
                 + " & ".join(h for h, _ in self.columns) + " \\\\\n\\midrule\n"
-                + "\n".join(body) + "\n\\bottomrule\n\\end{tabular}\n" + f"\\end{{{env}}}\n")
+                + "\n".join(body) + "\n\\bottomrule\n\\end{tabular}}\n" + f"\\end{{{env}}}\n")
 
     def write(self, directory: Path) -> Path:
         return _write(directory / f"{self.name}.tex", self.render())
