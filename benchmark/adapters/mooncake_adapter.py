@@ -11,18 +11,22 @@ up is retried for ``put_retry_s`` and then raises ``OSError(ENOSPC)``.
 
 Network isolation: Mooncake 0.3.13 binds three listeners to the wildcard address
 whatever it is told (the master's HTTP metadata server, the client's handshake daemon
-and its TCP data port). With ``isolate="auto"`` (default) the adapter therefore runs
-the master and every client call on one worker thread that first moves itself into a
-private network namespace holding only a loopback interface (``unshare(CLONE_NEWNET)``,
-needs CAP_SYS_ADMIN); nothing Mooncake opens is then reachable from outside the
-process, and the benchmark's other sockets are untouched. Without the capability,
+and its TCP data port). With ``isolate="auto"`` (default) the adapter therefore starts
+the master and the client on one worker thread that first moves itself into a private
+network namespace holding only a loopback interface (``unshare(CLONE_NEWNET)``, needs
+CAP_SYS_ADMIN); block operations run on the caller's own thread, which enters that
+namespace with ``setns`` for the call (no thread hop on the timed path). Nothing Mooncake
+opens is then reachable from outside the process, and the benchmark's other sockets are
+untouched. Without the capability,
 ``auto`` falls back to the host namespace with a warning recorded in :meth:`describe`;
 ``isolate="netns"`` makes that fallback an :class:`AdapterUnavailable` instead.
 
 Block layout: one Mooncake object per block, ``key bytes || value bytes``, written with
 ``batch_put_from_multi_buffers`` straight from the caller's two buffers and read with
 ``batch_get_into_multi_buffers`` straight into the caller's two buffers (no Python-side
-copy). Inside Mooncake, a put copies the data into the segment (memcpy when the segment
+copy), with the sizes of those buffers: a get is one call, without asking the master
+for the object's size first (that is asked only after a failed read, to tell a size
+mismatch from a miss). Inside Mooncake, a put copies the data into the segment (memcpy when the segment
 is local, which Mooncake auto-detects on a TCP-only machine, else a TCP transfer) and a
 get copies it out the same way. ``transfer="tcp"`` sets ``MC_STORE_MEMCPY=0`` so even
 the local segment is reached over the loopback TCP transport (what a remote node sees).
@@ -83,16 +87,51 @@ def _enter_private_netns() -> None:
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
+
+
 class _Runner:
-    """Runs calls on one dedicated thread (in a private netns when ``isolate``)."""
+    """Runs Mooncake calls in the adapter's network namespace.
+
+    Start-up and shut-down run on one dedicated thread (which, when ``isolate``, moved
+    itself into a private namespace first: the master and Mooncake's own threads are
+    born there). Block operations (:meth:`direct`) run on the caller's thread, which
+    enters that namespace with ``setns`` for the call and returns to its own after it:
+    two system calls instead of a hop to another thread and back per operation.
+    """
 
     def __init__(self, isolate: bool) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="mooncake",
             initializer=_enter_private_netns if isolate else None)
+        self._netns_fd: int | None = None
+        self._home = threading.local()
+        if isolate:
+            try:
+                self._netns_fd = self(lambda: os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+            except BaseException:
+                self._pool.shutdown(wait=False)
+                raise
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self._pool.submit(fn, *args).result()
+
+    def direct(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this thread, inside the runner's network namespace."""
+        if self._netns_fd is None:
+            return fn(*args)
+        home = getattr(self._home, "fd", None)
+        if home is None:
+            home = self._home.fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        _setns(self._netns_fd)
+        try:
+            return fn(*args)
+        finally:
+            _setns(home)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -111,14 +150,10 @@ def _shared_isolated_runner() -> _Runner:
     global _isolated_runner, _isolated_error
     with _isolated_lock:
         if _isolated_runner is None and _isolated_error is None:
-            runner = _Runner(isolate=True)
-            try:
-                runner(lambda: None)  # runs the initializer; fails without CAP_SYS_ADMIN
+            try:  # runs the initializer; fails without CAP_SYS_ADMIN
+                _isolated_runner = _Runner(isolate=True)
             except Exception as exc:  # BrokenThreadPool carrying the OSError
-                runner.shutdown()
                 _isolated_error = exc
-            else:
-                _isolated_runner = runner
         if _isolated_runner is None:
             raise _isolated_error  # type: ignore[misc]
         return _isolated_runner
@@ -285,7 +320,7 @@ class MooncakeAdapter(StorageAdapter):
         deadline = time.monotonic() + self._put_retry_s
         delay = 1e-3
         while True:
-            rc = self._run(self._store.batch_put_from_multi_buffers, [name], [ptrs], [sizes])[0]
+            rc = self._run.direct(self._store.batch_put_from_multi_buffers, [name], [ptrs], [sizes])[0]
             if rc == 0:
                 self._key_len[block_id] = kv.nbytes
                 return
@@ -299,7 +334,8 @@ class MooncakeAdapter(StorageAdapter):
         raise OSError(errno.EIO, f"mooncake: put of block {block_id} failed with error {rc}")
 
     def _split(self, block_id: str) -> tuple[int, int] | None:
-        total = self._run(self._store.get_size, self._name(block_id))
+        """(key, value) sizes of a stored block from the master (one RPC), or None."""
+        total = self._run.direct(self._store.get_size, self._name(block_id))
         if total < 0:
             return None
         klen = self._key_len.get(block_id, total // 2)
@@ -313,19 +349,31 @@ class MooncakeAdapter(StorageAdapter):
         return (bytes(key), bytes(value)) if self._read(block_id, key, value) else None
 
     def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
+        """One ``batch_get_into_multi_buffers`` call with the sizes the caller already
+        knows (its buffers); only a failed read asks the master for the stored size, to
+        tell a size mismatch (``ValueError``) from a miss."""
         kv = writable_view(key_out, "key_out")
         vv = writable_view(value_out, "value_out")
+        rc = self._read_rc(block_id, kv, vv)
+        if rc >= 0:
+            if rc != kv.nbytes + vv.nbytes:
+                raise ValueError(f"block {block_id}: read {rc} bytes into buffers of {kv.nbytes + vv.nbytes}")
+            return True
         sizes = self._split(block_id)
         if sizes is None:
             return False
         self._check_sizes(block_id, kv, vv, *sizes)
-        return self._read(block_id, kv, vv)
+        if rc == _ERR_NOT_FOUND:
+            return False
+        raise OSError(errno.EIO, f"mooncake: get of block {block_id} failed with error {rc}")
+
+    def _read_rc(self, block_id: str, kv: memoryview, vv: memoryview) -> int:
+        bufs = [kv, vv] if kv.nbytes else [vv]
+        return self._run.direct(self._store.batch_get_into_multi_buffers, [self._name(block_id)],
+                                [[_address(b) for b in bufs]], [[b.nbytes for b in bufs]])[0]
 
     def _read(self, block_id: str, key_out, value_out) -> bool:
-        kv, vv = memoryview(key_out), memoryview(value_out)
-        bufs = [kv, vv] if kv.nbytes else [vv]
-        rc = self._run(self._store.batch_get_into_multi_buffers, [self._name(block_id)],
-                       [[_address(b) for b in bufs]], [[b.nbytes for b in bufs]])[0]
+        rc = self._read_rc(block_id, memoryview(key_out), memoryview(value_out))
         if rc == _ERR_NOT_FOUND:  # evicted between the size lookup and the read
             return False
         if rc < 0:
@@ -333,15 +381,15 @@ class MooncakeAdapter(StorageAdapter):
         return True
 
     def contains(self, block_id: str) -> bool:
-        return self._run(self._store.is_exist, self._name(block_id)) == 1
+        return self._run.direct(self._store.is_exist, self._name(block_id)) == 1
 
     def delete(self, block_id: str) -> None:
         # force: skip the read lease, as a cache's explicit invalidation does
-        self._run(self._store.remove, self._name(block_id), True)
+        self._run.direct(self._store.remove, self._name(block_id), True)
         self._key_len.pop(block_id, None)
 
     def clear(self) -> None:
-        self._run(self._store.remove_all, True)
+        self._run.direct(self._store.remove_all, True)
         self._key_len.clear()
 
     # -- reporting --------------------------------------------------------------------

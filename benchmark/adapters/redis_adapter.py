@@ -6,21 +6,23 @@ The adapter starts its own server on a free loopback port with no persistence
 :meth:`close`. The server's launch options live in ``third_party/redis/redis.conf``;
 the port, memory limit and directory are given on the command line.
 
-Block layout: one Redis hash per block is two lookups per field on the server; instead a
-block is two plain string keys, ``<prefix>k:<id>`` and ``<prefix>v:<id>``, written and
-read in one pipeline (one round trip). Eviction is per key, so a read that finds only one
-half of a pair counts as a miss (and removes the orphan half).
+Block layout: one string key per block, ``<prefix><id>``, whose value is
+``uint32 key length || key bytes || value bytes``: Redis' LRU evicts whole blocks (two
+keys per block let it evict halves independently). A put is one ``SET`` (the header and
+the two buffers written to the socket without joining them in Python); a get is one
+``GET``.
 
-Copies on the way (what the protocol forces): put sends the caller's buffers through the
-socket (redis-py joins small commands but writes large values as separate chunks, no
-copy of the payload in Python); get receives each value into a new ``bytes`` (hiredis,
-pinned in third_party/redis, or redis-py's pure-Python parser without it); ``get_into`` then copies those bytes into the caller's
-buffers (one extra memcpy per block).
+Copies on the way (what the protocol forces): put writes the caller's two buffers to
+the socket as they are (no copy in Python); get receives the value into a new ``bytes``
+(hiredis, pinned in third_party/redis, or redis-py's pure-Python parser without it);
+``get_into`` then copies the two halves into the caller's buffers (one extra memcpy per
+block).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import uuid
 from pathlib import Path
@@ -32,6 +34,7 @@ _CONF = Path(__file__).resolve().parents[2] / "third_party" / "redis" / "redis.c
 # Redis' own bookkeeping (dict entries, SDS headers, jemalloc rounding) counts against
 # maxmemory; a block of two large strings costs a few hundred bytes more than its data.
 _STARTUP_TIMEOUT_S = 15.0
+_HEADER = struct.Struct("<I")  # key length in front of key || value
 
 
 class RedisAdapter(StorageAdapter):
@@ -112,28 +115,43 @@ class RedisAdapter(StorageAdapter):
         self._server_version = str(info.get("redis_version", ""))
         self._prefix = f"blk:{uuid.uuid4().hex[:8]}:".encode()
 
-    def _keys(self, block_id: str) -> tuple[bytes, bytes]:
-        bid = block_id.encode()
-        return self._prefix + b"k:" + bid, self._prefix + b"v:" + bid
+    def _key(self, block_id: str) -> bytes:
+        return self._prefix + block_id.encode()
 
     def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
-        kname, vname = self._keys(block_id)
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(kname, byte_view(key, "key"))
-        pipe.set(vname, byte_view(value, "value"))
-        pipe.execute()
+        kv, vv = byte_view(key, "key"), byte_view(value, "value")
+        name = self._key(block_id)
+        total = _HEADER.size + kv.nbytes + vv.nbytes
+        # One SET in the Redis protocol, written as chunks straight from the caller's
+        # buffers (redis-py's encoder would first join header, key and value).
+        head = (b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(name), name, total)
+                + _HEADER.pack(kv.nbytes))
+        pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([head, kv, vv, b"\r\n"])
+            reply = conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a half-written command must not be reused
+            raise
+        finally:
+            pool.release(conn)
+        if reply not in (b"OK", "OK", True):
+            raise OSError(f"redis: SET of block {block_id} answered {reply!r}")
 
-    def _fetch(self, block_id: str) -> tuple[bytes, bytes] | None:
-        kname, vname = self._keys(block_id)
-        key, value = self._client.mget(kname, vname)
-        if key is None or value is None:
-            if key is not None or value is not None:  # LRU took one half: drop the other
-                self._client.delete(kname, vname)
+    def _fetch(self, block_id: str) -> tuple[memoryview, memoryview] | None:
+        raw = self._client.get(self._key(block_id))
+        if raw is None:
             return None
-        return key, value
+        view = memoryview(raw)
+        (klen,) = _HEADER.unpack_from(view, 0)
+        if _HEADER.size + klen > len(view):
+            raise OSError(f"redis: block {block_id} has a malformed header")
+        return view[_HEADER.size:_HEADER.size + klen], view[_HEADER.size + klen:]
 
     def get(self, block_id: str) -> tuple[bytes, bytes] | None:
-        return self._fetch(block_id)
+        got = self._fetch(block_id)
+        return None if got is None else (bytes(got[0]), bytes(got[1]))
 
     def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
         kv = writable_view(key_out, "key_out")
@@ -147,10 +165,10 @@ class RedisAdapter(StorageAdapter):
         return True
 
     def contains(self, block_id: str) -> bool:
-        return self._client.exists(*self._keys(block_id)) == 2
+        return self._client.exists(self._key(block_id)) == 1
 
     def delete(self, block_id: str) -> None:
-        self._client.delete(*self._keys(block_id))
+        self._client.delete(self._key(block_id))
 
     def clear(self) -> None:
         # The server is private to this adapter, so FLUSHDB removes only our blocks.
@@ -184,4 +202,5 @@ class RedisAdapter(StorageAdapter):
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "port": self._port, "unix_socket": self._unix_socket,
-                "maxmemory_policy": "allkeys-lru", "persistence": "off"}
+                "maxmemory_policy": "allkeys-lru", "persistence": "off",
+                "layout": "one key per block: uint32 key length || key || value"}
