@@ -148,7 +148,8 @@ class HDF5Adapter(StorageAdapter):
 
     # -- life cycle -------------------------------------------------------------------
     def flush(self) -> None:
-        """Write ``/index`` and flush the file (a reopened file then lists its blocks)."""
+        """Write ``/index``, flush HDF5's buffers and fsync the file: the put phase ends
+        with the bytes on disk, as Cascade's and LMCache's flush do."""
         if self._file is None:
             return
         rows = np.empty(len(self._index), dtype=_INDEX_DTYPE)
@@ -159,6 +160,7 @@ class HDF5Adapter(StorageAdapter):
         self._file.create_dataset("index", data=rows)
         self._data.resize((self._end,))
         self._file.flush()
+        os.fsync(self._file.id.get_vfd_handle())
 
     def close(self) -> None:
         if self._file is not None:

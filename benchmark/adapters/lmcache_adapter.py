@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
+import threading
 from typing import Any
 
 from .base import (AdapterUnavailable, Buffer, StorageAdapter, byte_view, process_rank,
@@ -95,9 +95,8 @@ class _LMCacheAdapter(StorageAdapter):
         capacity; the disk tier always gets the capacity, and since every put lands on
         disk the distinct data held is the capacity); ``staging_bytes``: the CPU pool
         LMCache needs as a staging buffer in ``lmcache_disk``; ``wait_for_disk``:
-        ``put`` returns only once the disk write finished (default on for
-        ``lmcache_disk``, off for ``lmcache_cpu_disk`` where the CPU tier serves reads at
-        once); ``torch_threads``: ``torch.set_num_threads``; ``disk_io_threads``:
+        ``put`` returns only once the disk write finished (default off: LMCache writes
+        behind, and :meth:`flush`, timed inside every put phase, waits for the writes); ``torch_threads``: ``torch.set_num_threads``; ``disk_io_threads``:
         LMCache's ``disk_io_threads``; ``keep_files``: leave the disk files at close.
         """
         super().__init__()
@@ -105,8 +104,9 @@ class _LMCacheAdapter(StorageAdapter):
         self._chunk_tokens = int(chunk_tokens)
         self._cpu_bytes = cpu_bytes
         self._staging_bytes = int(staging_bytes)
-        self._wait_for_disk = self._use_disk and not self._use_cpu if wait_for_disk is None \
-            else bool(wait_for_disk) and self._use_disk
+        self._wait_for_disk = bool(wait_for_disk) and self._use_disk
+        self._written = threading.Condition()
+        self._unsynced: list[Any] = []
         self._torch_threads = int(torch_threads)
         self._disk_io_threads = disk_io_threads
         self._keep_files = keep_files
@@ -186,6 +186,17 @@ class _LMCacheAdapter(StorageAdapter):
             raise AdapterUnavailable(f"LMCache created backends {backends}, expected "
                                      f"{_CPU}{' and ' + _DISK if self._use_disk else ''}")
         self._disk = self._sm.storage_backends.get(_DISK)
+        if self._disk is not None:
+            # Be told when a write-behind task ends instead of polling with sleeps:
+            # LMCache's disk worker calls remove_put_task once per finished write.
+            worker = self._disk.disk_worker
+            finish = worker.remove_put_task
+
+            def remove_put_task(key, _finish=finish, _cond=self._written):
+                _finish(key)
+                with _cond:
+                    _cond.notify_all()
+            worker.remove_put_task = remove_put_task
 
     def close(self) -> None:
         if self._sm is not None:
@@ -219,16 +230,27 @@ class _LMCacheAdapter(StorageAdapter):
         return key
 
     def _where(self, key) -> str | None:
-        return self._sm.contains(key)
+        """Where LMCache holds ``key``; a block whose write-behind is still queued is
+        waited for (read-your-writes, as for every other system), and only then."""
+        where = self._sm.contains(key)
+        if where is None and self._disk is not None and self._disk.exists_in_put_tasks(key):
+            self._wait_written([key])
+            where = self._sm.contains(key)
+        return where
 
-    def _wait_written(self, keys) -> None:
-        """Poll LMCache's in-flight disk writes until ``keys`` are on disk."""
+    def _wait_written(self, keys=None) -> None:
+        """Block until LMCache's in-flight disk writes of ``keys`` (None: all) ended;
+        woken by each finished write (no sleep polling)."""
         if self._disk is None:
             return
-        delay = 50e-6
-        while any(self._disk.exists_in_put_tasks(k) for k in keys):
-            time.sleep(delay)
-            delay = min(delay * 2, 2e-3)
+        worker = self._disk.disk_worker
+        if keys is None:
+            pending = lambda: bool(worker.put_tasks)  # noqa: E731
+        else:
+            pending = lambda: any(worker.exists_in_put_tasks(k) for k in keys)  # noqa: E731
+        with self._written:
+            while pending():
+                self._written.wait(timeout=1.0)
 
     # -- blocks -----------------------------------------------------------------------
     def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
@@ -236,8 +258,7 @@ class _LMCacheAdapter(StorageAdapter):
         kv = byte_view(key, "key")
         vv = byte_view(value, "value")
         ck = self._key(block_id)
-        if self._where(ck) is not None or (
-                self._disk is not None and self._disk.exists_in_put_tasks(ck)):
+        if (self._disk is not None and self._disk.exists_in_put_tasks(ck)) or self._sm.contains(ck) is not None:
             return  # LMCache never overwrites a chunk; content ids make it the same bytes
         torch = self._lm["torch"]
         if kv.nbytes == vv.nbytes:
@@ -255,6 +276,8 @@ class _LMCacheAdapter(StorageAdapter):
         self._sm.batched_put([ck], [obj])
         self._sizes[block_id] = (kv.nbytes, vv.nbytes)
         self._keys[block_id] = ck
+        if self._disk is not None:
+            self._unsynced.append(ck)
         if self._wait_for_disk:
             self._wait_written([ck])
 
@@ -323,8 +346,21 @@ class _LMCacheAdapter(StorageAdapter):
         self._keys.clear()
 
     def flush(self) -> None:
-        if self._sm is not None:
-            self._wait_written(list(self._keys.values()))
+        """Wait for every queued disk write, then fsync the files written since the last
+        flush (the put phase ends with the bytes on disk, as for Cascade and HDF5)."""
+        if self._sm is None or self._disk is None:
+            return
+        self._wait_written()
+        for ck in self._unsynced:
+            try:
+                fd = os.open(self._disk._key_to_path(ck), os.O_RDONLY)
+            except FileNotFoundError:  # LMCache dropped the write (no space): nothing to sync
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._unsynced.clear()
 
     # -- reporting --------------------------------------------------------------------
     def versions(self) -> dict[str, str]:
