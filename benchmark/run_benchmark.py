@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, help="seconds per replay before it stops (trace_replay)")
     p.add_argument("--total-bytes", help="bytes moved per size and tier (tier_bandwidth)")
     p.add_argument("--capacities", help="comma-separated capacities in blocks (trace_replay)")
+    p.add_argument("--full-capacities", help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
+    p.add_argument("--no-full-trace", action="store_true", help="trace_replay: only the common prefix, no whole-trace replays")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
-    p.add_argument("--requests", type=int, help="replay only the first N requests (every system)")
+    p.add_argument("--requests", type=int, help="trace_replay: requests every system replays for the comparison")
     p.add_argument("--queue-depths", help="queue depths, e.g. 0,16,64,256 (queue_hints)")
     p.add_argument("--seeds", help="generator seeds, e.g. 0,1,2 (queue_hints)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")
@@ -76,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sizes": _parse_sizes(args.sizes),
         "total_bytes": _parse_sizes(args.total_bytes)[0] if args.total_bytes else None,
         "capacities": [int(c) for c in args.capacities.split(",")] if args.capacities else None,
+        "full_capacities": [int(c) for c in args.full_capacities.split(",")] if args.full_capacities else None,
+        "full_trace": False if args.no_full_trace else None,
         "trace": args.trace, "requests": args.requests, "file_dir": args.file_dir, "ranks": args.ranks,
         "system": args.system, "blocks": args.blocks, "warmup": args.warmup, "rounds": args.rounds,
         "ops": args.ops, "data_dir": args.data_dir, "seed": args.seed, "time_limit": args.time_limit,

@@ -56,6 +56,7 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _ERR_NOT_FOUND = -704       # OBJECT_NOT_FOUND
 _ERR_NO_SPACE = (-200,)     # NO_AVAILABLE_HANDLE: segments full, eviction pending
 _STARTUP_TIMEOUT_S = 20.0
+_MIN_SEGMENT = 16 << 20  # client_buffer_allocation: "Total size must be at least 16777216"
 
 
 def _package_dir() -> str | None:
@@ -219,6 +220,9 @@ class MooncakeAdapter(StorageAdapter):
         reason = self.probe()
         if reason:
             raise AdapterUnavailable(reason)
+        if self.capacity_bytes < _MIN_SEGMENT:
+            raise AdapterUnavailable(f"Mooncake mounts segments of at least {_MIN_SEGMENT >> 20} MiB; "
+                                     f"capacity {self.capacity_bytes} bytes is below that")
         # Read by the transfer engine when the client is set up (in this process).
         os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
         if self._transfer == "tcp":

@@ -1,7 +1,8 @@
 """Redis: a real ``redis-server`` (Debian package) on 127.0.0.1, driven with redis-py.
 
 The adapter starts its own server on a free loopback port with no persistence
-(``--save "" --appendonly no``), ``maxmemory`` = the benchmark capacity and
+(``--save "" --appendonly no``), ``maxmemory`` = the benchmark capacity plus the empty
+server's own ``used_memory`` (measured at start) and
 ``allkeys-lru`` (so Redis evicts on its own: ``has_eviction``), and stops it by PID at
 :meth:`close`. The server's launch options live in ``third_party/redis/redis.conf``;
 the port, memory limit and directory are given on the command line.
@@ -58,6 +59,7 @@ class RedisAdapter(StorageAdapter):
         self._prefix = b""
         self._workdir = ""
         self._server_version = ""
+        self._baseline = 0
 
     @staticmethod
     def probe() -> str | None:
@@ -109,6 +111,11 @@ class RedisAdapter(StorageAdapter):
             else:
                 self._client = redis.Redis(host="127.0.0.1", port=self._port)
             info = self._client.info("server")
+            # maxmemory counts the server's own start-up footprint too; give the blocks
+            # the benchmark's capacity on top of it (per-key overhead stays counted).
+            baseline = int(self._client.info("memory")["used_memory"])
+            self._client.config_set("maxmemory", str(self.capacity_bytes + baseline))
+            self._baseline = baseline
         except BaseException:
             self.close()
             raise
@@ -203,4 +210,5 @@ class RedisAdapter(StorageAdapter):
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "port": self._port, "unix_socket": self._unix_socket,
                 "maxmemory_policy": "allkeys-lru", "persistence": "off",
-                "layout": "one key per block: uint32 key length || key || value"}
+                "layout": "one key per block: uint32 key length || key || value",
+                "maxmemory": self.capacity_bytes + self._baseline, "startup_used_memory": self._baseline}

@@ -165,6 +165,7 @@ def run(options: dict[str, Any], workload: str, make: type[Measure], *, vs_metri
             for row in size_rows:
                 row.update(block_bytes=size, blocks=meas_n, warmup_blocks=warm_n, capacity_bytes=capacity)
                 row["vs_limit"] = vs_limit(row, lim)
+                row.update(limit_noise(row, lim))
             rows.extend(size_rows)
             problems.extend({**p, "block_bytes": size} for p in size_problems)
     common.add_ratios(rows, vs_metric, ("block_bytes", "mode"), higher_is_better=higher_is_better)
@@ -254,6 +255,34 @@ def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
         out["memcpy"] = lim["memcpy_s_p50"] / p50
         out["raw_odirect_read"] = row["block_bytes"] / (lim["raw_odirect_read_gbps"] * 1e9) / p50
         out["raw_buffered_cold_read"] = row["block_bytes"] / (lim["raw_buffered_cold_read_gbps"] * 1e9) / p50
+    return out
+
+
+_LIMIT_KEYS = {"memcpy": "memcpy_gbps", "raw_write": "raw_write_gbps", "raw_odirect_read": "raw_odirect_read_gbps",
+               "raw_buffered_cold_read": "raw_buffered_cold_read_gbps"}
+
+
+def limit_noise(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, Any]:
+    """How much a ratio to a limit moves with the limit's own noise: ``vs_limit_range``
+    = the ratio against the better and the worse of the limit's two measurements, and
+    ``above_noisy_limit`` names the ratios above 1 (the system beat a limit measured in
+    the same run: read it as "at the limit, within its noise", not as a ceiling broken)."""
+    ranges: dict[str, list[float]] = {}
+    for name, ratio in row.get("vs_limit", {}).items():
+        key = _LIMIT_KEYS.get(name)
+        b, a = lim.get("before", {}).get(key), lim.get("after", {}).get(key)
+        if name == "memcpy" and "latency_s" in row:  # a time-based limit: use memcpy_s_p50
+            b, a = lim.get("before", {}).get("memcpy_s_p50"), lim.get("after", {}).get("memcpy_s_p50")
+            if b and a:
+                p50 = row["latency_s"]["p50"]
+                ranges[name] = sorted([b / p50, a / p50])
+            continue
+        if b and a and lim.get(key):
+            ranges[name] = sorted([ratio * lim[key] / b, ratio * lim[key] / a])
+    above = sorted(n for n, r in row.get("vs_limit", {}).items() if r > 1)
+    out: dict[str, Any] = {"vs_limit_range": ranges}
+    if above:
+        out["above_noisy_limit"] = above
     return out
 
 

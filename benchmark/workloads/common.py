@@ -109,6 +109,8 @@ def merge_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     keys = ("memcpy_gbps", "raw_odirect_read_gbps", "raw_buffered_cold_read_gbps", "raw_write_gbps")
     out = {k: max(before[k], after[k]) for k in keys}
     out["memcpy_s_p50"] = min(before["memcpy_s_p50"], after["memcpy_s_p50"])
+    # the limit's own noise: ratios to it are only as good as this spread
+    out["spread"] = {k: [min(before[k], after[k]), max(before[k], after[k])] for k in (*keys, "memcpy_s_p50")}
     out["before"], out["after"] = before, after
     return out
 

@@ -14,10 +14,14 @@ blocks: one reusable random payload, ids from the trace), and evicts by itself:
 * Peers through their adapters (``get_into`` / ``put``); a put the system refuses
   (full, nothing evictable) counts in ``rejected`` and the block stays uncached.
 
-Slow systems replay a documented prefix of the trace (:data:`REQUESTS`, overridable for
-all with ``--requests``), and every replay stops at ``time_limit`` seconds (recorded as
-``truncated``). LRU and Belady are computed on exactly the requests each system replayed,
-so ``gap_closed = (hit - LRU) / (Belady - LRU)`` always compares like with like.
+Every system replays the same prefix of the trace, ``compare_requests`` requests
+(:data:`COMPARE_REQUESTS`, ``--requests N`` to change), at every capacity: those rows
+(``scope: "compare"``) are the comparison, and ``vs_systems`` relates only rows of the same
+capacity and the same replayed requests. Cascade (``cascade``, ``cascade_lru``) also
+replays the whole trace (``scope: "full"``), for the policy study. Every replay stops at
+``time_limit`` seconds (recorded as ``truncated``; a truncated row is left out of the
+ratios). LRU and Belady are computed on exactly the requests each row replayed, so
+``gap_closed = (hit - LRU) / (Belady - LRU)`` always compares like with like.
 
 Result: ``rows`` (per capacity, the Cascade-only layout the paper reads: reference_lru,
 reference_belady, cascade_semantic, cascade_lru), ``system_rows`` (one flat row per
@@ -50,16 +54,11 @@ TIME_LIMIT_S = 150.0
 #: Systems replayed (every registered system with eviction, and Cascade's LRU check).
 SYSTEMS: tuple[str, ...] = ("cascade", "cascade_lru", "cascade_file", "lmcache_cpu", "lmcache_disk",
                             "lmcache_cpu_disk", "redis", "mooncake")
-#: Default prefix (requests) per system; None = the whole trace. Chosen so the whole
-#: replay (8 systems x 3 capacities) stays near 10 minutes on a 2-core machine; measured
-#: per reference there: Cascade SHM ~0.1 ms, LMCache CPU ~0.17 ms, Redis ~0.55 ms,
-#: Mooncake ~0.85 ms, Cascade file ~1 ms, LMCache disk 2-10 ms (its put scans every
-#: cached entry once the cache is full).
-REQUESTS: dict[str, int | None] = {
-    "cascade": None, "cascade_lru": None, "lmcache_cpu": 4000,
-    "cascade_file": 1000, "redis": 1000, "mooncake": 1000,
-    "lmcache_disk": 300, "lmcache_cpu_disk": 300,
-}
+#: Requests every system replays for the comparison (the slowest system, LMCache's disk
+#: backend, sets it: its put scans every cached entry once the cache is full).
+COMPARE_REQUESTS = 1000
+#: Systems that also replay the whole trace (fast enough for it).
+FULL_TRACE = ("cascade", "cascade_lru")
 CASCADE_VIA_STORE = {"cascade": ("shm", "semantic"), "cascade_lru": ("shm", "lru"), "cascade_file": ("file", "semantic")}
 
 
@@ -150,8 +149,10 @@ def replay_adapter(name: str, requests: Sequence[Request], capacity: int, block_
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Options: ``system``, ``capacities`` (blocks), ``trace``, ``requests`` (prefix for
-    every system), ``sizes`` (first = block bytes), ``time_limit`` (s per replay), ``file_dir``."""
+    """Options: ``system``, ``capacities`` (blocks), ``trace``, ``requests`` (the prefix
+    every system replays for the comparison), ``full_trace`` (default True: Cascade also
+    replays the whole trace) at ``full_capacities`` (default: ``capacities``), ``sizes`` (first = block bytes), ``time_limit`` (s per
+    replay), ``file_dir``."""
     requests, source, tpb = load_requests(options)
     capacities = options.get("capacities") or CAPACITIES
     systems = common.select(options.get("system") or "all", SYSTEMS)
@@ -170,10 +171,15 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     system_rows: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
     load = [common.loadavg()]
-    for name in tqdm(systems, desc="trace_replay", unit="system"):
-        default_n = options.get("requests") or REQUESTS.get(name) or len(requests)
-        prefix = requests[:min(default_n, len(requests))]
-        for capacity in capacities:
+    compare = min(int(options.get("requests") or COMPARE_REQUESTS), len(requests))
+    full = len(requests)
+    full_caps = options.get("full_capacities") or capacities
+    plan = [(name, "compare", compare, capacities) for name in systems]
+    if options.get("full_trace") is not False and full > compare:
+        plan += [(name, "full", full, full_caps) for name in systems if name in FULL_TRACE]
+    for name, scope, n, caps in tqdm(plan, desc="trace_replay", unit="replay"):
+        prefix = requests[:n]
+        for capacity in caps:
             def go() -> list[dict[str, Any]]:
                 fn = replay_store if name in CASCADE_VIA_STORE else replay_adapter
                 t0 = time.perf_counter()
@@ -182,13 +188,14 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 return [got]
             got, problem = common.run_system(name, go)
             if problem:
-                problems.append({**problem, "capacity_blocks": capacity})
+                problems.append({**problem, "capacity_blocks": capacity, "scope": scope})
                 continue
             row = got[0]
             ref = reference(row["requests"], capacity)
             lru, belady = ref["lru"]["block_hit_ratio"], ref["belady"]["block_hit_ratio"]
             gap = belady - lru
-            row.update({"system": name, "capacity_blocks": capacity, "capacity_bytes": capacity * block_bytes,
+            row.update({"system": name, "scope": scope, "capacity_blocks": capacity,
+                        "capacity_bytes": capacity * block_bytes,
                         "block_bytes": block_bytes, "prefix_requests": len(prefix),
                         "truncated": row["requests"] < len(prefix),
                         "lru_block_hit_ratio": lru, "belady_block_hit_ratio": belady,
@@ -198,21 +205,27 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                         "us_per_reference": 1e6 * row["elapsed_s"] / max(row["references"], 1)})
             system_rows.append(row)
     load.append(common.loadavg())
-    common.add_ratios(system_rows, "block_hit_ratio", ("capacity_blocks", "requests"))
-    full = min(int(options.get("requests") or len(requests)), len(requests))
+    # Ratios only between complete replays of the same requests at the same capacity.
+    common.add_ratios([r for r in system_rows if r["scope"] == "compare" and not r["truncated"]],
+                      "block_hit_ratio", ("capacity_blocks", "requests"))
+    for r in system_rows:
+        r.setdefault("vs_systems", {})
     rows = []
-    for capacity in capacities:
-        ref = reference(full, capacity)
+    for capacity in sorted(set(capacities) | set(full_caps if any(r["scope"] == "full" for r in system_rows) else [])):
+        has_full = any(r["scope"] == "full" and r["capacity_blocks"] == capacity for r in system_rows)
+        ref = reference(full if has_full else compare, capacity)
         row: dict[str, Any] = {"capacity_blocks": capacity, "reference_lru": ref["lru"], "reference_belady": ref["belady"]}
         for name, key in (("cascade", "cascade_semantic"), ("cascade_lru", "cascade_lru")):
-            r = common.find(system_rows, system=name, capacity_blocks=capacity, requests=full)
+            r = common.find(system_rows, system=name, capacity_blocks=capacity, requests=ref["requests"])
             if r is not None:
                 row[key] = {**r, "prefill_saving": r["token_hit_ratio"]}
         rows.append(row)
     targets = [_gap_target(system_rows, 5000)]
-    return {"schema": "cascade-bench/trace_replay/2", "source": source, "requests": full,
+    return {"schema": "cascade-bench/trace_replay/3", "source": source, "requests": full,
+            "compare_requests": compare, "full_trace_systems": [n for n, sc, _, _ in plan if sc == "full"],
+            "full_capacities": full_caps if any(sc == "full" for _, sc, _, _ in plan) else [],
             "tokens_per_block": tpb, "block_bytes": block_bytes, "capacities": capacities, "systems": systems,
-            "default_prefixes": {s: REQUESTS.get(s) for s in systems}, "time_limit_s": limit,
+            "time_limit_s": limit,
             "rows": rows, "system_rows": system_rows, "references": list(refs.values()),
             "not_run": problems, "targets": targets, "loadavg_before_after": load}
 
@@ -223,7 +236,8 @@ def _stats(s) -> dict[str, Any]:
 
 
 def _gap_target(rows: list[dict[str, Any]], capacity: int) -> dict[str, Any]:
-    r = common.find(rows, system="cascade", capacity_blocks=capacity)
+    r = common.find(rows, system="cascade", capacity_blocks=capacity, scope="full") or \
+        common.find(rows, system="cascade", capacity_blocks=capacity)
     out = {"name": "cascade semantic policy closes >= 40% of the LRU-to-Belady gap", "system": "cascade",
            "metric": "gap_closed", "threshold": 0.4, "capacity_blocks": capacity}
     if r is None:
@@ -233,10 +247,10 @@ def _gap_target(rows: list[dict[str, Any]], capacity: int) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"trace: {result['source']} ({result['requests']} requests), {result['block_bytes'] >> 10} KiB blocks",
-             f"{'system':<17} {'capacity':>8} {'requests':>8} {'refs':>7} {'hit':>7} {'token':>7} {'LRU':>7} "
+             f"{'system':<17} {'scope':<7} {'capacity':>8} {'requests':>8} {'refs':>7} {'hit':>7} {'token':>7} {'LRU':>7} "
              f"{'Belady':>7} {'gap':>7} {'held':>6} {'rej':>5} {'us/ref':>7}"]
     for r in result["system_rows"]:
-        lines.append(f"{r['system']:<17} {r['capacity_blocks']:>8} {r['requests']:>8}{'*' if r['truncated'] else ' '}"
+        lines.append(f"{r['system']:<17} {r['scope']:<7} {r['capacity_blocks']:>8} {r['requests']:>8}{'*' if r['truncated'] else ' '}"
                      f"{r['references']:>6} {r['block_hit_ratio']:>7.2%} {r['token_hit_ratio']:>7.2%} "
                      f"{r['lru_block_hit_ratio']:>7.2%} {r['belady_block_hit_ratio']:>7.2%} {r['gap_closed']:>7.1%} "
                      f"{r.get('resident_blocks') if r.get('resident_blocks') is not None else '-':>6} "
