@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-capacities", help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
     p.add_argument("--no-full-trace", action="store_true", help="trace_replay: only the common prefix, no whole-trace replays")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
-    p.add_argument("--requests", type=int, help="trace_replay: requests every system replays for the comparison")
+    p.add_argument("--requests", type=int, help="trace_replay: requests every system replays for the comparison; queue_hints: prefix of each source")
     p.add_argument("--queue-depths", help="queue depths, e.g. 0,16,64,256 (queue_hints)")
     p.add_argument("--seeds", help="generator seeds, e.g. 0,1,2 (queue_hints)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")

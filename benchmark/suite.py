@@ -26,7 +26,7 @@ from .machine import machine_facts, mpiexec_command
 from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "scaling",
+WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
              "tier_bandwidth", "mpi_micro", "faults")
 
 #: run_benchmark / workload options per size. ``default`` is sized for about 20 minutes on
@@ -36,7 +36,10 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "write_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
         "read_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
         "read_latency": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3", "--ops", "200"],
-        "trace_replay": ["--requests", "2000", "--capacities", "1000,5000", "--time-limit", "60"],
+        "trace_replay": ["--requests", "300", "--capacities", "500,2000", "--full-capacities", "5000",
+                         "--time-limit", "90"],
+        "queue_hints": ["--requests", "3000", "--capacities", "1000,5000", "--queue-depths", "0,16,64",
+                        "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "16", "--warmup", "2", "--rounds", "3", "--rank-counts", "1,2,4"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
@@ -46,7 +49,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "write_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
         "read_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
         "read_latency": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--ops", "32"],
-        "trace_replay": ["--requests", "100", "--capacities", "200", "--time-limit", "10"],
+        "trace_replay": ["--requests", "100", "--capacities", "200", "--no-full-trace", "--time-limit", "10"],
+        "queue_hints": ["--requests", "100", "--capacities", "200", "--queue-depths", "0,16", "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "2", "--rank-counts", "1,2"],
         "tier_bandwidth": ["--sizes", "64K,2M", "--total-bytes", "8M"],
         "mpi_micro": ["--sizes", "64K,2M", "--ids-per-rank", "500", "--lookups", "300"],
@@ -123,7 +127,7 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
 
 
 # -- summarising ------------------------------------------------------------------------------------
-KEY_FIELDS = ("system", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "fault")
+KEY_FIELDS = ("system", "scope", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "fault")
 METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio", "token_hit_ratio", "gap_closed",
            "vs_lru", "vs_belady", "resident_blocks", "us_per_reference", "misses", "tier_gbps", "raw_get_gbps",
            "ratio", "injected", "detected", "acked_blocks", "acked_lost", "wrong_served", "recover_s",
@@ -182,6 +186,13 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
         mem = doc.get("memory_overhead") or {}
         for row in mem.get("rows", []):
             out.extend(_row_figures(row, {"system": "cascade", "tier": "memory"}))
+    elif workload == "queue_hints":
+        for row in doc.get("rows", []):
+            key = {"system": "cascade", "source": row["source"], "capacity_blocks": row["capacity_blocks"]}
+            out.extend((key, f"reference_{p}", float(row[f"reference_{p}"])) for p in ("lru", "belady"))
+            for c in row.get("cascade", []):
+                out.extend(({**key, "queue_depth": c["queue_depth"]}, m, float(c[m]))
+                           for m in ("block_hit_ratio", "token_hit_ratio") if _number(c.get(m)))
     elif workload == "mpi_micro":
         for row in (doc.get("remote_bandwidth") or {}).get("rows", []):
             out.extend(_row_figures(row, {"system": "cascade"}))

@@ -34,7 +34,7 @@ def test_every_workload_runs_once(tmp_path) -> None:
     assert suite.main(["--size", "tiny", "--reps", "1", "--allow-dirty", "--out", str(tmp_path)]) == 0
     d, manifest, summary = _load(tmp_path)
     assert manifest["format"] == "cascade-bench-suite/1" and len(manifest["commit"]) == 40
-    assert [r["workload"] for r in manifest["runs"]] == list(suite.WORKLOADS)
+    assert [r["workload"] for r in manifest["runs"]] == list(suite.WORKLOADS) and "queue_hints" in suite.WORKLOADS
     for run in manifest["runs"]:
         assert run["status"] == "ok" and (d / run["file"]).exists(), run
     seen = {f["workload"] for f in summary["figures"]}
