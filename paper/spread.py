@@ -91,6 +91,8 @@ def fmt(value: Any, one: Callable[[float], str], *, sep: str = "--") -> str:
     if isinstance(value, Spread) and value.varies:
         lo, hi = one(value.lo), one(value.hi)
         if lo != hi:
+            if sep == "--" and (lo.startswith("-") or hi.startswith("-")):
+                sep = r"\,--\,"  # "-133 -- -127", not "-133---127"
             return f"{one(float(value))} ({lo}{sep}{hi})"
     return one(float(value) if isinstance(value, Spread) else value)
 

@@ -31,7 +31,7 @@ LABELS = {"cascade": "Cascade (SHM), semantic", "cascade_lru": "Cascade (SHM), L
 SYSTEM_ORDER = ("cascade", "cascade_lru", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk", "redis",
                 "mooncake")
 
-CAPTION = (r"Hit ratio against cache capacity (in blocks) when a production trace is replayed through every "
+CAPTION = (r"Hit ratio against cache capacity (in blocks) when a request trace (Trace, below) is replayed through every "
            r"system with eviction, each given the same capacity in bytes. Top: block hit ratio of the systems "
            r"that replayed the whole run, beside LRU and the offline optimum (Belady) on the same requests. "
            r"Bottom: where each system lies between LRU (at zero) and Belady (at the top line), each on "
@@ -51,7 +51,7 @@ SYSTEMS_CAPTION = (r"Trace replay, every system (Cascade: SHM tier, semantic pol
 
 MACROS = ("TrRequests", "TrReferences", "TrCapacity", "TrLruPct", "TrBeladyPct", "TrSemanticPct", "TrCascadeLruPct",
           "TrGapClosedPct", "TrSemanticTokenPct", "TrMinCapacity", "TrMaxCapacity", "TrBestPeer", "TrBestPeerGapPct",
-          "TrBestPeerRequests", "TrPeersReplayed")
+          "TrBestPeerRequests", "TrPeersReplayed", "TrTraceKind")
 
 
 def _rows(rf: ResultsFile) -> list[dict]:
@@ -174,6 +174,10 @@ def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[i
                                       -r["capacity_blocks"]))
     i = all_rows.index(quoted)
     m.add("TrRequests", integer(full), rf.source("requests"))
+    source = str(rf.get("source"))
+    m.add("TrTraceKind", f"the request trace \\texttt{{{escape(trace_name(rf))}}}" if os.sep in source
+          else f"a synthetic workload from Cascade's generator (\\texttt{{{escape(trace_name(rf))}}})",
+          rf.source("source") + " (a file: a recorded trace; otherwise the built-in generator)")
     m.add("TrReferences", integer(rf.num("rows", i, "reference_lru", "references")),
           rf.source("rows", i, "reference_lru", "references"))
     m.add("TrCapacity", integer(quoted["capacity_blocks"]),
