@@ -4,7 +4,8 @@ Quick start::
 
     from cascade import CascadeStore, Config, model_fingerprint, prefix_ids
     fp = model_fingerprint("tiny", "rev1", "float16")
-    with CascadeStore(Config(model="tiny", file_dir="/tmp/cascade-demo")) as store:
+    token_ids = list(range(64))  # a prompt's token ids
+    with CascadeStore(Config(model="tiny")) as store:
         ids = prefix_ids(token_ids, block_tokens=store.config.block_tokens, model_fingerprint=fp)
         k, v = store.spec.empty()
         store.put(k, v, block_id=ids[0])
