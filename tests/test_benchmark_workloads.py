@@ -188,3 +188,24 @@ def test_every_installed_system_runs_and_reports_sane_figures(tmp_path) -> None:
         assert set(row["vs_systems"]) >= (ran - {row["system"]}) if row["mode"] == "hot" else True
         assert set(row["vs_limit_range"]) == set(row["vs_limit"])
         assert row.get("above_noisy_limit", []) == sorted(k for k, v in row["vs_limit"].items() if v > 1)
+
+
+def test_tier_bandwidth_small(tmp_path) -> None:
+    from benchmark.workloads import tier_bandwidth
+
+    result = tier_bandwidth.run({"sizes": [64 << 10], "total_bytes": 1 << 20, "file_dir": str(tmp_path)})
+    (row,) = result["rows"]
+    assert row["block_bytes"] == 64 << 10 and row["memcpy"]["gbps"] > 0 and row["raw_file"]["read_gbps"] > 0
+    for tier in ("gpu", "shm", "lustre"):
+        assert row[tier]["put_gbps"] > 0 and row[tier]["get_gbps"] > 0, tier
+    assert row["store_put_hashed"]["put_gbps"] > 0
+    assert row["ratios"]["shm_get_vs_memcpy"] == pytest.approx(row["shm"]["get_gbps"] / row["memcpy"]["gbps"])
+    mem = result["memory_overhead"]
+    assert [r["block_bytes"] for r in mem["rows"]] == [64 << 10, 1 << 20]
+    for r in mem["rows"]:
+        # the slab is twice the data and not counted: what is left is the store's own memory, far below the data
+        assert r["slab_bytes"] == 2 * r["data_bytes"] and r["slab_resident_bytes"] > 0
+        assert abs(r["overhead_bytes"]) < r["data_bytes"] and r["overhead_fraction"] < 0.5
+    assert mem["overhead_fraction"] == mem["rows"][-1]["overhead_fraction"] and "smaps" in mem["method"]
+    assert not list(tmp_path.iterdir())  # its work directory is removed
+    assert "memory overhead" in tier_bandwidth.table(result)
