@@ -6,6 +6,11 @@ the targets (see :mod:`cascade.distributed.window_slab`). Targets are the other 
 those on this rank's node first (shared memory), other nodes only when those are full. A
 tier on a one-rank communicator has capacity 0: every put raises :class:`TierFull`.
 
+A new lease probes at most :data:`PROBE_TARGETS` random targets per group (their lease
+bitmaps in one overlapped round trip), not all P - 1: the cost of a put stays flat as the
+job grows. The price: with most targets full, a put may be refused (:class:`TierFull`,
+the store then demotes further down) although some unprobed rank had room.
+
 Reading a block that another rank put: take ``(rank, location, length)`` from the
 directory entry, pin it (``ShardedDirectory.add_ref``) so its owner does not free it, call
 :meth:`RemoteTier.read_remote`, then release. The owner frees bytes only after a
@@ -16,6 +21,7 @@ Everything else is local and one-sided. Not thread-safe (as every tier).
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +36,8 @@ from .slab import SlabAllocator
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+PROBE_TARGETS = 4  # lease bitmaps read per group when a put needs a new lease
 
 
 @dataclass(eq=False)
@@ -75,6 +83,8 @@ class RemoteTier(Tier):
         self._leases: dict[int, list[_Lease]] = {t: [] for t in usable}
         self._blocks: dict[BlockKey, _Block] = {}
         self._used = 0
+        self._rng = random.Random(self.rank)
+        self._hint: tuple[int, int, list[int]] | None = None  # fits()'s probe, for the next put
 
     # -- capacity ------------------------------------------------------------------------
     @property
@@ -103,7 +113,12 @@ class RemoteTier(Tier):
         """Whether a lease has room for ``nbytes`` or some target a free run of chunks."""
         if any(lease.alloc.can_fit(nbytes) for ls in self._leases.values() for lease in ls):
             return True
-        return any(self._free_target(group, nbytes) is not None for group in self._groups)
+        for g, group in enumerate(self._groups):
+            found = self._free_target(group, nbytes)
+            if found is not None:
+                self._hint = (g, *found)  # the put that follows leases there: no second probe
+                return True
+        return False
 
     # -- Tier interface ------------------------------------------------------------------
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
@@ -204,13 +219,14 @@ class RemoteTier(Tier):
     def _allocate(self, nbytes: int) -> tuple[_Lease, int]:
         """Room for ``nbytes``: in a lease on this node, a new lease on this node, a lease
         elsewhere, a new lease elsewhere, in that order."""
-        for group in self._groups:
+        hint, self._hint = self._hint, None
+        for g, group in enumerate(self._groups):
             for target in group:
                 for lease in self._leases[target]:
                     if lease.alloc.can_fit(nbytes):
                         lease.blocks += 1
                         return lease, lease.alloc.alloc(nbytes)
-            found = self._free_target(group, nbytes)
+            found = hint[1:] if hint is not None and hint[0] == g else self._free_target(group, nbytes)
             while found is not None:
                 target, words = found
                 lease = self._lease(target, nbytes, words)
@@ -223,11 +239,13 @@ class RemoteTier(Tier):
                        f"chunks of {self.slab.chunk_bytes if self.slab else 0})")
 
     def _free_target(self, group: list[int], nbytes: int) -> tuple[int, list[int]] | None:
-        """The target of ``group`` with the most free chunks among those with a free run
-        big enough, and its bitmap words; one overlapped round trip."""
+        """Of up to :data:`PROBE_TARGETS` random targets of ``group``, the one with the most
+        free chunks among those with a free run big enough, and its bitmap words; one
+        overlapped round trip."""
         run = chunks_needed(SlabAllocator.footprint(nbytes), self.slab.chunk_bytes)
+        probe = group if len(group) <= PROBE_TARGETS else self._rng.sample(group, PROBE_TARGETS)
         best, best_free = None, 0
-        for target, words in self.slab.bitmaps(group).items():
+        for target, words in self.slab.bitmaps(probe).items():
             chunks = self.slab.chunks[target]
             has_run = any(find_run(w, min(WORD_BITS, chunks - i * WORD_BITS), run) is not None
                           for i, w in enumerate(words))
