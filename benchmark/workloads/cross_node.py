@@ -15,7 +15,8 @@ there are two) holds. Collective throughout.
   ``Fetch_and_op`` + ``Flush`` to it and one raw ``Get`` of one directory bucket
   (656 bytes), alternating; p50/p99.
 * ``busy_owner``: the holder (also the directory owner of its blocks) computes for 1 s in
-  pure Python while the reader does ``contains`` + ``get`` of its blocks; latency p50/p99/max.
+  pure Python while the reader does ``contains`` + ``get`` of its blocks; latency
+  p50/p99/max; with 2 MiB and again with 128 KiB blocks.
 * ``round_trips``: RMA round trips (flushes, by window) per put (new block), per put of a
   block another rank holds (dedup), per cross-rank get, per miss; mean over the ops.
 """
@@ -57,10 +58,10 @@ def _us(s: dict[str, float]) -> dict[str, float]:
     return {k: (v * 1e6 if k != "n" else v) for k, v in s.items()}
 
 
-def _store(comm, tmp: str, blocks: int) -> CascadeStore:
-    spec_bytes = 2 * 16 * 32 * 8 * 128 * 2
-    return CascadeStore(Config(model=MODEL, shm_bytes=(blocks + 4) * spec_bytes, remote_bytes=0, file_bytes=0,
-                               file_dir=tmp, directory_slots=1 << 14), comm=comm)
+def _store(comm, tmp: str, blocks: int, block_tokens: int = 16) -> CascadeStore:
+    spec_bytes = 2 * block_tokens * 32 * 8 * 128 * 2
+    return CascadeStore(Config(model=MODEL, block_tokens=block_tokens, shm_bytes=(blocks + 4) * spec_bytes,
+                               remote_bytes=0, file_bytes=0, file_dir=tmp, directory_slots=1 << 14), comm=comm)
 
 
 def _holder_ids(store, comm, holder: int, n: int, seed: int, owned: bool) -> list[str]:
@@ -246,6 +247,12 @@ def run(comm=None) -> dict[str, Any]:
         result["get"] = get_vs_raw(comm, store, holder, reader)
         result["busy_owner"] = busy_owner(comm, store, holder, reader)
         result["round_trips"] = round_trips(comm, store, holder, reader)
+    finally:
+        store.close()
+    # the same with 128 KiB blocks (1 token): the lookups' share of the latency, not the bytes'
+    store = _store(comm, tmp, 80, block_tokens=1)
+    try:
+        result["busy_owner_128k_blocks"] = busy_owner(comm, store, holder, reader)
     finally:
         store.close()
     result["lookup"] = lookup_vs_raw(comm, holder, reader)
