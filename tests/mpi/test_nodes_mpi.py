@@ -120,3 +120,30 @@ def test_file_tier_blocks_are_shared_only_through_a_shared_file_dir(comm, tmp_ro
         comm.Barrier()
     finally:
         store.close()
+
+
+def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(comm, tmp_root, everywhere):
+    """The documented choice for GPU-resident blocks (no CUDA IPC / GPU RDMA here): other
+    ranks cannot read them, so they count them (``cluster.unreadable``), never
+    acknowledge a put as a duplicate of one, and keep their own copy."""
+    if comm.size == 1:
+        pytest.skip("needs a second rank")
+    store = CascadeStore(Config(model="tiny", gpu_bytes=64 * 4096, shm_bytes=64 * 4096, remote_bytes=0,
+                                file_bytes=0, file_dir=os.path.join(tmp_root, "files"),
+                                directory_slots=1 << 12), comm=comm, array_module=np)
+    try:
+        first = store.put(*block(store.spec, 4242)) if comm.rank == 0 else None  # lands in rank 0's GPU tier
+        first = comm.bcast(first)
+        comm.Barrier()
+        got = store.get(first)
+        if comm.rank != 0:
+            assert got is None and store.cluster.unreadable == 1
+            store.put(*block(store.spec, 4242))  # not a dedup onto rank 0's unreadable copy
+            stats = store.stats()
+            assert stats["stored"] == 1 and stats["cluster_deduped"] == 0
+            assert same(store.get(first), block(store.spec, 4242))  # its own copy serves it
+        else:
+            assert same(got, block(store.spec, 4242))
+        comm.Barrier()
+    finally:
+        store.close()
