@@ -18,7 +18,8 @@ file_bytes                  16 GiB           file (Lustre) tier capacity per ran
 shm_dir                     ``"/dev/shm"``   directory of the SHM slab
 file_dir                    see below        aggregated-file directory
 file_segment_bytes          1 GiB            roll to a new aggregated file at this size
-file_odirect                True             read the file tier with O_DIRECT when possible
+file_odirect                True             allow O_DIRECT file-tier reads (False: always buffered)
+file_read_mode              ``"auto"``       ``auto``: O_DIRECT on Lustre, page cache elsewhere; or ``direct`` / ``buffered``
 file_fsync                  False            fsync after each file-tier append (power-loss safety)
 compact_dead_fraction       0.5              compact a sealed file when this much of it is dead
 lustre_stripe_count         4                ``lfs setstripe -c`` (only on Lustre)
@@ -56,6 +57,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hash_algo": ("blake3", "sha256"),
     "policy": ("semantic", "lru"),
     "ttl_mode": ("last_use", "first_use"),
+    "file_read_mode": ("auto", "direct", "buffered"),
 }
 # Strict: a number, then optionally a unit K/M/G/T (binary) with an optional "iB"/"B",
 # or a bare "B". "1iB", "4KB B" or "1e3" are errors, not some other size.
@@ -103,6 +105,7 @@ class Config:
     file_dir: str = field(default_factory=_default_file_dir)
     file_segment_bytes: int = 1 << 30
     file_odirect: bool = True
+    file_read_mode: str = "auto"
     file_fsync: bool = False
     compact_dead_fraction: float = 0.5
     lustre_stripe_count: int = 4

@@ -69,7 +69,7 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
     if config.file_bytes > 0:
         tiers.append(FileTier(
             config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
-            odirect=config.file_odirect, fsync=config.file_fsync,
+            odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
             compact_dead_fraction=config.compact_dead_fraction,
             stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
         ))

@@ -9,9 +9,10 @@ payload is verified against its checksum when read, so corrupted bytes are never
 
 Deletes append a tombstone naming the killed record; a sealed file whose dead fraction
 passes ``compact_dead_fraction`` is compacted (live records copied to the active file,
-then the file is unlinked). Reads use O_DIRECT where the file system allows it (cold
-reads do not depend on the page cache), through an aligned bounce buffer unless the
-caller's buffers are page-aligned.
+then the file is unlinked). Reads (``read_mode``): on Lustre O_DIRECT (through an
+aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
+the page cache (kernel readahead for cold reads, memory speed for hot ones); records of
+2 MiB and more are read as chunks with several reads in flight, hashed as they land.
 """
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ import mmap
 import os
 import re
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from ..checksum import checksum
 from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
@@ -39,6 +43,7 @@ from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_hea
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+READ_MODES = ("auto", "direct", "buffered")
 _MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
 # Never follow a symlink planted in place of one of our files; close-on-exec as usual.
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -83,6 +88,7 @@ class FileTier(Tier):
         rank: int = 0,
         segment_bytes: int = 1 << 30,
         odirect: bool = True,
+        read_mode: str = "auto",
         fsync: bool = False,
         compact_dead_fraction: float = 0.5,
         stripe_count: int = 4,
@@ -92,7 +98,7 @@ class FileTier(Tier):
         self.directory = directory
         self.rank = rank
         self._segment_bytes = segment_bytes
-        self._odirect = odirect
+        self._odirect = odirect  # resolved against read_mode once the file system is known
         self._fsync = fsync
         self._compact_fraction = compact_dead_fraction
         self._index: dict[BlockKey, _Loc] = {}
@@ -107,6 +113,12 @@ class FileTier(Tier):
         self.expiry_of: Callable[[BlockKey], float] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
+        if read_mode not in READ_MODES:
+            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn), elsewhere the
+        # page cache with readahead, which measured faster cold (and serves hot reads).
+        self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
+        self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
         self._lock_fd = self._take_lock()
@@ -280,20 +292,21 @@ class FileTier(Tier):
             raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
         f = self._files[loc.file_id]
         start = loc.offset + HEADER_BYTES
+        seed = key_seed(*key)
+        digest = None
         try:
             direct = self._direct_fd(f)
             if direct is None:
-                ok = os.preadv(f.fd, views, start) == loc.length
+                ok, digest = _read_hashed(f.fd, start, loc.length, views, seed)
             elif all(_page_aligned(v) for v in views):
-                ok = os.preadv(direct, views, start) == loc.length
+                ok, digest = _read_hashed(direct, start, loc.length, views, seed)
             else:
                 ok = self._read_bounced(direct, start, loc.length, views)
         except OSError as exc:
             raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
-        # One preadv of the whole record, then the checksum: measured here as fast as a
-        # raw O_DIRECT read for >= 1 MiB blocks; chunked read-ahead with overlapped
-        # hashing was not faster.
-        if not ok or checksum(views, key_seed(*key)) != loc.checksum:
+        if digest is None and ok:
+            digest = checksum(views, seed)
+        if not ok or digest != loc.checksum:
             self.counters["corrupt_reads"] += 1
             self._kill(key)
             raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
@@ -454,7 +467,8 @@ class FileTier(Tier):
     def stats(self) -> dict[str, Any]:
         disk = sum(f.size for f in self._files.values())
         return {**super().stats(), **self.counters, "files": len(self._files), "disk_bytes": disk,
-                "dead_bytes": disk - self._live_bytes, "odirect": self._odirect, "on_lustre": self.on_lustre,
+                "dead_bytes": disk - self._live_bytes, "odirect": self._odirect, "read_mode": self.read_mode,
+                "on_lustre": self.on_lustre,
                 "directory": self.directory}
 
 
@@ -494,6 +508,62 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
             raise CorruptBlock(f"record of {key[1]} at {path}:{offset} is truncated or fails its checksum")
     finally:
         os.close(fd)
+
+
+# Big records are read as 1 MiB chunks, up to 8 in flight: measured on this project's
+# (virtio) disk, 8 x 1 MiB beat one whole-record read by 1.1-1.5x cold, buffered or O_DIRECT.
+_CHUNK = 1 << 20
+_PARALLEL_MIN = 2 << 20  # smaller records: one preadv
+_READERS = 8
+_reader_pool: ThreadPoolExecutor | None = None
+_reader_pool_lock = threading.Lock()
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _reader_pool
+    with _reader_pool_lock:
+        if _reader_pool is None:
+            _reader_pool = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="cascade-read")
+        return _reader_pool
+
+
+def _read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], seed: int) -> tuple[bool, int]:
+    """Read a record into ``views``; (complete, XXH3 digest seeded with ``seed``).
+
+    A big record is read as chunks with several reads in flight (preadv releases the
+    GIL: a cold record streams at the device's queue depth, not one request at a time)
+    and hashed in order as chunks land, so hashing overlaps the reads still in flight.
+    O_DIRECT callers pass page-aligned views (chunks stay page-aligned)."""
+    h = xxhash.xxh3_64(seed=seed)
+    if length < _PARALLEL_MIN or _READERS < 2:
+        if os.preadv(fd, list(views), start) != length:
+            return False, 0
+        for v in views:
+            h.update(v)
+        return True, h.intdigest()
+    chunks = []
+    pos = start
+    for view in views:
+        for lo in range(0, view.nbytes, _CHUNK):
+            chunk = view[lo:lo + _CHUNK]
+            chunks.append((chunk, pos))
+            pos += chunk.nbytes
+    pool = _readers()
+    futures = [pool.submit(os.preadv, fd, [chunk], off) for chunk, off in chunks]
+    ok = True
+    try:
+        for (chunk, _), fut in zip(chunks, futures):
+            if fut.result() != chunk.nbytes:
+                ok = False
+                break
+            h.update(chunk)
+    finally:
+        for fut in futures:  # no read may still write into the caller's buffers
+            try:
+                fut.result()
+            except OSError:
+                ok = False
+    return ok, h.intdigest() if ok else 0
 
 
 def _open_own(path: str, flags: int) -> int:
