@@ -29,6 +29,7 @@ ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
+cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               0.25             most of the fastest tier that hinted blocks may hold
 directory_slots             65536            global-directory entries per rank (multi-rank runs)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
@@ -115,6 +116,7 @@ class Config:
     default_ttl: float = 0.0
     verify_dram_reads: bool = False
     promote_on_hit: bool = True
+    cache_cluster_reads: bool = False
     hint_fraction: float = 0.25
     directory_slots: int = 1 << 16
     stats_dir: str = ""

@@ -608,9 +608,26 @@ class CascadeStore:
         self.counters.hits += 1
         self.counters.cluster_hits += 1
         self.cluster_latency.record(time.perf_counter() - started)
+        if self.config.cache_cluster_reads and entry.rank != self.rank:
+            self._keep_private_copy(bkey, outs)
         for counters in self.tier_counters:  # no local tier had it
             counters.misses += 1
         return True
+
+    def _keep_private_copy(self, bkey: BlockKey, data: list[Any]) -> None:
+        """Keep a block just read from another rank in the fastest tier, unpublished, so
+        the next reads of a hot block stay local and its holder serves each rank once.
+        The copy is never shared and may outlive the holder's copy (the same bytes:
+        ids name content). Best effort: nothing happens when no room can be made."""
+        try:
+            self._make_room(0, self.spec.block_bytes)
+            self.tiers[0].put(bkey, data)
+        except (TierFull, OSError) as exc:
+            log.debug("no private copy of %s: %s", bkey[1], exc)
+            return
+        meta = BlockMeta(bkey, self.spec.block_bytes, 0, ttl=self.config.default_ttl)
+        self._meta[bkey] = meta
+        self.policy.admitted(meta, time.monotonic())
 
     def _miss(self, served_by: int) -> bool:
         self.counters.misses += 1

@@ -147,3 +147,21 @@ def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(c
         comm.Barrier()
     finally:
         store.close()
+
+
+def test_cache_cluster_reads_keeps_hot_blocks_local(comm, tmp_root, everywhere):
+    """With ``cache_cluster_reads`` the holder of a hot block serves each rank once."""
+    store = CascadeStore(Config(model="tiny", shm_bytes=64 * 4096, remote_bytes=0, file_bytes=0,
+                                file_dir=os.path.join(tmp_root, "files"), directory_slots=1 << 12,
+                                cache_cluster_reads=True), comm=comm)
+    try:
+        hot = comm.bcast(store.put(*block(store.spec, 777)) if comm.rank == 0 else None)
+        comm.Barrier()
+        reads = [store.get(hot) for _ in range(5)]
+        stats = store.stats()
+        assert everywhere(all(same(r, block(store.spec, 777)) for r in reads))
+        assert everywhere(stats["cluster_hits"] == (0 if comm.rank == 0 else 1))
+        assert everywhere(stats["hits"] == 5)
+        comm.Barrier()
+    finally:
+        store.close()
