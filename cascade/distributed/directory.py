@@ -34,9 +34,11 @@ Measured on one 2-core node (benchmark/workloads/mpi_micro.py): ``lookup`` p50 ~
 MPI assumptions: the unified memory model (checked), and a ``Get`` racing an atomic on the
 same aligned word returns the old or the new word (multi-word tears are caught by the
 seal). Between nodes, whether atomics complete without the target's help depends on the
-network (hardware atomics, e.g. Slingshot, do; active-message fallbacks need
-``MPIR_CVAR_ASYNC_PROGRESS=1``; not measured here, one node only); on one node, MPICH
-runs them in shared memory.
+network: measured on 2 emulated nodes (``MPIR_CVAR_NUM_CLIQUES=2``) with the PyPI MPICH,
+they wait until the target enters MPI (active messages), whatever the window hints,
+while ``Get`` (so ``lookup``/``lookup_many``) does not; hardware atomics (not available
+here) or ``MPIR_CVAR_ASYNC_PROGRESS=1`` lift that. On one node MPICH runs them in shared
+memory. See :mod:`.progress_check`, which tests this at start-up.
 
 Thread-safety: a directory object is not thread-safe; use one per thread or a lock.
 """
