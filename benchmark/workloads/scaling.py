@@ -299,8 +299,11 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
             _barrier(comm)
             store.close()
     misses = comm.allreduce(misses, op=MPI.SUM)
-    nodes = len(set(comm.allgather(os.uname().nodename)))
-    row = {"system": name, "ranks": size, "nodes": nodes, "block_bytes": args.block_bytes, "blocks_per_rank": len(mine),
+    from cascade.distributed.window_slab import node_ids
+
+    hosts = len(set(comm.allgather(os.uname().nodename)))
+    nodes = len(set(node_ids(comm)))  # MPI's node split, which the store's read paths follow
+    row = {"system": name, "ranks": size, "nodes": nodes, "hosts": hosts, "block_bytes": args.block_bytes, "blocks_per_rank": len(mine),
            "capacity_bytes_per_rank": capacity,
            "put_gbps": gbps(nbytes, float(np.median(put_s))), "get_gbps": gbps(nbytes, float(np.median(get_s))),
            "cross_get_gbps": gbps(nbytes, float(np.median(xget_s))) if xget_s else None,
@@ -310,14 +313,16 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
     if name not in CASCADE:
         row["cross_get_note"] = "no cross-rank get: each rank's instance is private"
     elif xget_s:
-        row["cross_get_path"] = _cross_path(name, nodes)
+        row["cross_get_path"] = _cross_path(name, nodes) + (
+            f" ({nodes} nodes emulated on one host by MPICH's MPIR_CVAR_NUM_CLIQUES)" if nodes > hosts else "")
     return {"row": row}
 
 
 def _cross_path(name: str, nodes: int) -> str:
     """How a get of a block another rank put reaches the bytes."""
     if nodes > 1:
-        return "mixed: peers on this node through shared memory/files, other nodes through MPI"
+        return ("mixed: peers on this node through shared memory/files, other nodes through MPI "
+                "(SHM slab or REMOTE windows; file records when file_dir is shared)")
     if CASCADE[name] == "shm":
         return "node-shared /dev/shm slab (one node: a memcpy from the peer's slab, no MPI transfer)"
     return "the peer's aggregated files on the shared file system (one node; no MPI transfer)"
