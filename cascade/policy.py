@@ -54,6 +54,7 @@ class BlockMeta:
     child_tiers: list[int] = field(default_factory=list)  # cached children per tier
     base: float = 0.0  # policy clock at the last use (semantic score = base + value)
     entry: Any = None  # the directory entry this rank published for it (multi-rank runs)
+    checksum: int = 0  # XXH3-64 of the block's bytes, published with it (multi-rank runs)
     version: int = 0  # bumps on every change; stale heap entries are skipped
 
     def children_at_or_above(self, tier: int) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .checksum import checksum
 from .config import Config
 from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
@@ -64,8 +65,9 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
     if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
         from .tiers.remote import RemoteTier
 
+        # always verified: its reads cross ranks (the end-to-end check, like peers' reads)
         tiers.append(RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
-                                verify=config.verify_dram_reads))
+                                verify=True))
     if config.file_bytes > 0:
         tiers.append(FileTier(
             config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
@@ -74,6 +76,14 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
         ))
     return tiers
+
+
+def _parts_checksum(parts: Sequence[Any]) -> int:
+    """XXH3-64 of a block's bytes (host buffers; device arrays are copied to the host)."""
+    try:
+        return checksum(parts)
+    except TypeError:  # e.g. cupy arrays: no buffer protocol
+        return checksum([np.ascontiguousarray(p.get()) for p in parts])
 
 
 def remote_chunk_bytes(exposed: int) -> int:
@@ -132,6 +142,10 @@ class CascadeStore:
         self._stats_written = 0.0
         self._meta: dict[BlockKey, BlockMeta] = {}
         self._hinted_bytes = 0  # bytes of blocks with hints > 0 (capped, see hint())
+        # cached children per tier of each parent key, kept while the parent itself is
+        # not cached (deleted, expired): a re-put of the head starts with its true count
+        self._kids: dict[BlockKey, list[int]] = {}
+        self._cluster_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
         self._closed = False
@@ -184,11 +198,20 @@ class CascadeStore:
                 self._unconfirmed.add(key)
         for meta in self._meta.values():
             meta.depth = self._depth(meta)
+            meta.child_tiers = self._kids.setdefault(meta.key, [0] * len(self.tiers))
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
         if self.cluster is not None:
             for meta in list(self._meta.values()):
+                buf = np.empty(meta.nbytes, dtype=np.uint8)
+                try:
+                    self.tiers[meta.tier].read_into(meta.key, buf)
+                except CorruptBlock as exc:
+                    log.warning("%s", exc)
+                    self._drop(meta)
+                    continue
+                meta.checksum = _parts_checksum([buf])
                 self._publish(meta)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
@@ -267,6 +290,8 @@ class CascadeStore:
                 raise InvalidBlock(f"block_id {block_id} does not match the content digest {digest}")
             block_id = digest
         bkey = self._key(block_id, namespace)
+        # published with the block so that every cross-rank read can verify the bytes
+        block_sum = _parts_checksum(parts) if self.cluster is not None else 0
         with self._lock:
             self.counters.puts += 1
             now = time.monotonic()
@@ -298,18 +323,24 @@ class CascadeStore:
                 self.counters.rejected += 1
                 raise
             meta = BlockMeta(bkey, self.spec.block_bytes, placed, parent=parent, priority=priority,
-                             ttl=self.config.default_ttl if ttl is None else ttl)
+                             ttl=self.config.default_ttl if ttl is None else ttl, checksum=block_sum)
             meta.depth = self._depth(meta)
-            self._meta[bkey] = meta
             self._unconfirmed.discard(bkey)
-            self.policy.admitted(meta, now)
+            self._admit(meta, now)
             if meta.ttl:
                 self._persist_ttl(meta)
-            self._link_child(meta)
-            if self.cluster is not None and not self._publish(meta):
-                self.counters.deduped += 1  # another rank published it first: use theirs
-                self.counters.cluster_deduped += 1
-                return block_id
+            if self.cluster is not None:
+                try:
+                    published = self._publish(meta)
+                except BaseException:  # e.g. DirectoryFull: a rejected put stores nothing
+                    if meta.key in self._meta:
+                        self._drop(meta)
+                    self.counters.rejected += 1
+                    raise
+                if not published:
+                    self.counters.deduped += 1  # another rank published it first: use theirs
+                    self.counters.cluster_deduped += 1
+                    return block_id
             self.counters.stored += 1
             self.tier_counters[placed].bytes_written += meta.nbytes
             self.put_latency.record(time.perf_counter() - started)
@@ -319,7 +350,14 @@ class CascadeStore:
     # -- the cluster (multi-rank runs) -------------------------------------------------------
     def _held_elsewhere(self, bkey: BlockKey) -> bool:
         entry = self.cluster.lookup(bkey)
-        return entry is not None and entry.rank != self.rank and self.cluster.readable(entry)
+        return entry is not None and self._theirs(entry) and self.cluster.readable(entry)
+
+    def _theirs(self, entry: Any) -> bool:
+        """Whether another rank published ``entry`` (a REMOTE-tier entry names the rank
+        whose window holds the bytes, never the rank that put them)."""
+        from .distributed.cluster import TierKind
+
+        return entry.rank != self.rank or entry.tier == TierKind.REMOTE
 
     def _placement(self, meta: BlockMeta, t: int | None = None) -> tuple[Any, int, int]:
         """(tier kind, rank holding the bytes, location) of a local block in tier ``t``
@@ -335,13 +373,15 @@ class CascadeStore:
 
     def _publish(self, meta: BlockMeta) -> bool:
         """Announce a local block in the directory. False when another rank's copy won
-        the race: ours is then dropped (the caller counts a dedup)."""
-        kind, rank, location = self._placement(meta)
-        inserted, entry = self.cluster.publish(meta.key, kind, location, meta.nbytes, meta.parent)
+        the race: ours is then dropped (the caller counts a dedup). All or nothing: on an
+        exception nothing is published."""
+        kind, rank, location = self._placement(meta)  # REMOTE: the rank whose window holds it
+        inserted, entry = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
+                                               checksum=meta.checksum)
         if inserted:
             meta.entry = entry
             return True
-        if entry.rank == self.rank or not self.cluster.readable(entry):
+        if not self._theirs(entry) or not self.cluster.readable(entry):
             return True  # a private copy: ours serves this rank, theirs the others
         self._drop(meta)
         return False
@@ -494,13 +534,32 @@ class CascadeStore:
         del self.tiers[src][meta.key]
         self._set_tier(meta, dst)
 
+    def _admit(self, meta: BlockMeta, now: float) -> None:
+        """Enter a new block in the metadata and the policy, with the children of it that
+        are already cached (they outlive a deleted or expired head)."""
+        meta.child_tiers = self._kids.setdefault(meta.key, [0] * len(self.tiers))
+        self._meta[meta.key] = meta
+        self.policy.admitted(meta, now)
+        self._link_child(meta)
+
+    def _count_child(self, meta: BlockMeta, tier: int, delta: int) -> None:
+        """Count ``meta`` in or out of its parent's children in ``tier`` (the count is
+        kept even while the parent is not cached)."""
+        if meta.parent is None:
+            return
+        pkey = (meta.key[0], meta.parent)
+        counts = self._kids.setdefault(pkey, [0] * len(self.tiers))
+        counts[tier] += delta
+        parent = self._meta.get(pkey)
+        if parent is not None:
+            self.policy.changed(parent)
+        elif not any(counts):
+            del self._kids[pkey]
+
     def _set_tier(self, meta: BlockMeta, tier: int) -> None:
         old = meta.tier
-        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
-        if parent is not None:
-            parent.child_tiers[old] -= 1
-            parent.child_tiers[tier] += 1
-            self.policy.changed(parent)
+        self._count_child(meta, old, -1)
+        self._count_child(meta, tier, +1)
         meta.tier = tier
         self.policy.moved(meta, old)
 
@@ -517,16 +576,12 @@ class CascadeStore:
             meta.hints = 0
         self._meta.pop(meta.key, None)
         self.policy.removed(meta)
-        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
-        if parent is not None:
-            parent.child_tiers[meta.tier] -= 1
-            self.policy.changed(parent)
+        if not any(self._kids.get(meta.key, ())):
+            self._kids.pop(meta.key, None)
+        self._count_child(meta, meta.tier, -1)
 
     def _link_child(self, meta: BlockMeta) -> None:
-        parent = self._meta.get((meta.key[0], meta.parent)) if meta.parent else None
-        if parent is not None:
-            parent.child_tiers[meta.tier] += 1
-            self.policy.changed(parent)
+        self._count_child(meta, meta.tier, +1)
 
     def _expired(self, meta: BlockMeta, now: float) -> bool:
         return meta.pins == 0 and now > self.policy.expires_at(meta)
@@ -574,11 +629,10 @@ class CascadeStore:
             except CorruptBlock as exc:
                 log.warning("%s", exc)
                 self.tier_counters[t].corruptions += 1
-                if bkey in self.tiers[t]:
-                    del self.tiers[t][bkey]
-                if meta.entry is not None:
-                    self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=False)
-                self._forget(meta)
+                # withdraw before freeing: while another rank pins it, the bytes stay
+                # allocated (its reads verify the checksum) and a later read retries
+                if self._withdraw(meta, leaf_only=False):
+                    self._drop(meta)
                 return self._miss(len(self.tiers))
             self.counters.hits += 1
             counters = self.tier_counters[t]
@@ -804,6 +858,7 @@ class CascadeStore:
             if meta is None:
                 if self.cluster is None:
                     raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
+                self._cluster_pins[bkey] = self._cluster_pins.get(bkey, 0) + 1  # this rank's pin
                 return
             meta.pins += 1
             self.policy.changed(meta)
@@ -812,18 +867,25 @@ class CascadeStore:
         """Drop one reference taken by :meth:`pin`."""
         with self._lock:
             bkey = self._key(block_id, namespace)
-            meta = self._meta.get(bkey)
-            if meta is None and self.cluster is not None:
+            if self._cluster_pins.get(bkey):  # a pin taken on another rank's copy
                 from .distributed.directory import PinUnderflow
 
                 try:
                     self.cluster.unpin(bkey)
-                except PinUnderflow:
-                    raise BlockPinned(f"block {block_id} is not pinned") from None
+                except (PinUnderflow, BlockNotFound):
+                    pass  # the directory entry went with the rank holding it: nothing to release
+                self._cluster_pins[bkey] -= 1
+                if not self._cluster_pins[bkey]:
+                    del self._cluster_pins[bkey]
                 return
+            meta = self._meta.get(bkey)
+            if meta is None and self.cluster is not None:
+                raise BlockPinned(f"block {block_id} is not pinned by rank {self.rank} "
+                                  "(pins are per rank: unpin on the rank that pinned it)")
             meta = self._require(block_id, namespace)
             if meta.pins == 0:
-                raise BlockPinned(f"block {block_id} is not pinned")
+                raise BlockPinned(f"block {block_id} is not pinned"
+                                  + (f" by rank {self.rank} (pins are per rank)" if self.cluster is not None else ""))
             meta.pins -= 1
             if meta.entry is not None:
                 self.cluster.unpin(bkey)
@@ -920,13 +982,21 @@ class CascadeStore:
             except OSError as exc:
                 log.warning("cannot write stats file in %s: %s", self.config.stats_dir, exc)
 
-    def close(self) -> None:
-        """Release every tier (SHM slabs are removed; file-tier data stays for a warm
-        restart). Idempotent."""
+    def close(self, *, keep: bool = True) -> None:
+        """Release every tier; file-tier data stays for a warm restart. Idempotent.
+
+        With ``keep`` (default), blocks in the GPU and SHM tiers first move to the file
+        tier, as far as it has room without evicting anything (the rest are lost, as are
+        REMOTE-tier blocks, which live in other ranks' DRAM). Collective in multi-rank
+        runs: SHM slabs and windows go only after every rank has entered ``close`` (so
+        has stopped reading them)."""
         with self._lock:
+            if keep and self._meta:
+                self._keep_hot_blocks()
             if self._meta or self.counters.puts or self.counters.gets:
                 self._maybe_write_stats(force=True)
             if self.cluster is not None:  # first: its slab window maps the SHM tier's slab
+                self.cluster.drain()  # no rank reads our slab or windows after this
                 self.cluster.close()
                 self.cluster = None
             for tier in self._built_tiers:
@@ -936,6 +1006,29 @@ class CascadeStore:
                 self._hasher.shutdown()
                 self._hasher = None
             self._closed = True  # any later call raises StoreClosed
+
+    def _keep_hot_blocks(self) -> None:
+        """Demote GPU/SHM blocks to the file tier while it has room (no eviction)."""
+        slow = next((t for t, tier in enumerate(self.tiers) if isinstance(tier, FileTier)), None)
+        if slow is None:
+            return
+        kept = lost = 0
+        for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first
+            if self.tiers[meta.tier].name not in ("gpu", "shm"):
+                continue
+            src = meta.tier
+            try:
+                if not self.tiers[slow].fits(meta.nbytes):
+                    raise TierFull("file tier full")
+                self._copy_between(meta, src, slow)
+            except (_Busy, CorruptBlock, OSError):  # TierFull included; _Busy: pinned elsewhere
+                lost += 1
+                continue
+            self.tier_counters[src].demotions += 1
+            kept += 1
+        if kept:
+            self.tiers[slow].sync()
+        log.info("close: kept %d hot blocks in the file tier, %d lost", kept, lost)
 
     def __enter__(self) -> "CascadeStore":
         return self

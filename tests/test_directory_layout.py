@@ -255,3 +255,24 @@ def test_run_mask_and_chunks_needed():
     assert chunks_needed(0, 16) == 1
     assert chunks_needed(16, 16) == 1
     assert chunks_needed(17, 16) == 2
+
+
+def test_a_placeholder_keeps_only_its_counts():
+    """A block removed while its children are cached leaves a placeholder: tier
+    NO_TIER (no tier kind uses it), no place, no checksum, the child count intact."""
+    from cascade.distributed.cluster import TierKind
+
+    assert all(kind < L.NO_TIER for kind in TierKind if kind is not TierKind.NONE)
+    assert TierKind.NONE == L.NO_TIER
+    ctl = L.make_ctl(L.VALID, refs=0, children=3, version=7)
+    raw = L.pack_slot(b"k" * L.KEY_BYTES, ctl, L.DirectoryEntry(L.NO_TIER, 0, 0, 0, 0, children=3))
+    got = L.read_slot(raw, 0)[1]
+    assert (got.tier, got.location, got.length, got.checksum, got.children) == (L.NO_TIER, 0, 0, 0, 3)
+
+
+@given(st.integers(0, (1 << 64) - 1))
+def test_the_block_checksum_round_trips_and_is_sealed(checksum):
+    raw = L.pack_slot(b"k" * L.KEY_BYTES, L.make_ctl(L.VALID, version=1), _entry(checksum=checksum))
+    assert L.read_slot(raw, 0)[1].checksum == checksum
+    raw[8 * L.CHECKSUM] ^= 0x80
+    assert L.read_slot(raw, 0) is None

@@ -23,6 +23,9 @@ frees or reuses the bytes, so an unchanged entry proves the bytes were intact (s
 Atomics would be the alternative, and between nodes MPICH completes those only when the
 target enters MPI (:mod:`.progress_check`); Gets complete while it computes.
 
+Every read verifies the bytes against the XXH3-64 checksum published in the entry (end
+to end, whichever tier and rank served them): a mismatch is a miss, never data.
+
 Collective: the constructor and :meth:`close`. Everything else is local and one-sided.
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
 from ..tiers.base import BlockKey
 from ..tiers.file_tier import read_record
@@ -56,6 +60,7 @@ class TierKind(enum.IntEnum):
     SHM = 1
     REMOTE = 2
     LUSTRE = 3
+    NONE = 0xFF  # a placeholder entry: the block is gone, only its child count is kept
 
     @classmethod
     def of(cls, tier_name: str) -> "TierKind":
@@ -186,6 +191,9 @@ class Cluster:
                 return False
         else:
             return False
+        if checksum(outs) != entry.checksum:  # end to end, whichever tier and rank served it
+            raise CorruptBlock(f"block {key[1]} read from rank {entry.rank} ({kind.name}) "
+                               "does not match its published checksum")
         return True
 
     def _count_unreadable(self, entry: DirectoryEntry) -> None:
@@ -197,14 +205,25 @@ class Cluster:
                         self.rank, TierKind(entry.tier).name, entry.rank)
 
     # -- the holder's bookkeeping ---------------------------------------------------------------
-    def publish(self, key: BlockKey, kind: TierKind, location: int, length: int,
-                parent: str | None) -> tuple[bool, DirectoryEntry]:
-        """Announce a block this rank holds. Returns ``(inserted, entry)``; not inserted
-        means another rank published it first (cross-rank dedup: its share count rose)."""
-        entry = DirectoryEntry(tier=int(kind), rank=self.rank, location=location, length=length)
+    def publish(self, key: BlockKey, kind: TierKind, rank: int, location: int, length: int,
+                parent: str | None, *, checksum: int) -> tuple[bool, DirectoryEntry]:
+        """Announce a block this rank put: its bytes are at ``location`` of ``rank``'s
+        tier ``kind`` (another rank's for REMOTE) and hash to ``checksum``. Returns
+        ``(inserted, entry)``; not inserted means another rank published it first
+        (cross-rank dedup: its share count rose). All or nothing: when counting the child
+        raises, the insert is undone before the exception propagates."""
+        entry = DirectoryEntry(tier=int(kind), rank=rank, location=location, length=length, checksum=checksum)
         inserted, current = self.directory.insert_if_absent(key[0], key[1], entry)
         if inserted and parent is not None:
-            self._adjust_child(key[0], parent, +1)
+            try:
+                self._adjust_child(key[0], parent, +1)
+            except BaseException:
+                undo = self.directory.remove(key[0], key[1], expect=current)
+                if undo is Removal.PINNED:  # a reader pinned it meanwhile: keep it published
+                    log.warning("publish of %s: child count of %s not taken and the insert not undone "
+                                "(pinned)", key[1], parent, exc_info=True)
+                    return inserted, current
+                raise
         return inserted, current
 
     def lookup(self, key: BlockKey) -> DirectoryEntry | None:
@@ -226,11 +245,20 @@ class Cluster:
         (pinned elsewhere, or children cached elsewhere) means: keep the block."""
         outcome = self.directory.remove(key[0], key[1], expect=old, leaf_only=leaf_only)
         if outcome is Removal.REMOVED and parent is not None:
-            self._adjust_child(key[0], parent, -1)
+            try:
+                self._adjust_child(key[0], parent, -1)
+            except Exception:  # the entry is gone either way; a count left too high only keeps the parent longer
+                log.warning("withdraw of %s: child count of %s not released", key[1], parent, exc_info=True)
         return outcome
 
     def pin(self, key: BlockKey) -> int:
-        return self.directory.add_ref(*key)
+        """Pin a published block; :class:`BlockNotFound` when none is (a placeholder
+        holding only a child count is not a block)."""
+        refs = self.directory.add_ref(*key)
+        if self.directory.lookup(*key) is None:  # a placeholder
+            self.directory.release(*key)
+            raise BlockNotFound(f"{key[0]}/{key[1]} is not in the directory")
+        return refs
 
     def unpin(self, key: BlockKey) -> int:
         return self.directory.release(*key)
@@ -243,6 +271,10 @@ class Cluster:
                 self.directory.remove_child(namespace, parent, -delta)
         except (BlockNotFound, PinUnderflow):
             pass  # the parent is not cached (or was re-inserted): nothing to count
+
+    def drain(self) -> None:
+        """Collective: return once every rank has stopped reading (entered close)."""
+        self.comm.Barrier()
 
     def close(self) -> None:
         """Collective: free the directory and slab windows."""

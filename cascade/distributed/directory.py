@@ -131,17 +131,17 @@ class ShardedDirectory:
         return id_owner(block_id, self.size)
 
     def lookup(self, namespace: str, block_id: str) -> DirectoryEntry | None:
-        """The entry of a key, or None. One-sided; 1 round trip."""
+        """The entry of a key, or None (also for a placeholder). One-sided; 1 round trip."""
         owner, home, key = self._key(namespace, block_id)
         self._win.Get(self._bucket, owner, home * L.BUCKET_WORDS)
         self._win.Flush_local(owner)
         entry = L.read_live(self._raw, key)
         if entry is not None:
-            return entry
+            return None if entry.tier == L.NO_TIER else entry
         if L.bucket_reach(self._raw) == 0 and self._raw.find(key) < 0:
             return None  # a plain miss
         found = self._find(owner, home, key)  # overflow buckets, or an entry in flight
-        return found[3] if found else None
+        return found[3] if found and found[3].tier != L.NO_TIER else None
 
     def lookup_many(self, keys: Sequence[BlockKey]) -> list[DirectoryEntry | None]:
         """Entries of many keys, in order. One-sided: per round one indexed ``Get`` per
@@ -177,7 +177,7 @@ class ShardedDirectory:
             for row, entry in zip(hit_rows.tolist(), chosen):
                 if entry is None:  # torn read: take it again
                     hit[row], busy[row] = False, True
-                else:
+                elif entry.tier != L.NO_TIER:  # a placeholder counts as absent
                     results[order[row]] = entry
             busy &= ~hit
             distance[pending[busy]] = 0
@@ -193,7 +193,8 @@ class ShardedDirectory:
                          entry: DirectoryEntry) -> tuple[bool, DirectoryEntry]:
         """Insert ``entry`` unless the key is present; if present, atomically add one to its
         share count instead (cross-rank dedup: exactly one concurrent insert wins).
-        Returns ``(inserted, current entry)``. :class:`DirectoryFull` when no slot is free
+        A placeholder of the key is taken over, keeping its child count. Returns
+        ``(inserted, current entry)``. :class:`DirectoryFull` when no slot is free
         near the key's home. One-sided, 5 round trips (4 when present)."""
         owner, home, key = self._key(namespace, block_id)
         L.check_entry(entry)
@@ -256,14 +257,20 @@ class ShardedDirectory:
         return self._adjust(namespace, parent_id, L.CHILDREN_SHIFT, n)
 
     def remove_child(self, namespace: str, parent_id: str, n: int = 1) -> int:
-        """Count ``n`` fewer cached children (see :meth:`add_child`)."""
-        return self._adjust(namespace, parent_id, L.CHILDREN_SHIFT, -n)
+        """Count ``n`` fewer cached children (see :meth:`add_child`); the last child of a
+        placeholder deletes it (4 more round trips then)."""
+        count, placeholder = self._adjust(namespace, parent_id, L.CHILDREN_SHIFT, -n, report=True)
+        if count == 0 and placeholder:
+            self.remove(namespace, parent_id, expect=_PLACEHOLDER)  # MISMATCH if re-put meanwhile
+        return count
 
     def remove(self, namespace: str, block_id: str, *, expect: DirectoryEntry | None = None,
                leaf_only: bool = False) -> Removal:
         """Remove the entry unless it is pinned (or, with ``leaf_only``, has cached
         children, or, with ``expect``, no longer has ``expect``'s placement). The caller
-        frees the bytes only on :attr:`Removal.REMOVED`. One-sided, 4 round trips."""
+        frees the bytes only on :attr:`Removal.REMOVED`. An entry with cached children
+        becomes a placeholder keeping their count (so a re-put of the block starts with
+        it). One-sided, 4 round trips."""
         owner, home, key = self._key(namespace, block_id)
         self._lock(owner, home)
         try:
@@ -279,9 +286,14 @@ class ShardedDirectory:
                     return Removal.PINNED
                 if leaf_only and current.children:
                     return Removal.HAS_CHILDREN
-                deleted = L.next_ctl(ctl, L.DELETED, keep_counts=False)
-                if self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, deleted) == ctl:
-                    return Removal.REMOVED
+                if current.children:
+                    if current.tier == L.NO_TIER or self._rewrite(owner, bucket, i, ctl, key,
+                                                                  _PLACEHOLDER_ENTRY) is not None:
+                        return Removal.REMOVED
+                else:
+                    deleted = L.next_ctl(ctl, L.DELETED, keep_counts=False)
+                    if self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, deleted) == ctl:
+                        return Removal.REMOVED
                 backoff.wait()
         finally:
             self._unlock(owner, home)
@@ -401,14 +413,18 @@ class ShardedDirectory:
         self._win.Flush(owner)
         self._in_flight.clear()
 
-    def _adjust(self, namespace: str, block_id: str, shift: int, delta: int) -> int:
+    def _adjust(self, namespace: str, block_id: str, shift: int, delta: int, report: bool = False):
         """CAS ``delta`` onto the count at ``shift`` of the key's CTL word: only this
-        incarnation of the entry, never below zero. Returns the new count."""
+        incarnation of the entry, never below zero. Returns the new count (with
+        ``report``: and whether the entry is a placeholder)."""
         owner, home, key = self._key(namespace, block_id)
         backoff = Backoff(f"directory count update of {block_id} on rank {owner}")
         found = self._find(owner, home, key)
+        placeholder = False
         while found is not None:
-            bucket, i, ctl, _ = found
+            bucket, i, ctl, entry = found
+            if entry is not None:  # None: the same version as the last read (same placement)
+                placeholder = entry.tier == L.NO_TIER
             count = (ctl >> shift & L.COUNT_MAX) + delta
             if count < 0:
                 raise PinUnderflow(f"{block_id}: count would drop below zero (unbalanced release)")
@@ -416,7 +432,7 @@ class ShardedDirectory:
                 raise OverflowError(f"{block_id}: count would exceed {L.COUNT_MAX}")
             old = self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, ctl + (delta << shift))
             if old == ctl:
-                return count
+                return (count, placeholder) if report else count
             if L.ctl_state(old) == L.VALID and L.ctl_version(old) == L.ctl_version(ctl):
                 found = (bucket, i, old, None)  # only the counts moved: retry at once
             else:
@@ -465,10 +481,39 @@ class ShardedDirectory:
             backoff = backoff or Backoff(f"directory lookup on rank {owner}")
             backoff.wait()
 
+    def _rewrite(self, owner: int, bucket: int, i: int, ctl: int, key: bytes, entry: DirectoryEntry, *,
+                 shares: bool = False) -> int | None:
+        """Replace the placement words (and with ``shares`` the share count) of a VALID
+        slot whose CTL is still ``ctl``, keeping its counts: CAS to WRITING, write, seal,
+        back to VALID. Returns the new CTL; None (nothing changed) when it moved meanwhile."""
+        writing = L.next_ctl(ctl, L.WRITING)
+        final = L.next_ctl(writing, L.VALID)
+        disp = L.slot_disp(bucket, i)
+        if self._cas(owner, disp + L.CTL, ctl, writing) != ctl:
+            return None
+        new = DirectoryEntry(entry.tier, entry.rank, entry.location, entry.length, entry.checksum,
+                             L.ctl_refs(final), entry.shares, L.ctl_children(final))
+        slot = np.frombuffer(L.pack_slot(key, final, new), dtype=np.uint64)
+        self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
+        self._win.Put(slot[L.PLACE:(L.SHARES if shares else L.CHECKSUM) + 1], owner, disp + L.PLACE)
+        self._win.Flush(owner)
+        self._store(owner, disp + L.CTL, final)
+        self._flush(owner)
+        return final
+
     def _insert_locked(self, owner: int, home: int, key: bytes,
                        entry: DirectoryEntry) -> tuple[bool, DirectoryEntry]:
         # The bucket lock keeps other inserts of this key out: a miss stays a miss.
         found, reach, free = self._search(owner, home, key, want_free=True)
+        while found is not None and found[3].tier == L.NO_TIER:  # take the placeholder over
+            bucket, i, ctl, current = found
+            new = DirectoryEntry(entry.tier, entry.rank, entry.location, entry.length, entry.checksum,
+                                 L.ctl_refs(ctl), entry.shares, L.ctl_children(ctl))
+            final = self._rewrite(owner, bucket, i, ctl, key, new, shares=True)
+            if final is not None:
+                new.version = L.ctl_version(final)
+                return True, new
+            found, reach, free = self._search(owner, home, key, want_free=True)  # a count moved: again
         if found is not None:
             bucket, i, _, current = found
             self._origin[0] = 1
@@ -512,6 +557,10 @@ class ShardedDirectory:
             f"directory shard of rank {owner} is full around bucket {home}: no free slot within "
             f"{self._max_probe + 1} buckets of {L.BUCKET_SLOTS} (slots_per_rank={self.slots_per_rank}); "
             f"raise slots_per_rank")
+
+
+_PLACEHOLDER_ENTRY = DirectoryEntry(L.NO_TIER, 0, 0, 0, 0)
+_PLACEHOLDER = _PLACEHOLDER_ENTRY  # as ``expect=``: compares (NO_TIER, 0, 0)
 
 
 def _first_free(buf: bytearray, bucket: int) -> tuple[int, int, int] | None:

@@ -16,7 +16,15 @@ A shard is ``nbuckets`` buckets of :data:`BUCKET_WORDS` little-endian u64 words:
 * ``SEAL`` is XXH3-64 of words ``NS..CHECKSUM`` seeded with the version: a reader takes a
   whole bucket with one ``Get`` and accepts a slot only if its seal matches, so a torn read
   (a writer between two words) is detected without a second round trip (seqlock check).
+* ``PLACE`` packs the tier kind (8 bits) and the rank holding the bytes (32 bits): for the
+  REMOTE tier that is the rank whose window holds them, not the rank that put them.
+* ``CHECKSUM`` is XXH3-64 of the block's bytes: every cross-rank read verifies the bytes
+  it copied against it (end to end, whichever tier and rank served them).
 * ``SHARES`` counts the puts/sequences that deduplicated onto the entry (atomic add).
+* A *placeholder* is a VALID slot with tier :data:`NO_TIER` (and location, length and
+  checksum 0): the block was removed while children of it were still cached, so the
+  slot keeps only its child count. Lookups treat it as absent; an insert of its key
+  takes it over (keeping the count); it is deleted when its last child goes.
 """
 from __future__ import annotations
 
@@ -53,6 +61,7 @@ CHILDREN_SHIFT, CHILDREN_BITS = 22, 20
 VERSION_SHIFT, VERSION_BITS = 42, 22
 COUNT_MAX = (1 << REFS_BITS) - 1  # the same for refs and children
 _PLACE_RANK_SHIFT = 8
+NO_TIER = 0xFF  # the tier of a placeholder (see the module docstring)
 _ENTRY = struct.Struct("<" + "Q" * ENTRY_WORDS)
 _WORD = struct.Struct("<Q")
 

@@ -155,9 +155,10 @@ class SlabTier(Tier):
         self._used -= slot.length
 
     def _check(self, key: BlockKey, slot: _Slot) -> None:
+        # The bytes stay allocated: the owner frees them only after withdrawing every
+        # reference (another rank may hold a directory entry pointing here).
         if checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
-            self._release(key)
-            raise CorruptBlock(f"{self.name}: block {key[1]} failed its checksum (dropped)")
+            raise CorruptBlock(f"{self.name}: block {key[1]} failed its checksum")
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "allocated": self._alloc.allocated}

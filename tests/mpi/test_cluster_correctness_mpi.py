@@ -1,0 +1,334 @@
+"""Cross-rank correctness: right rank, end-to-end checksums, all-or-nothing directory
+changes, rejected puts, child counts, collective close, per-rank pins (issue 10, 1-6).
+
+Same bodies at 1 rank and at N ranks (tests needing other ranks skip at one).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from xxhash import xxh3_64_intdigest
+
+from cascade import BlockPinned, CascadeStore, Config, TierFull
+
+
+def block(spec, seed: int):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(spec.shape).astype(spec.dtype),
+            rng.standard_normal(spec.shape).astype(spec.dtype))
+
+
+def same(got, expected) -> bool:
+    return got is not None and np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+
+
+@pytest.fixture
+def shared_dir(comm, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cascade-mpi")) if comm.rank == 0 else None
+    return comm.bcast(path)
+
+
+def make_store(comm, shared_dir, **overrides) -> CascadeStore:
+    settings = dict(model="tiny", shm_bytes=32 * 4096, remote_bytes=64 * 4096, file_bytes=1024 * 8192,
+                    file_dir=shared_dir, directory_slots=1 << 12)
+    settings.update(overrides)
+    return CascadeStore(Config(**settings), comm=comm)
+
+
+def raises(exc, fn, *args, match: str = "") -> bool:
+    """Whether ``fn(*args)`` raises ``exc`` (with ``match`` in its message): a plain
+    bool, so one rank's outcome can feed a collective assertion without a hang."""
+    try:
+        fn(*args)
+    except exc as err:
+        return match in str(err)
+    return False
+
+
+def needs_ranks(comm, n: int = 2) -> None:
+    if comm.size < n:
+        pytest.skip(f"needs {n} ranks")
+
+
+def test_remote_tier_blocks_are_read_from_the_window_holding_them(comm, shared_dir, everywhere):
+    # shm_bytes=0: every put lands in the REMOTE tier, in another rank's window
+    store = make_store(comm, shared_dir, shm_bytes=0, remote_bytes=64 * 4096)
+    try:
+        mine = [store.put(*block(store.spec, 70000 + comm.rank * 100 + i)) for i in range(30)]
+        comm.Barrier()
+        wrong = hits = 0
+        for rank, ids in enumerate(comm.allgather(mine)):
+            for i, bid in enumerate(ids):
+                got = store.get(bid)
+                hits += got is not None
+                wrong += got is not None and not same(got, block(store.spec, 70000 + rank * 100 + i))
+        assert everywhere(wrong == 0)
+        assert everywhere(hits == 30 * comm.size)
+        if comm.size > 1:
+            for bid in mine:  # published with the rank whose window holds the bytes
+                entry = store.cluster.lookup(("default", bid))
+                assert entry.rank != comm.rank and entry.tier == 2
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "remote"])
+def test_every_entry_carries_the_checksum_and_a_corrupt_copy_is_a_miss(comm, shared_dir, everywhere, shm):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir, shm_bytes=32 * 4096 if shm else 0, file_bytes=0)
+    try:
+        data = block(store.spec, 4242)
+        bid = store.put(*data) if comm.rank == 0 else None
+        bid = comm.bcast(bid)
+        entry = store.cluster.lookup(("default", bid))
+        assert everywhere(entry.checksum == xxh3_64_intdigest(data[0].tobytes() + data[1].tobytes()))
+        comm.Barrier()
+        if comm.rank == 0:  # flip one byte where the bytes live, behind the store's back
+            tier = store.tiers[0]
+            if shm:
+                tier._bytes[entry.location + 5] ^= 0xFF
+            else:
+                one = np.empty(1, dtype=np.uint8)
+                tier.slab.get_into(entry.rank, entry.location + 5, [memoryview(one)])
+                one ^= 0xFF
+                tier.slab.put(entry.rank, entry.location + 5, [memoryview(one)])
+        comm.Barrier()
+        readable = store.cluster.readable(entry)
+        got = store.get(bid) if comm.rank else None
+        assert everywhere(got is None)
+        if comm.rank and readable:
+            assert store.stats()["cluster_corruptions"] == 1
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_a_failed_child_count_undoes_the_publish(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir)
+    try:
+        parent = store.put(*block(store.spec, 100 + comm.rank))
+        directory = store.cluster.directory
+
+        def broken(*args, **kwargs):
+            raise OverflowError("injected: child count overflow")
+
+        directory.add_child = broken  # fault injection on this rank's directory client
+        with pytest.raises(OverflowError):
+            store.put(*block(store.spec, 200 + comm.rank), parent=parent)
+        del directory.add_child
+        comm.Barrier()
+        from cascade import block_id
+        children = [block_id(*block(store.spec, 200 + r)) for r in range(comm.size)]
+        assert everywhere(not any(store.contains_many(children)))  # not published, not stored
+        assert everywhere(all(e is None for e in store.cluster.lookup_many([("default", c) for c in children])))
+        stats = store.stats()
+        assert everywhere(stats["rejected"] == 1 and stats["blocks"] == 1)
+        assert everywhere(stats["puts"] == stats["stored"] + stats["deduped"] + stats["rejected"])
+        assert everywhere(sum(t["blocks"] for t in stats["tiers"].values()) == 1)
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_a_full_directory_rejects_the_put_and_stores_nothing(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir, directory_slots=8, shm_bytes=256 * 4096)
+    try:
+        rejected = 0
+        for i in range(40):
+            try:
+                store.put(*block(store.spec, 300000 + comm.rank * 1000 + i))
+            except TierFull:
+                rejected += 1
+        comm.Barrier()
+        stats = store.stats()
+        assert comm.allreduce(rejected) > 0
+        assert everywhere(stats["rejected"] == rejected)
+        assert everywhere(stats["puts"] == stats["stored"] + stats["deduped"] + stats["rejected"])
+        assert everywhere(sum(t["blocks"] for t in stats["tiers"].values()) == stats["blocks"] == stats["stored"])
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_a_corrupt_local_block_is_withdrawn_before_its_bytes_go(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir, verify_dram_reads=True)
+    try:
+        bid = comm.bcast(store.put(*block(store.spec, 555)) if comm.rank == 0 else None)
+        key = ("default", bid)
+        if comm.rank == 1:
+            store.pin(bid)
+        comm.Barrier()
+        ok = True
+        if comm.rank == 0:
+            entry = store.cluster.lookup(key)
+            store.tiers[0]._bytes[entry.location] ^= 0xFF
+            ok = store.get(bid) is None and store.stats()["tiers"]["shm"]["corruptions"] == 1  # a counted miss
+            # pinned by rank 1: still published, so its bytes stay allocated
+            ok = ok and key in store.tiers[0] and store.cluster.lookup(key) is not None
+        assert everywhere(ok)
+        if comm.rank == 1:
+            ok = store.get(bid) is None  # unreadable (another node) or caught by the checksum
+            store.unpin(bid)
+        assert everywhere(ok)
+        if comm.rank == 0:
+            ok = store.get(bid) is None and key not in store.tiers[0] and len(store) == 0
+        assert everywhere(ok)
+        assert everywhere(store.cluster.lookup(key) is None)
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_a_reput_head_keeps_the_count_of_its_cached_children(comm, shared_dir, everywhere):
+    """Local (no comm): a re-put head starts with the count of its cached children."""
+    store = CascadeStore(Config(model="tiny", shm_bytes=2 * 4096, file_bytes=0, file_dir=shared_dir))
+    try:
+        head_data, tail_data = block(store.spec, 1), block(store.spec, 2)
+        head = store.put(*head_data)
+        tail = store.put(*tail_data, parent=head)
+        store.set_priority(tail, 8)  # the tail is worth far more than the head
+        store.delete(head)
+        assert store.put(*head_data) == head
+        store.put(*block(store.spec, 3))  # the tier holds two: one of head/tail goes
+        assert store.contains(head) and not store.contains(tail)  # leaf first, despite value
+    finally:
+        store.close()
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("how", ["delete", "clear", "ttl"])
+def test_child_counts_survive_the_head_going_while_the_tail_is_cached_elsewhere(comm, shared_dir, everywhere, how):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir, shm_bytes=8 * 4096, remote_bytes=0, file_bytes=0)
+    try:
+        head_data = block(store.spec, 31)
+        head = comm.bcast(store.put(*head_data, ttl=0.2 if how == "ttl" else None) if comm.rank == 0 else None)
+        tail = comm.bcast(store.put(*block(store.spec, 32), parent=head) if comm.rank == 1 else None, root=1)
+        comm.Barrier()
+        ok = True
+        if comm.rank == 0:
+            if how == "delete":
+                store.delete(head)
+            elif how == "clear":
+                ok = store.clear() == 1
+            else:
+                time.sleep(0.3)
+            store.put(*head_data)  # the re-put takes the child count over
+            ok = ok and store.cluster.directory.lookup("default", head).children == 1
+            for i in range(40):  # five times the tier: the head must stay under its tail
+                store.put(*block(store.spec, 8000 + i))
+        assert everywhere(ok)
+        # still published (whether this rank can read rank 0's SHM is another matter)
+        assert everywhere(all(e is not None for e in store.cluster.lookup_many([("default", head), ("default", tail)])))
+        comm.Barrier()
+        if comm.rank == 1:
+            store.delete(tail)
+        comm.Barrier()
+        if comm.rank == 0:
+            ok = store.cluster.directory.lookup("default", head).children == 0
+        assert everywhere(ok)
+    finally:
+        store.close()
+
+
+def test_a_placeholder_goes_with_the_last_child(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir)
+    try:
+        head = comm.bcast(store.put(*block(store.spec, 41)) if comm.rank == 0 else None)
+        tail = comm.bcast(store.put(*block(store.spec, 42), parent=head) if comm.rank == 1 else None, root=1)
+        comm.Barrier()
+        if comm.rank == 0:
+            store.delete(head)
+        comm.Barrier()
+        assert everywhere(store.cluster.lookup(("default", head)) is None
+                          and store.cluster.lookup(("default", tail)) is not None)
+        ok = True
+        if comm.rank == 1:
+            from cascade import BlockNotFound
+            ok = raises(BlockNotFound, store.pin, head)  # a placeholder is not a block
+            store.delete(tail)
+        assert everywhere(ok)
+        assert everywhere(store.cluster.directory.local_stats()["valid"] == 0)
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_only_the_rank_that_pinned_can_unpin(comm, shared_dir, everywhere):
+    needs_ranks(comm, 3)
+    store = make_store(comm, shared_dir)
+    try:
+        bid = comm.bcast(store.put(*block(store.spec, 91)) if comm.rank == 0 else None)
+        if comm.rank == 1:
+            store.pin(bid)
+        comm.Barrier()
+        ok = True
+        if comm.rank == 2:
+            ok = raises(BlockPinned, store.unpin, bid, match="per rank")  # never pinned here
+        assert everywhere(ok)
+        if comm.rank == 0:  # rank 1's pin still holds
+            ok = raises(BlockPinned, store.delete, bid) and store.cluster.lookup(("default", bid)).refs == 1
+        assert everywhere(ok)
+        if comm.rank == 1:
+            store.unpin(bid)
+            ok = raises(BlockPinned, store.unpin, bid)
+        assert everywhere(ok)
+        if comm.rank == 0:
+            store.delete(bid)
+        comm.Barrier()
+    finally:
+        store.close()
+
+
+def test_close_waits_for_the_readers_of_its_slab(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir, remote_bytes=0, file_bytes=0)
+    closed = False
+    try:
+        ids = comm.bcast([store.put(*block(store.spec, 600 + i)) for i in range(10)] if comm.rank == 0 else None)
+        same_node = store.cluster.node_of[0] == store.cluster.node_of[comm.rank]
+        comm.Barrier()
+        wrong = hits = 0
+        failed = None
+        if comm.rank == 0:
+            store.close()  # returns only after every rank entered close
+            closed = True
+        else:
+            time.sleep(0.3)  # rank 0 is in close() by now
+            try:
+                for i, bid in enumerate(ids):
+                    got = store.get(bid)
+                    hits += got is not None
+                    wrong += got is not None and not same(got, block(store.spec, 600 + i))
+            except OSError as exc:  # the slab was unlinked under us
+                failed = exc
+            store.close()
+            closed = True
+        assert failed is None and wrong == 0 and (hits == len(ids) or not same_node or comm.rank == 0)
+    finally:
+        if not closed:
+            store.close()
+
+
+def test_a_clean_close_keeps_hot_blocks_in_the_file_tier(comm, shared_dir, everywhere):
+    import os
+    path = os.path.join(shared_dir, "keep")
+    store = make_store(comm, path, remote_bytes=0)
+    seeds = [700 + comm.rank * 100 + i for i in range(10)]
+    ids = [store.put(*block(store.spec, s)) for s in seeds]
+    assert everywhere(store.stats()["tiers"]["shm"]["blocks"] == 10)
+    store.close()
+    again = make_store(comm, path, remote_bytes=0)
+    try:
+        assert everywhere(all(same(again.get(b), block(again.spec, s)) for b, s in zip(ids, seeds)))
+        assert everywhere(again.stats()["tiers"]["lustre"]["hits"] == 10)
+        comm.Barrier()
+    finally:
+        again.close()
