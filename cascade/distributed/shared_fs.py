@@ -30,10 +30,12 @@ def _sees(directory: str, name: str | None, nonce: str | None) -> bool:
 
 
 def _write_nonce(directory: str) -> tuple[str | None, str | None]:
+    """A fresh nonce file (mode 0600) in ``directory``; (None, None) when it cannot be
+    written, e.g. the directory does not exist (no file tier: nothing to share)."""
     name, nonce = f".cascade-share-{os.getpid()}-{secrets.token_hex(8)}", secrets.token_hex(16)
     try:
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, name), "w") as f:
+        fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(nonce)
     except OSError:
         return None, None
