@@ -285,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (suite_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=time.perf_counter() - t0)
     manifest["loadavg_before_after"].append(list(os.getloadavg()))
+    # The runs import the working tree: a checkout or edit during the suite would mix code.
+    end_commit, end_dirty = git_commit()
+    manifest.update(commit_at_end=end_commit, dirty_paths_at_end=end_dirty)
+    if (end_commit, end_dirty) != (commit, dirty):
+        print(f"WARNING: the tree changed during the suite ({commit[:12]} -> {end_commit[:12]}, "
+              f"dirty {dirty} -> {end_dirty}): its runs may mix code", file=sys.stderr)
     summary = {"commit": commit, **summarize(suite_dir, manifest["runs"], args.reps)}
     (suite_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     (suite_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -294,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
     print(f"suite: {len(manifest['runs'])} runs, {len(summary['figures'])} figures, "
           f"{manifest['seconds']:.0f} s -> {suite_dir}")
-    return 1 if failed else 0
+    return 1 if failed or (end_commit, end_dirty) != (commit, dirty) else 0
 
 
 if __name__ == "__main__":
