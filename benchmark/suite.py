@@ -232,7 +232,8 @@ def summarize(suite_dir: Path, runs: list[dict[str, Any]], reps: int) -> dict[st
     for entry in table.values():
         vals = [v for v in entry["values"] if v is not None]
         entry.update(n=len(vals), median=statistics.median(vals), min=min(vals), max=max(vals))
-        if entry["metric"].startswith("vs_limit.") and entry["max"] > 1:
+        to_limit = entry["metric"].startswith("vs_limit.") or entry.get("tier") == "ratios"
+        if to_limit and entry["max"] > 1:
             entry["above_noisy_limit"] = True
         out.append(entry)
     return {"format": "cascade-bench-suite-summary/1", "reps": reps, "figures": out, "not_run": not_run}
