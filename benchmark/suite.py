@@ -99,6 +99,15 @@ def command(workload: str, size: str, rep_dir: Path) -> list[str]:
             "--workload", workload, "--out", str(rep_dir), *opts]
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process so far (mpiexec's
+    ranks included): with the wall time it shows how much the machine's load stretched a run."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, Any]:
     """Run one workload once; returns its manifest entry (the new results file, if any)."""
     rep_dir = suite_dir / f"rep{rep}"
@@ -109,6 +118,7 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
     log_path.parent.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
+    cpu0 = _children_cpu()
     with open(log_path, "w") as log:
         try:
             code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -116,9 +126,10 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
         except subprocess.TimeoutExpired:
             code = None
     seconds = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0
     new = sorted(set(rep_dir.glob("*.json")) - before)
     entry: dict[str, Any] = {"rep": rep, "workload": workload, "command": cmd, "returncode": code,
-                             "seconds": seconds, "file": str(new[-1].relative_to(suite_dir)) if new else None,
+                             "seconds": seconds, "cpu_seconds": cpu, "file": str(new[-1].relative_to(suite_dir)) if new else None,
                              "log": str(log_path.relative_to(suite_dir))}
     entry["status"] = "ok" if code == 0 and new else "failed"
     if entry["status"] != "ok":
