@@ -46,21 +46,21 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "faults": ["--rounds", "5"],
     },
     "quick": {
-        "write_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
-        "read_throughput": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2"],
-        "read_latency": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--ops", "32"],
-        "trace_replay": ["--requests", "100", "--capacities", "200", "--no-full-trace", "--time-limit", "10"],
-        "queue_hints": ["--requests", "100", "--capacities", "200", "--queue-depths", "0,16", "--seeds", "0"],
-        "scaling": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "2", "--rank-counts", "1,2"],
-        "tier_bandwidth": ["--sizes", "64K,2M", "--total-bytes", "8M"],
-        "mpi_micro": ["--sizes", "64K,2M", "--ids-per-rank", "500", "--lookups", "300"],
-        "faults": ["--rounds", "1", "--faults", "byte_flips,header,shm_flips"],
+        "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
+        "read_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
+        "read_latency": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "16"],
+        "trace_replay": ["--requests", "30", "--capacities", "200", "--no-full-trace", "--time-limit", "10"],
+        "queue_hints": ["--requests", "50", "--capacities", "200", "--queue-depths", "0,16", "--seeds", "0"],
+        "scaling": ["--sizes", "2M", "--blocks", "2", "--warmup", "1", "--rounds", "1", "--rank-counts", "1,2"],
+        "tier_bandwidth": ["--sizes", "64K", "--total-bytes", "4M"],
+        "mpi_micro": ["--sizes", "64K", "--ids-per-rank", "300", "--lookups", "200"],
+        "faults": ["--rounds", "1", "--faults", "byte_flips,shm_flips"],
     },
 }
 SIZES["tiny"] = {**SIZES["quick"],
-                 "write_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2"],
-                 "read_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2"],
-                 "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "2", "--ops", "8"]}
+                 "write_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
+                 "read_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
+                 "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "8"]}
 #: --system per size and workload (default ``all``). tiny: one real peer beside Cascade, for tests.
 SYSTEMS: dict[str, dict[str, str]] = {"tiny": {"write_throughput": "cascade,hdf5", "read_throughput": "cascade,hdf5",
                                                "read_latency": "cascade,hdf5", "trace_replay": "cascade,redis",
