@@ -48,17 +48,21 @@ def test_every_workload_runs_once(tmp_path) -> None:
 
 
 def test_repetitions_interleaved_with_spread(tmp_path) -> None:
-    args = ["--size", "tiny", "--reps", "3", "--workloads", "write_throughput,tier_bandwidth", "--allow-dirty",
+    args = ["--size", "tiny", "--reps", "3", "--workloads", "tier_bandwidth,faults", "--allow-dirty",
             "--out", str(tmp_path)]
     assert suite.main(args) == 0
     d, manifest, summary = _load(tmp_path)
-    assert manifest["order"] == [["write_throughput", "tier_bandwidth"], ["tier_bandwidth", "write_throughput"],
-                                 ["write_throughput", "tier_bandwidth"]]
+    assert manifest["order"] == [["tier_bandwidth", "faults"], ["faults", "tier_bandwidth"],
+                                 ["tier_bandwidth", "faults"]]
     assert [r["workload"] for r in manifest["runs"]] == [w for rep in manifest["order"] for w in rep]
-    put = next(f for f in summary["figures"] if f["workload"] == "write_throughput"
-               and f.get("system") == "cascade" and f["metric"] == "put_gbps")
+    assert all(r["cpu_seconds"] > 0 and r["seconds"] > 0 for r in manifest["runs"])
+    put = next(f for f in summary["figures"] if f["workload"] == "tier_bandwidth"
+               and f.get("tier") == "shm" and f["metric"] == "put_gbps")
     assert put["n"] == 3 and len(put["values"]) == 3
     assert put["min"] <= put["median"] <= put["max"] and put["min"] > 0
+    detected = next(f for f in summary["figures"] if f["workload"] == "faults" and f["metric"] == "detected"
+                    and "SHM" in f["fault"])
+    assert detected["values"] == [1.0, 1.0, 1.0]
     for f in summary["figures"]:
-        if f["metric"].startswith("vs_limit.") and f["max"] > 1:
+        if (f["metric"].startswith("vs_limit.") or f.get("tier") == "ratios") and f["max"] > 1:
             assert f["above_noisy_limit"] is True
