@@ -65,6 +65,15 @@ def _rows(rf: ResultsFile) -> list[dict]:
     return sorted(rows, key=lambda r: r["capacity_blocks"])
 
 
+def _rows_requests(rf: ResultsFile, rows: list[dict]) -> int:
+    """Requests the policy rows were computed on: the whole trace (schema 1), or what
+    Cascade replayed for them (schema 3: the whole trace or the prefix all systems share)."""
+    first = rf.seq("rows")[0]
+    if isinstance(first.get("cascade_semantic"), dict) and "requests" in first["cascade_semantic"]:
+        return int(rf.num("rows", 0, "cascade_semantic", "requests"))
+    return int(rf.num("requests"))
+
+
 def _system_rows(rf: ResultsFile) -> list[tuple[int, dict]]:
     """``(index, row)`` of every ``system_rows`` entry."""
     out = []
@@ -103,7 +112,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         raise Skip("no trace_replay results (python -m benchmark.run_benchmark --system all --workload trace_replay)")
     rows = _rows(rf)
     srows = _system_rows(rf)
-    full = int(rf.num("requests"))
+    full = _rows_requests(rf, rows)
     caps = [r["capacity_blocks"] for r in rows]
     systems = sorted({str(r["system"]) for _, r in srows}, key=_order)
 
@@ -173,7 +182,8 @@ def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[i
     quoted = max(rows, key=lambda r: (r["reference_belady"]["block_hit_ratio"] - r["reference_lru"]["block_hit_ratio"],
                                       -r["capacity_blocks"]))
     i = all_rows.index(quoted)
-    m.add("TrRequests", integer(full), rf.source("requests"))
+    m.add("TrRequests", integer(full), rf.source("rows", 0, "cascade_semantic", "requests")
+          if "requests" in rf.seq("rows")[0].get("cascade_semantic", {}) else rf.source("requests"))
     source = str(rf.get("source"))
     m.add("TrTraceKind", f"the request trace \\texttt{{{escape(trace_name(rf))}}}" if os.sep in source
           else f"a synthetic workload from Cascade's generator (\\texttt{{{escape(trace_name(rf))}}})",
