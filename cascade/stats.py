@@ -43,7 +43,7 @@ class StoreCounters:
     deletes: int = 0
     cluster_hits: int = 0  # gets served from another rank's tiers (part of hits)
     cluster_deduped: int = 0  # puts of blocks another rank already held (part of deduped)
-    cluster_corruptions: int = 0  # another rank's file-tier record failed verification
+    cluster_corruptions: int = 0  # bytes read from another rank failed the entry's checksum (misses)
     hints: int = 0  # scheduler hints taken (store.hint)
     replaced_unconfirmed: int = 0  # puts whose bytes differed from a record found on disk
 

@@ -10,7 +10,8 @@ Three phases, each a fresh :class:`~cascade.CascadeStore` over ``comm``:
 
 In each phase every rank mixes puts (its own seeds and seeds every rank puts: dedup),
 gets of any rank's seeds, pin/get/unpin of other ranks' blocks and deletes, until it has
-``hits_per_rank`` cross-rank hits (or ``seconds`` ran out). A hit served by another
+``hits_per_rank`` cross-rank hits (or ran ten times as many operations, or ``seconds``
+ran out). A hit served by another
 rank (``cluster_hits`` rose) is compared byte for byte with the block derived from its
 seed: ``wrong_bytes`` counts differing bytes, ``checksum_mismatches`` the cross-rank
 reads the published checksum turned into misses (plus local tiers' corruptions).
@@ -87,7 +88,9 @@ def run_phase(comm, name: str, file_dir: str, *, hits_per_rank: int, seconds: fl
     comm.Barrier()
     end = time.perf_counter() + seconds
     try:
-        while c["cross_hits"] < hits_per_rank and time.perf_counter() < end:
+        ops = 0  # also bounded by operations (one rank alone never has a cross-rank hit)
+        while c["cross_hits"] < hits_per_rank and ops < 10 * hits_per_rank and time.perf_counter() < end:
+            ops += 1
             op = rng.random()
             if op < 0.2:
                 s = int(rng.choice(mine))
