@@ -33,17 +33,17 @@ WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_repla
 #: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
-        "write_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
-        "read_throughput": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3"],
-        "read_latency": ["--sizes", "2M,16M", "--blocks", "48", "--warmup", "4", "--rounds", "3", "--ops", "200"],
+        "write_throughput": ["--sizes", "2M,16M", "--blocks", "32", "--warmup", "4", "--rounds", "3"],
+        "read_throughput": ["--sizes", "2M,16M", "--blocks", "32", "--warmup", "4", "--rounds", "3"],
+        "read_latency": ["--sizes", "2M,16M", "--blocks", "32", "--warmup", "4", "--rounds", "3", "--ops", "128"],
         "trace_replay": ["--requests", "300", "--capacities", "500,2000", "--full-capacities", "5000",
                          "--time-limit", "90"],
-        "queue_hints": ["--requests", "3000", "--capacities", "1000,5000", "--queue-depths", "0,16,64",
+        "queue_hints": ["--requests", "2000", "--capacities", "1000,5000", "--queue-depths", "0,64",
                         "--seeds", "0"],
-        "scaling": ["--sizes", "2M", "--blocks", "16", "--warmup", "2", "--rounds", "3", "--rank-counts", "1,2,4"],
+        "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--rank-counts", "1,2,4"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
-        "faults": ["--rounds", "5"],
+        "faults": ["--rounds", "3"],
     },
     "quick": {
         "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
