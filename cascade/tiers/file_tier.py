@@ -515,7 +515,9 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # files serve them from several OSTs at once; untested on Lustre: none here, and on this
 # project's virtio disk they measured the same as one whole read). Buffered reads stay
 # one preadv per record: measured cold (7 rounds, vs the better raw read) 0.85x whole vs
-# 0.61x chunked at 16 MiB, since out-of-order chunks stop the kernel's readahead.
+# 0.61x chunked at 16 MiB, since out-of-order chunks stop the kernel's readahead. Our
+# own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
+# 2 MiB cold reads 3x slower (the advice call blocks on this kernel): not used.
 _CHUNK = 1 << 20
 _PARALLEL_MIN = 8 << 20  # smaller records: one preadv
 _READERS = 8
