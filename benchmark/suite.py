@@ -27,7 +27,13 @@ from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "tier_bandwidth", "mpi_micro", "faults")
+             "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults")
+#: MPI workloads launched directly under mpiexec: (ranks, extra environment).
+MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
+    "mpi_micro": (2, {}),
+    "cross_node": (4, {"MPIR_CVAR_NUM_CLIQUES": "2"}),  # two emulated nodes on one machine
+    "stress_mpi": (4, {}),
+}
 
 #: run_benchmark / workload options per size. ``default`` is sized for about 20 minutes on
 #: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
@@ -43,6 +49,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--rank-counts", "1,2,4"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
+        "cross_node": [],
+        "stress_mpi": ["--hits", "30000", "--seconds", "60"],
         "faults": ["--rounds", "3"],
     },
     "quick": {
@@ -54,13 +62,16 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "scaling": ["--sizes", "2M", "--blocks", "2", "--warmup", "1", "--rounds", "1", "--rank-counts", "1,2"],
         "tier_bandwidth": ["--sizes", "64K", "--total-bytes", "4M"],
         "mpi_micro": ["--sizes", "64K", "--ids-per-rank", "300", "--lookups", "200"],
+        "cross_node": [],
+        "stress_mpi": ["--hits", "2000", "--seconds", "10"],
         "faults": ["--rounds", "1", "--faults", "byte_flips,shm_flips"],
     },
 }
 SIZES["tiny"] = {**SIZES["quick"],
                  "write_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
                  "read_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
-                 "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "8"]}
+                 "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "8"],
+                 "stress_mpi": ["--hits", "600", "--seconds", "5"]}
 #: --system per size and workload (default ``all``). tiny: one real peer beside Cascade, for tests.
 SYSTEMS: dict[str, dict[str, str]] = {"tiny": {"write_throughput": "cascade,hdf5", "read_throughput": "cascade,hdf5",
                                                "read_latency": "cascade,hdf5", "trace_replay": "cascade,redis",
@@ -91,8 +102,9 @@ def rotated(workloads: Sequence[str], rep: int) -> list[str]:
 def command(workload: str, size: str, rep_dir: Path) -> list[str]:
     """The process that runs one workload once at ``size`` and writes into ``rep_dir``."""
     opts = SIZES[size][workload]
-    if workload == "mpi_micro":
-        return mpiexec_command(2, "benchmark.workloads.mpi_micro", "--out", str(rep_dir), *opts)
+    if workload in MPI_WORKLOADS:
+        return mpiexec_command(MPI_WORKLOADS[workload][0], f"benchmark.workloads.{workload}", "--out", str(rep_dir),
+                               *opts)
     if workload == "faults":
         return [sys.executable, "-m", "benchmark.fault_campaign", "--out", str(rep_dir), *opts]
     return [sys.executable, "-m", "benchmark.run_benchmark", "--system", SYSTEMS.get(size, {}).get(workload, "all"),
@@ -116,7 +128,8 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
     cmd = command(workload, size, rep_dir)
     log_path = suite_dir / "logs" / f"rep{rep}_{workload}.log"
     log_path.parent.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           **MPI_WORKLOADS.get(workload, (0, {}))[1]}
     t0 = time.perf_counter()
     cpu0 = _children_cpu()
     with open(log_path, "w") as log:
@@ -128,7 +141,8 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
     seconds = time.perf_counter() - t0
     cpu = _children_cpu() - cpu0
     new = sorted(set(rep_dir.glob("*.json")) - before)
-    entry: dict[str, Any] = {"rep": rep, "workload": workload, "command": cmd, "returncode": code,
+    entry: dict[str, Any] = {"rep": rep, "workload": workload, "command": cmd,
+                             "env": MPI_WORKLOADS.get(workload, (0, {}))[1], "returncode": code,
                              "seconds": seconds, "cpu_seconds": cpu, "file": str(new[-1].relative_to(suite_dir)) if new else None,
                              "log": str(log_path.relative_to(suite_dir))}
     entry["status"] = "ok" if code == 0 and new else "failed"
@@ -145,6 +159,8 @@ METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio",
            "overhead_bytes_per_block", "overhead_fraction")
 NESTED = ("vs_systems", "vs_limit", "speedup_vs_1_rank", "latency_s")
 Figure = tuple[dict[str, Any], str, float]
+OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips"),
+              "stress_mpi": ("total", "phases")}
 
 
 def _number(v: Any) -> bool:
@@ -156,7 +172,7 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, float]]:
         yield prefix, float(value)
     elif isinstance(value, dict):
         for k, v in value.items():
-            if k not in ("n", "samples"):
+            if k not in ("n", "samples", "samples_s", "samples_us"):
                 yield from _flatten(f"{prefix}.{k}", v)
 
 
@@ -215,6 +231,10 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
         batched = lat.get("batched") or {}
         if _number(batched.get("median_ids_per_s")):
             out.append(({"system": "cascade"}, "directory.batched.median_ids_per_s", float(batched["median_ids_per_s"])))
+    elif workload in ("cross_node", "stress_mpi"):
+        # every numeric figure of the result, named by its path (no per-op samples)
+        for name, v in _flatten("", {k: doc.get(k) for k in OWN_FIELDS[workload]}):
+            out.append(({"system": "cascade"}, name.lstrip("."), v))
     else:
         for row in doc.get("rows", []):
             if "skipped" not in row:

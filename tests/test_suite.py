@@ -30,15 +30,31 @@ def _load(tmp_path):
     return d, json.loads((d / "manifest.json").read_text()), json.loads((d / "summary.json").read_text())
 
 
+#: The 4-rank MPI workloads have their own tests (tests/mpi); here only how they are launched.
+OWN_TESTS = ("cross_node", "stress_mpi")
+
+
+def test_mpi_workloads_launch_under_mpiexec(tmp_path) -> None:
+    cmd = suite.command("cross_node", "default", tmp_path)
+    assert cmd[1:3] == ["-n", "4"] and cmd[-3:] == ["benchmark.workloads.cross_node", "--out", str(tmp_path)]
+    assert suite.MPI_WORKLOADS["cross_node"][1] == {"MPIR_CVAR_NUM_CLIQUES": "2"}
+    assert suite.command("stress_mpi", "quick", tmp_path)[-4:] == ["--hits", "2000", "--seconds", "10"]
+    doc = {"total": {"wrong_bytes": 0, "hits": 10}, "phases": {"shm0": {"wrong_bytes": 0}}, "machine": {"cpus": 2}}
+    names = {m for _, m, _ in suite.figures("stress_mpi", doc)}
+    assert names == {"total.wrong_bytes", "total.hits", "phases.shm0.wrong_bytes"}
+
+
 def test_every_workload_runs_once(tmp_path) -> None:
-    assert suite.main(["--size", "tiny", "--reps", "1", "--allow-dirty", "--out", str(tmp_path)]) == 0
+    workloads = [w for w in suite.WORKLOADS if w not in OWN_TESTS]
+    assert suite.main(["--size", "tiny", "--reps", "1", "--allow-dirty", "--workloads", ",".join(workloads),
+                       "--out", str(tmp_path)]) == 0
     d, manifest, summary = _load(tmp_path)
     assert manifest["format"] == "cascade-bench-suite/1" and len(manifest["commit"]) == 40
-    assert [r["workload"] for r in manifest["runs"]] == list(suite.WORKLOADS) and "queue_hints" in suite.WORKLOADS
+    assert [r["workload"] for r in manifest["runs"]] == workloads and "queue_hints" in workloads
     for run in manifest["runs"]:
         assert run["status"] == "ok" and (d / run["file"]).exists(), run
     seen = {f["workload"] for f in summary["figures"]}
-    assert seen == set(suite.WORKLOADS)
+    assert seen == set(workloads)
     fig = {(f["workload"], f.get("system"), f.get("mode"), f["metric"]): f for f in summary["figures"]}
     assert fig[("read_throughput", "cascade", "hot", "get_gbps")]["median"] > 0
     assert fig[("read_throughput", "cascade", "hot", "vs_systems.hdf5")]["median"] > 0

@@ -179,16 +179,18 @@ def main(argv: list[str]) -> None:
     p.add_argument("--hits", type=int, default=120_000, help="cross-rank hits to verify, in all (default 120000)")
     p.add_argument("--seconds", type=float, default=600.0, help="time cap per phase (default 600)")
     p.add_argument("--save", action="store_true", help="write benchmark/results/cascade_stress_mpi_*.json")
+    p.add_argument("--out", help="results directory (implies --save)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     nodes = len(set(node_ids(comm)))
     result = run(comm, hits=args.hits, seconds=args.seconds)
     if comm.Get_rank() == 0:
         result["ranks"], result["emulated_nodes"] = comm.Get_size(), nodes
-        if args.save:
+        if args.save or args.out:
             from ..results import write_results
             result["results_file"] = str(write_results("cascade", "stress_mpi", result, nodes=nodes,
-                                                       ranks=comm.Get_size(), config={"phases": PHASES}))
+                                                       ranks=comm.Get_size(), config={"phases": PHASES},
+                                                       directory=args.out))
         print(json.dumps(result["total"] | {"results_file": result.get("results_file")}, indent=1))
     total = comm.bcast(result["total"] if comm.Get_rank() == 0 else None)
     if total["wrong_bytes"] or total["wrong_blocks"] or total["invariant_broken"]:
