@@ -31,6 +31,7 @@ verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads 
 promote_on_hit              True             copy a block up to the fastest tier on a hit
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               0.25             most of the fastest tier that hinted blocks may hold
+namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
 stats_interval              10.0             seconds between stats-file refreshes
@@ -118,6 +119,7 @@ class Config:
     promote_on_hit: bool = True
     cache_cluster_reads: bool = False
     hint_fraction: float = 0.25
+    namespace_share: float = 0.0
     directory_slots: int = 1 << 16
     stats_dir: str = ""
     stats_interval: float = 10.0
@@ -144,6 +146,8 @@ class Config:
             raise ConfigError("default_ttl: must be >= 0")
         if not 0.0 <= self.hint_fraction <= 1.0:  # NaN fails this too
             raise ConfigError("hint_fraction: must be in [0, 1]")
+        if not 0.0 <= self.namespace_share <= 1.0:
+            raise ConfigError("namespace_share: must be in [0, 1] (0 = no per-namespace quota)")
         if self.stats_interval <= 0:
             raise ConfigError(f"stats_interval: must be > 0 seconds, got {self.stats_interval!r}")
         _check_dir_value("file_dir", self.file_dir)

@@ -171,13 +171,14 @@ class Policy:
         sharing = max(meta.shares, meta.children(), 1)
         return frequency * sharing * 2.0 ** meta.priority
 
+    def score(self, meta: BlockMeta) -> float:
+        """Eviction order: the lowest score goes first."""
+        return meta.last_use if self.kind == "lru" else meta.base + self.value(meta)
+
     # -- internals ----------------------------------------------------------------------
     def _push(self, meta: BlockMeta) -> None:
         meta.version += 1
-        if self.kind == "lru":
-            score = meta.last_use
-        else:
-            score = meta.base + self.value(meta)
+        score = self.score(meta)
         heap = self._heaps[meta.tier]
         heapq.heappush(heap, (score, next(self._seq), meta.version, meta))
         if len(heap) > 4 * self._live[meta.tier] + 64:

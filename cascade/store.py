@@ -146,6 +146,8 @@ class CascadeStore:
         # not cached (deleted, expired): a re-put of the head starts with its true count
         self._kids: dict[BlockKey, list[int]] = {}
         self._cluster_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
+        # namespace quotas (config.namespace_share): bytes of each namespace in each tier
+        self._ns_bytes: list[dict[str, int]] = [{} for _ in self.tiers]
         self._lock = threading.RLock()
         self._hasher: ThreadPoolExecutor | None = None
         self._closed = False
@@ -195,6 +197,7 @@ class CascadeStore:
                 meta = BlockMeta(key, tier.length(key), t, parent=parent_of(key) if parent_of else None,
                                  ttl=expires - wall if expires else self.config.default_ttl)
                 self._meta[key] = meta
+                self._ns_add(meta, t, meta.nbytes)
                 self._unconfirmed.add(key)
         for meta in self._meta.values():
             meta.depth = self._depth(meta)
@@ -279,7 +282,7 @@ class CascadeStore:
                 # SHA-256 release the GIL): the put costs max(copy, hash), not the sum.
                 pending = self._hash_pool().submit(compute_block_id, key, value, algo=self.config.hash_algo)
                 try:
-                    staged = self._stage(parts)
+                    staged = self._stage(parts, namespace)
                 except TierFull:
                     staged = None  # the fastest tier is full of pinned blocks: _place finds another
                 digest = pending.result()
@@ -419,10 +422,10 @@ class CascadeStore:
             self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
         return self._hasher
 
-    def _stage(self, parts: list[Any]) -> tuple[int, int] | None:
+    def _stage(self, parts: list[Any], namespace: str) -> tuple[int, int] | None:
         """Copy a block into the fastest tier's free space (not yet published)."""
         with self._lock:
-            self._make_room(0, self.spec.block_bytes)
+            self._make_room(0, self.spec.block_bytes, namespace)
             return self.tiers[0].stage(parts)
 
     def _discard(self, staged: tuple[int, int] | None) -> None:
@@ -441,7 +444,7 @@ class CascadeStore:
                 reasons.append(f"{tier.name}: the block exceeds its capacity of {tier.capacity}")
                 continue
             try:
-                self._make_room(t, nbytes)
+                self._make_room(t, nbytes, bkey[0])
                 tier.put(bkey, parts, parent=parent)
                 return t
             except OSError as exc:  # TierFull included (ENOSPC and friends too)
@@ -468,12 +471,16 @@ class CascadeStore:
         return ids
 
     # -- eviction ---------------------------------------------------------------------------
-    def _make_room(self, t: int, nbytes: int) -> None:
-        """Evict from tier ``t`` until ``nbytes`` fit. Raises :class:`TierFull`."""
+    def _make_room(self, t: int, nbytes: int, namespace: str | None = None) -> None:
+        """Evict from tier ``t`` until ``nbytes`` (of ``namespace``) fit. With a
+        namespace share, a namespace that would go over its share of the tier first
+        moves its own blocks down. Raises :class:`TierFull`."""
         tier = self.tiers[t]
         if nbytes > tier.capacity:
             self.tier_counters[t].full_events += 1
             raise TierFull(f"{tier.name}: a block of {nbytes} bytes exceeds its capacity of {tier.capacity}")
+        if namespace is not None and self.config.namespace_share > 0:
+            self._keep_share(t, nbytes, namespace)
         set_aside: list[BlockMeta] = []
         try:
             while not tier.fits(nbytes):
@@ -491,6 +498,25 @@ class CascadeStore:
                 if meta.key in self._meta:
                     self.policy.changed(meta)
 
+    def _keep_share(self, t: int, nbytes: int, namespace: str) -> None:
+        """Move ``namespace``'s own blocks out of tier ``t`` until ``nbytes`` more stay
+        within its share; :class:`TierFull` when its movable blocks do not suffice.
+        Costs a scan of the namespace's blocks in the tier per victim."""
+        share = self.config.namespace_share * self.tiers[t].capacity
+        skipped: set[BlockKey] = set()
+        while self._ns_bytes[t].get(namespace, 0) + nbytes > share:
+            own = [m for m in self._meta.values()
+                   if m.tier == t and m.key[0] == namespace and m.key not in skipped and self.policy.eligible(m)]
+            if not own:
+                self.tier_counters[t].full_events += 1
+                raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
+                               f"({self.config.namespace_share:g} of the tier) and none of its blocks there can move")
+            victim = min(own, key=self.policy.score)
+            try:
+                self._demote(victim)
+            except _Busy:
+                skipped.add(victim.key)
+
     def _demote(self, meta: BlockMeta) -> None:
         """Move ``meta`` to the next slower tier that takes it (one without room or
         capacity is skipped), or drop it when none does. Failure-atomic: the block stays
@@ -500,7 +526,7 @@ class CascadeStore:
             if self.tiers[lower].capacity < meta.nbytes:
                 continue
             try:
-                self._make_room(lower, meta.nbytes)
+                self._make_room(lower, meta.nbytes, meta.key[0])
                 self._copy_between(meta, t, lower)
             except (TierFull, OSError) as exc:
                 log.debug("demotion of %s to %s failed (%s)", meta.key[1], self.tiers[lower].name, exc)
@@ -539,8 +565,15 @@ class CascadeStore:
         are already cached (they outlive a deleted or expired head)."""
         meta.child_tiers = self._kids.setdefault(meta.key, [0] * len(self.tiers))
         self._meta[meta.key] = meta
+        self._ns_add(meta, meta.tier, meta.nbytes)
         self.policy.admitted(meta, now)
         self._link_child(meta)
+
+    def _ns_add(self, meta: BlockMeta, tier: int, nbytes: int) -> None:
+        used = self._ns_bytes[tier]
+        used[meta.key[0]] = used.get(meta.key[0], 0) + nbytes
+        if not used[meta.key[0]]:
+            del used[meta.key[0]]
 
     def _count_child(self, meta: BlockMeta, tier: int, delta: int) -> None:
         """Count ``meta`` in or out of its parent's children in ``tier`` (the count is
@@ -560,6 +593,8 @@ class CascadeStore:
         old = meta.tier
         self._count_child(meta, old, -1)
         self._count_child(meta, tier, +1)
+        self._ns_add(meta, old, -meta.nbytes)
+        self._ns_add(meta, tier, meta.nbytes)
         meta.tier = tier
         self.policy.moved(meta, old)
 
@@ -574,7 +609,8 @@ class CascadeStore:
         if meta.hints:
             self._hinted_bytes -= meta.nbytes
             meta.hints = 0
-        self._meta.pop(meta.key, None)
+        if self._meta.pop(meta.key, None) is not None:
+            self._ns_add(meta, meta.tier, -meta.nbytes)
         self.policy.removed(meta)
         if not any(self._kids.get(meta.key, ())):
             self._kids.pop(meta.key, None)
@@ -674,14 +710,13 @@ class CascadeStore:
         The copy is never shared and may outlive the holder's copy (the same bytes:
         ids name content). Best effort: nothing happens when no room can be made."""
         try:
-            self._make_room(0, self.spec.block_bytes)
+            self._make_room(0, self.spec.block_bytes, bkey[0])
             self.tiers[0].put(bkey, data)
         except (TierFull, OSError) as exc:
             log.debug("no private copy of %s: %s", bkey[1], exc)
             return
         meta = BlockMeta(bkey, self.spec.block_bytes, 0, ttl=self.config.default_ttl)
-        self._meta[bkey] = meta
-        self.policy.admitted(meta, time.monotonic())
+        self._admit(meta, time.monotonic())
 
     def _miss(self, served_by: int) -> bool:
         self.counters.misses += 1
@@ -695,7 +730,7 @@ class CascadeStore:
         src = meta.tier
         meta.pins += 1  # keep it from being chosen as a victim while making room
         try:
-            self._make_room(0, meta.nbytes)
+            self._make_room(0, meta.nbytes, meta.key[0])
             self.tiers[0].put(meta.key, data, parent=meta.parent)
         except (TierFull, OSError) as exc:
             log.debug("promotion of %s skipped: %s", meta.key[1], exc)
