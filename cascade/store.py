@@ -665,10 +665,7 @@ class CascadeStore:
             except CorruptBlock as exc:
                 log.warning("%s", exc)
                 self.tier_counters[t].corruptions += 1
-                # withdraw before freeing: while another rank pins it, the bytes stay
-                # allocated (its reads verify the checksum) and a later read retries
-                if self._withdraw(meta, leaf_only=False):
-                    self._drop(meta)
+                self._drop_corrupt(meta)
                 return self._miss(len(self.tiers))
             self.counters.hits += 1
             counters = self.tier_counters[t]
@@ -717,6 +714,13 @@ class CascadeStore:
             return
         meta = BlockMeta(bkey, self.spec.block_bytes, 0, ttl=self.config.default_ttl)
         self._admit(meta, time.monotonic())
+
+    def _drop_corrupt(self, meta: BlockMeta) -> None:
+        """Drop a block whose bytes failed verification: withdraw first; while another
+        rank pins it, the bytes stay allocated (its reads verify the checksum) and a
+        later read retries."""
+        if self._withdraw(meta, leaf_only=False):
+            self._drop(meta)
 
     def _miss(self, served_by: int) -> bool:
         self.counters.misses += 1
@@ -805,11 +809,7 @@ class CascadeStore:
         except CorruptBlock as exc:
             log.warning("%s", exc)
             self.tier_counters[meta.tier].corruptions += 1
-            if meta.key in self.tiers[meta.tier]:
-                del self.tiers[meta.tier][meta.key]
-            if meta.entry is not None:
-                self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=False)
-            self._forget(meta)
+            self._drop_corrupt(meta)
             return
         self._promote(meta, [buf])
 
