@@ -5,6 +5,11 @@ the per-block metadata, the policy and the counters. A block lives in exactly on
 puts enter the fastest tier, eviction demotes tier by tier (failure-atomic: a block
 leaves a tier only after the slower tier accepted it) and only the last tier drops.
 
+In a multi-rank run the store tells its multi-rank layer
+(:mod:`cascade.distributed.store_layer`) about every block it stores, moves and frees;
+the layer keeps the global directory true and answers local misses from other ranks.
+On one rank the layer is a no-op stand-in, so the code here is the same either way.
+
 Thread-safety: every public method is safe to call from several threads (one lock per
 store; content hashing of a put runs outside it).
 """
@@ -19,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .checksum import checksum
 from .config import Config
+from .distributed.store_layer import Joined, Solo
 from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
 from .models import BlockSpec
@@ -76,14 +81,6 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
         ))
     return tiers
-
-
-def _parts_checksum(parts: Sequence[Any]) -> int:
-    """XXH3-64 of a block's bytes (host buffers; device arrays are copied to the host)."""
-    try:
-        return checksum(parts)
-    except TypeError:  # e.g. cupy arrays: no buffer protocol
-        return checksum([np.ascontiguousarray(p.get()) for p in parts])
 
 
 def remote_chunk_bytes(exposed: int) -> int:
@@ -145,7 +142,6 @@ class CascadeStore:
         # cached children per tier of each parent key, kept while the parent itself is
         # not cached (deleted, expired): a re-put of the head starts with its true count
         self._kids: dict[BlockKey, list[int]] = {}
-        self._cluster_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
         # namespace quotas (config.namespace_share): bytes of each namespace in each tier
         self._ns_bytes: list[dict[str, int]] = [{} for _ in self.tiers]
         self._lock = threading.RLock()
@@ -157,17 +153,17 @@ class CascadeStore:
         for tier in self.tiers:
             if hasattr(tier, "expiry_of"):  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._wall_expiry
-        self.cluster = None
+        self._peers: Solo = Solo()  # the multi-rank layer (cascade/distributed/store_layer.py)
         try:
             if clustered:
-                from .distributed.cluster import Cluster, TierKind
+                from .distributed.cluster import Cluster
 
                 shm = next((t for t in self.tiers if t.name == "shm"), None)
                 remote = next((t for t in built if t.name == "remote"), None)
-                self._kinds = [TierKind.of(t.name) for t in self.tiers]
-                self.cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
-                                       shm_buffer=getattr(shm, "mapping", None),
-                                       remote=remote, directory_slots=self.config.directory_slots)
+                cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
+                                  shm_buffer=getattr(shm, "mapping", None),
+                                  remote=remote, directory_slots=self.config.directory_slots)
+                self._peers = Joined(cluster, self.tiers, rank)
             self._recover()
         except BaseException:
             for tier in built:
@@ -205,17 +201,14 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
-        if self.cluster is not None:
-            for meta in list(self._meta.values()):
-                buf = np.empty(meta.nbytes, dtype=np.uint8)
-                try:
-                    self.tiers[meta.tier].read_into(meta.key, buf)
-                except CorruptBlock as exc:
-                    log.warning("%s", exc)
-                    self._drop(meta)
-                    continue
-                meta.checksum = _parts_checksum([buf])
-                self._publish(meta)
+        for meta in list(self._meta.values()):
+            try:
+                kept = self._peers.recovered(meta)
+            except CorruptBlock as exc:
+                log.warning("%s", exc)
+                kept = False
+            if not kept:  # corrupt, or another rank's copy won
+                self._drop(meta)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
@@ -294,7 +287,7 @@ class CascadeStore:
             block_id = digest
         bkey = self._key(block_id, namespace)
         # published with the block so that every cross-rank read can verify the bytes
-        block_sum = _parts_checksum(parts) if self.cluster is not None else 0
+        block_sum = self._peers.checksum(parts)
         with self._lock:
             self.counters.puts += 1
             now = time.monotonic()
@@ -305,13 +298,13 @@ class CascadeStore:
                 self.policy.touched(meta, now)
                 self.counters.deduped += 1
                 return block_id
-            if meta is not None and self._withdraw(meta, leaf_only=False):
+            if meta is not None and self._peers.withdraw(meta, leaf_only=False):
                 self._drop(meta)
             elif meta is not None:  # expired but pinned by another rank: keep serving it
                 self.counters.deduped += 1
                 self._discard(staged)
                 return block_id
-            if self.cluster is not None and self._held_elsewhere(bkey):
+            if self._peers.held_elsewhere(bkey):
                 self._discard(staged)
                 self.counters.deduped += 1
                 self.counters.cluster_deduped += 1
@@ -332,87 +325,29 @@ class CascadeStore:
             self._admit(meta, now)
             if meta.ttl:
                 self._persist_ttl(meta)
-            if self.cluster is not None:
-                try:
-                    published = self._publish(meta)
-                except BaseException:  # e.g. DirectoryFull: a rejected put stores nothing
-                    if meta.key in self._meta:
-                        self._drop(meta)
-                    self.counters.rejected += 1
-                    raise
-                if not published:
-                    self.counters.deduped += 1  # another rank published it first: use theirs
-                    self.counters.cluster_deduped += 1
-                    return block_id
+            try:
+                published = self._peers.publish(meta)
+            except BaseException:  # e.g. DirectoryFull: a rejected put stores nothing
+                if meta.key in self._meta:
+                    self._drop(meta)
+                self.counters.rejected += 1
+                raise
+            if not published:
+                self._drop(meta)
+                self.counters.deduped += 1  # another rank published it first: use theirs
+                self.counters.cluster_deduped += 1
+                return block_id
             self.counters.stored += 1
             self.tier_counters[placed].bytes_written += meta.nbytes
             self.put_latency.record(time.perf_counter() - started)
             self._maybe_write_stats()
             return block_id
 
-    # -- the cluster (multi-rank runs) -------------------------------------------------------
-    def _held_elsewhere(self, bkey: BlockKey) -> bool:
-        entry = self.cluster.lookup(bkey)
-        return entry is not None and self._theirs(entry) and self.cluster.readable(entry)
-
-    def _theirs(self, entry: Any) -> bool:
-        """Whether another rank published ``entry`` (a REMOTE-tier entry names the rank
-        whose window holds the bytes, never the rank that put them)."""
-        from .distributed.cluster import TierKind
-
-        return entry.rank != self.rank or entry.tier == TierKind.REMOTE
-
-    def _placement(self, meta: BlockMeta, t: int | None = None) -> tuple[Any, int, int]:
-        """(tier kind, rank holding the bytes, location) of a local block in tier ``t``
-        (default: its tier)."""
-        t = meta.tier if t is None else t
-        tier = self.tiers[t]
-        kind = self._kinds[t]
-        if tier.name == "remote":
-            rank, location, _ = tier.location(meta.key)
-            return kind, rank, location
-        location = tier.location(meta.key) if tier.name == "lustre" else tier.offset(meta.key)
-        return kind, self.rank, location
-
-    def _publish(self, meta: BlockMeta) -> bool:
-        """Announce a local block in the directory. False when another rank's copy won
-        the race: ours is then dropped (the caller counts a dedup). All or nothing: on an
-        exception nothing is published."""
-        kind, rank, location = self._placement(meta)  # REMOTE: the rank whose window holds it
-        inserted, entry = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
-                                               checksum=meta.checksum)
-        if inserted:
-            meta.entry = entry
-            return True
-        if not self._theirs(entry) or not self.cluster.readable(entry):
-            return True  # a private copy: ours serves this rank, theirs the others
-        self._drop(meta)
-        return False
-
-    def _republish(self, meta: BlockMeta, t: int) -> bool:
-        """Point our directory entry at the block's copy in tier ``t``. False (nothing
-        changed) while another rank pins it."""
-        if meta.entry is None:
-            return True
-        kind, rank, location = self._placement(meta, t)
-        entry = self.cluster.move(meta.key, meta.entry, kind, rank, location)
-        if entry is None:
-            return False
-        meta.entry = entry
-        return True
-
-    def _withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
-        """Remove our directory entry before the bytes go. False while another rank
-        pins the block (or, with ``leaf_only``, caches a child of it)."""
-        if meta.entry is None:
-            return True
-        from .distributed.directory import Removal
-
-        outcome = self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=leaf_only)
-        if outcome in (Removal.PINNED, Removal.HAS_CHILDREN):
-            return False
-        meta.entry = None
-        return True
+    @property
+    def cluster(self):
+        """The :class:`~cascade.distributed.cluster.Cluster` of a multi-rank store (its
+        directory, peers' readers), None for a local one."""
+        return self._peers.cluster
 
     def _can_overlap(self) -> bool:
         return self.spec.block_bytes >= _OVERLAP_MIN_BYTES and hasattr(self.tiers[0], "stage")
@@ -533,7 +468,7 @@ class CascadeStore:
                 continue
             self.tier_counters[t].demotions += 1
             return
-        if not self._withdraw(meta, leaf_only=True):
+        if not self._peers.withdraw(meta, leaf_only=True):
             raise _Busy(meta.key)
         self.tier_counters[t].evictions += 1
         self.policy.evicted(meta)
@@ -554,7 +489,7 @@ class CascadeStore:
     def _move_published(self, meta: BlockMeta, src: int, dst: int) -> None:
         """The block now sits in ``src`` and ``dst``: repoint the directory, then free
         ``src``. If another rank pins it, undo the copy and raise :class:`_Busy`."""
-        if self.cluster is not None and not self._republish(meta, dst):
+        if not self._peers.republish(meta, dst):
             del self.tiers[dst][meta.key]
             raise _Busy(meta.key)
         del self.tiers[src][meta.key]
@@ -653,12 +588,12 @@ class CascadeStore:
             self.counters.gets += 1
             now = time.monotonic()
             meta = self._meta.get(bkey)
-            if meta is not None and self._expired(meta, now) and self._withdraw(meta, leaf_only=False):
+            if meta is not None and self._expired(meta, now) and self._peers.withdraw(meta, leaf_only=False):
                 self.counters.expired += 1
                 self._drop(meta)
                 meta = None
             if meta is None:
-                return self._read_from_cluster(bkey, outs, started) if self.cluster is not None else self._miss(len(self.tiers))
+                return self._read_from_cluster(bkey, outs, started)
             t = meta.tier
             try:
                 self.tiers[t].read_parts_into(bkey, outs)
@@ -685,7 +620,7 @@ class CascadeStore:
     def _read_from_cluster(self, bkey: BlockKey, outs: list[Any], started: float) -> bool:
         """A local miss: read the block from whichever rank published it."""
         try:
-            entry = self.cluster.read(bkey, outs)
+            entry = self._peers.read(bkey, outs)
         except CorruptBlock as exc:
             log.warning("%s", exc)
             self.counters.cluster_corruptions += 1
@@ -719,7 +654,7 @@ class CascadeStore:
         """Drop a block whose bytes failed verification: withdraw first; while another
         rank pins it, the bytes stay allocated (its reads verify the checksum) and a
         later read retries."""
-        if self._withdraw(meta, leaf_only=False):
+        if self._peers.withdraw(meta, leaf_only=False):
             self._drop(meta)
 
     def _miss(self, served_by: int) -> bool:
@@ -825,10 +760,10 @@ class CascadeStore:
         with self._lock:
             now = time.monotonic()
             found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
-            if self.cluster is not None:
-                rest = [i for i, hit in enumerate(found) if not hit]
-                for i, entry in zip(rest, self.cluster.lookup_many([keys[i] for i in rest])):
-                    found[i] = entry is not None and self.cluster.readable(entry)
+            rest = [i for i, hit in enumerate(found) if not hit]
+            if rest:
+                for i, there in zip(rest, self._peers.found_elsewhere([keys[i] for i in rest])):
+                    found[i] = there
             return found
 
     def longest_prefix(self, block_ids: Sequence[str] | None = None, *, tokens: Any = None,
@@ -851,7 +786,7 @@ class CascadeStore:
         """Remove a block. :class:`BlockNotFound` if absent, :class:`BlockPinned` if pinned."""
         with self._lock:
             meta = self._require(block_id, namespace)
-            if meta.pins or not self._withdraw(meta, leaf_only=False):
+            if meta.pins or not self._peers.withdraw(meta, leaf_only=False):
                 raise BlockPinned(f"block {block_id} is pinned by an in-flight request; unpin it first")
             self._drop(meta)
             self.counters.deletes += 1
@@ -872,7 +807,7 @@ class CascadeStore:
             for meta in list(self._meta.values()):
                 if namespace not in (None, meta.key[0]) or meta.pins:
                     continue
-                if self._withdraw(meta, leaf_only=False):
+                if self._peers.withdraw(meta, leaf_only=False):
                     self._drop(meta)
                     dropped += 1
             self.counters.deletes += dropped
@@ -884,46 +819,22 @@ class CascadeStore:
         with self._lock:
             bkey = self._key(block_id, namespace)
             meta = self._meta.get(bkey)
-            if self.cluster is not None and (meta is None or meta.entry is not None):
-                try:
-                    self.cluster.pin(bkey)  # cluster-wide: the holder cannot move or drop it
-                except BlockNotFound:
-                    if meta is None:
-                        raise BlockNotFound(f"no block {block_id} in namespace {namespace!r} on any rank") from None
-            if meta is None:
-                if self.cluster is None:
-                    raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
-                self._cluster_pins[bkey] = self._cluster_pins.get(bkey, 0) + 1  # this rank's pin
-                return
-            meta.pins += 1
-            self.policy.changed(meta)
+            self._peers.pin(bkey, meta)  # cluster-wide: the holder cannot move or drop it
+            if meta is not None:
+                meta.pins += 1
+                self.policy.changed(meta)
 
     def unpin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Drop one reference taken by :meth:`pin`."""
         with self._lock:
             bkey = self._key(block_id, namespace)
-            if self._cluster_pins.get(bkey):  # a pin taken on another rank's copy
-                from .distributed.directory import PinUnderflow
-
-                try:
-                    self.cluster.unpin(bkey)
-                except (PinUnderflow, BlockNotFound):
-                    pass  # the directory entry went with the rank holding it: nothing to release
-                self._cluster_pins[bkey] -= 1
-                if not self._cluster_pins[bkey]:
-                    del self._cluster_pins[bkey]
+            if self._peers.release_foreign_pin(bkey):  # a pin taken on another rank's copy
                 return
             meta = self._meta.get(bkey)
-            if meta is None and self.cluster is not None:
-                raise BlockPinned(f"block {block_id} is not pinned by rank {self.rank} "
-                                  "(pins are per rank: unpin on the rank that pinned it)")
-            meta = self._require(block_id, namespace)
-            if meta.pins == 0:
-                raise BlockPinned(f"block {block_id} is not pinned"
-                                  + (f" by rank {self.rank} (pins are per rank)" if self.cluster is not None else ""))
+            if meta is None or meta.pins == 0:
+                raise self._peers.not_pinned(bkey, meta)
             meta.pins -= 1
-            if meta.entry is not None:
-                self.cluster.unpin(bkey)
+            self._peers.unpinned(meta)
             self.policy.changed(meta)
 
     def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -1030,10 +941,10 @@ class CascadeStore:
                 self._keep_hot_blocks()
             if self._meta or self.counters.puts or self.counters.gets:
                 self._maybe_write_stats(force=True)
-            if self.cluster is not None:  # first: its slab window maps the SHM tier's slab
-                self.cluster.drain()  # no rank reads our slab or windows after this
-                self.cluster.close()
-                self.cluster = None
+            # first (collective): no rank reads our slab or windows after this, and the
+            # slab window maps the SHM tier's slab
+            self._peers.close()
+            self._peers = Solo()
             for tier in self._built_tiers:
                 tier.close()
             self._meta.clear()

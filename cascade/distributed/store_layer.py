@@ -1,0 +1,221 @@
+"""The multi-rank layer of a :class:`~cascade.store.CascadeStore`: what the store does
+beside its local tiers when it is one rank of a job.
+
+The store calls the same methods in every run; :class:`Solo` (one rank, no MPI) answers
+them without doing anything, :class:`Joined` (a communicator of more than one rank)
+keeps the global directory true for this rank's blocks through a
+:class:`~.cluster.Cluster`:
+
+* a block is *published* (tier kind, the rank holding the bytes, location, XXH3-64 of the
+  bytes) once stored, *republished* when it moves between tiers, and *withdrawn* before
+  its bytes are freed; moves and withdrawals are refused while another rank pins it
+  (withdrawals also while another rank caches a child, when asked);
+* a put of a block another rank already publishes is a cluster-wide dedup;
+* a local miss reads the block from whichever rank publishes it;
+* pins taken on another rank's copy are this rank's own and only it releases them.
+
+Local (one-sided MPI) except :meth:`Joined.close`, which is collective. Not thread-safe:
+the store calls it under its lock.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..checksum import checksum
+from ..errors import BlockNotFound, BlockPinned
+
+if TYPE_CHECKING:
+    from ..policy import BlockMeta
+    from ..tiers.base import BlockKey, Tier
+    from .cluster import Cluster
+    from .directory import DirectoryEntry
+
+
+def parts_checksum(parts: Sequence[Any]) -> int:
+    """XXH3-64 of a block's bytes (host buffers; device arrays are copied to the host)."""
+    try:
+        return checksum(parts)
+    except TypeError:  # e.g. cupy arrays: no buffer protocol
+        return checksum([np.ascontiguousarray(p.get()) for p in parts])
+
+
+class Solo:
+    """A store on its own: nothing is published, nothing is held elsewhere."""
+
+    cluster: Cluster | None = None
+
+    def checksum(self, parts: Sequence[Any]) -> int:
+        return 0  # nobody else reads this store's bytes
+
+    def recovered(self, meta: BlockMeta) -> bool:
+        return True
+
+    def held_elsewhere(self, key: BlockKey) -> bool:
+        return False
+
+    def publish(self, meta: BlockMeta) -> bool:
+        return True
+
+    def republish(self, meta: BlockMeta, t: int) -> bool:
+        return True
+
+    def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
+        return True
+
+    def read(self, key: BlockKey, outs: Sequence[Any]) -> DirectoryEntry | None:
+        return None
+
+    def found_elsewhere(self, keys: Sequence[BlockKey]) -> list[bool]:
+        return [False] * len(keys)
+
+    def pin(self, key: BlockKey, meta: BlockMeta | None) -> None:
+        if meta is None:
+            raise BlockNotFound(f"no block {key[1]} in namespace {key[0]!r}")
+
+    def release_foreign_pin(self, key: BlockKey) -> bool:
+        return False
+
+    def unpinned(self, meta: BlockMeta) -> None:
+        pass
+
+    def not_pinned(self, key: BlockKey, meta: BlockMeta | None) -> Exception:
+        if meta is None:
+            return BlockNotFound(f"no block {key[1]} in namespace {key[0]!r}")
+        return BlockPinned(f"block {key[1]} is not pinned")
+
+    def close(self) -> None:
+        pass
+
+
+class Joined(Solo):
+    """One rank of a multi-rank store (see the module docstring). ``tiers`` are the
+    store's tiers (fastest first), ``rank`` this rank."""
+
+    def __init__(self, cluster: Cluster, tiers: Sequence[Tier], rank: int) -> None:
+        from .cluster import TierKind
+
+        self.cluster = cluster
+        self.tiers = tiers
+        self.rank = rank
+        self._kinds = [TierKind.of(t.name) for t in tiers]
+        self._remote = TierKind.REMOTE
+        self._foreign_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
+
+    def checksum(self, parts: Sequence[Any]) -> int:
+        return parts_checksum(parts)
+
+    def recovered(self, meta: BlockMeta) -> bool:
+        """Publish a block found on disk at start (its checksum read back first).
+        :class:`CorruptBlock` when its bytes fail verification."""
+        buf = np.empty(meta.nbytes, dtype=np.uint8)
+        self.tiers[meta.tier].read_into(meta.key, buf)
+        meta.checksum = parts_checksum([buf])
+        return self.publish(meta)
+
+    def held_elsewhere(self, key: BlockKey) -> bool:
+        entry = self.cluster.lookup(key)
+        return entry is not None and self._theirs(entry) and self.cluster.readable(entry)
+
+    def _theirs(self, entry: DirectoryEntry) -> bool:
+        """Whether another rank published ``entry`` (a REMOTE-tier entry names the rank
+        whose window holds the bytes, never the rank that put them)."""
+        return entry.rank != self.rank or entry.tier == self._remote
+
+    def _placement(self, meta: BlockMeta, t: int | None = None) -> tuple[Any, int, int]:
+        """(tier kind, rank holding the bytes, location) of a local block in tier ``t``
+        (default: its tier)."""
+        t = meta.tier if t is None else t
+        tier = self.tiers[t]
+        if tier.name == "remote":
+            rank, location, _ = tier.location(meta.key)
+            return self._kinds[t], rank, location
+        location = tier.location(meta.key) if tier.name == "lustre" else tier.offset(meta.key)
+        return self._kinds[t], self.rank, location
+
+    def publish(self, meta: BlockMeta) -> bool:
+        """Announce a local block in the directory. False when another rank's readable
+        copy won the race (the caller drops ours and counts a dedup). All or nothing: on
+        an exception nothing is published."""
+        kind, rank, location = self._placement(meta)  # REMOTE: the rank whose window holds it
+        inserted, entry = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
+                                               checksum=meta.checksum)
+        if inserted:
+            meta.entry = entry
+            return True
+        # not theirs, or unreadable here: a private copy (ours serves this rank)
+        return not self._theirs(entry) or not self.cluster.readable(entry)
+
+    def republish(self, meta: BlockMeta, t: int) -> bool:
+        """Point our directory entry at the block's copy in tier ``t``. False (nothing
+        changed) while another rank pins it."""
+        if meta.entry is None:
+            return True
+        kind, rank, location = self._placement(meta, t)
+        entry = self.cluster.move(meta.key, meta.entry, kind, rank, location)
+        if entry is None:
+            return False
+        meta.entry = entry
+        return True
+
+    def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
+        """Remove our directory entry before the bytes go. False while another rank
+        pins the block (or, with ``leaf_only``, caches a child of it)."""
+        if meta.entry is None:
+            return True
+        from .directory import Removal
+
+        outcome = self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=leaf_only)
+        if outcome in (Removal.PINNED, Removal.HAS_CHILDREN):
+            return False
+        meta.entry = None
+        return True
+
+    def read(self, key: BlockKey, outs: Sequence[Any]) -> DirectoryEntry | None:
+        """A local miss: read the block from whichever rank publishes it (verified)."""
+        return self.cluster.read(key, outs)
+
+    def found_elsewhere(self, keys: Sequence[BlockKey]) -> list[bool]:
+        return [e is not None and self.cluster.readable(e) for e in self.cluster.lookup_many(list(keys))]
+
+    def pin(self, key: BlockKey, meta: BlockMeta | None) -> None:
+        """Pin cluster-wide (the holder can then neither move nor drop it)."""
+        if meta is None or meta.entry is not None:
+            try:
+                self.cluster.pin(key)
+            except BlockNotFound:
+                if meta is None:
+                    raise BlockNotFound(f"no block {key[1]} in namespace {key[0]!r} on any rank") from None
+        if meta is None:
+            self._foreign_pins[key] = self._foreign_pins.get(key, 0) + 1
+
+    def release_foreign_pin(self, key: BlockKey) -> bool:
+        """Release one pin this rank took on another rank's copy; False if it has none."""
+        if not self._foreign_pins.get(key):
+            return False
+        from .directory import PinUnderflow
+
+        try:
+            self.cluster.unpin(key)
+        except (PinUnderflow, BlockNotFound):
+            pass  # the directory entry went with the rank holding it: nothing to release
+        self._foreign_pins[key] -= 1
+        if not self._foreign_pins[key]:
+            del self._foreign_pins[key]
+        return True
+
+    def unpinned(self, meta: BlockMeta) -> None:
+        if meta.entry is not None:
+            self.cluster.unpin(meta.key)
+
+    def not_pinned(self, key: BlockKey, meta: BlockMeta | None) -> Exception:
+        return BlockPinned(f"block {key[1]} is not pinned by rank {self.rank} "
+                           "(pins are per rank: unpin on the rank that pinned it)")
+
+    def close(self) -> None:
+        """Collective: wait until every rank has stopped reading (entered close), then
+        free the windows. Before the store closes its tiers."""
+        self.cluster.drain()
+        self.cluster.close()
