@@ -121,7 +121,7 @@ def test_generation_is_deterministic(built, tmp_path):
 
 # -- bad or absent results ------------------------------------------------------------------
 MISSING_FIELDS = [
-    ("tier_bandwidth", "tier_bandwidth", ["rows", 1, "shm", "get_gbps"], "rows[1].shm.get_gbps"),
+    ("tier_bandwidth", "tier_bandwidth", ["rows", 0, "shm", "get_gbps"], "rows[0].shm.get_gbps"),
     ("tier_bandwidth", "tier_bandwidth", ["rows", 0, "memcpy"], "rows[0].memcpy"),
     ("tier_bandwidth", "tier_bandwidth", ["memory_overhead"], "memory_overhead"),
     ("trace_replay", "hit_ratio", ["rows", 0, "reference_belady", "block_hit_ratio"],

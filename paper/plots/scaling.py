@@ -171,7 +171,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         extra = NODES_CAPTION
     bottom = style.legend_below(fig, handles)
     if nodes:
-        fig.subplots_adjust(left=0.15, right=0.97, top=0.95, bottom=bottom, hspace=0.6, wspace=0.3)
+        fig.subplots_adjust(left=0.19, right=0.97, top=0.95, bottom=bottom, hspace=0.6, wspace=0.35)
     else:
         fig.subplots_adjust(left=0.15, right=0.97, top=0.93, bottom=bottom, wspace=0.08)
     ctx.save(fig, sources, caption_extra=extra)
