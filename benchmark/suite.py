@@ -59,7 +59,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
         "read_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
         "read_latency": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "16"],
-        "trace_replay": ["--requests", "30", "--capacities", "200", "--no-full-trace", "--time-limit", "10"],
+        "trace_replay": ["--requests", "30", "--capacities", "300", "--no-full-trace", "--time-limit", "10"],
         "queue_hints": ["--requests", "50", "--capacities", "200", "--queue-depths", "0,16", "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "2", "--warmup", "1", "--rounds", "1", "--rank-counts", "1,2"],
         "tier_bandwidth": ["--sizes", "64K", "--total-bytes", "4M"],
