@@ -41,14 +41,14 @@ SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "write_throughput": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "3"],
         "read_throughput": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "3"],
-        "read_latency": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "3", "--ops", "96"],
+        "read_latency": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "2", "--ops", "64"],
         # the shared trace reuses little in its first few hundred requests (8% at infinite
-        # capacity after 300, 21% after 1,000): the common prefix must be long enough
-        "trace_replay": ["--requests", "1000", "--capacities", "2000", "--full-capacities", "5000",
+        # capacity after 300, 17% after 600): the common prefix must be long enough
+        "trace_replay": ["--requests", "600", "--capacities", "2000", "--full-capacities", "5000",
                          "--time-limit", "180"],
         "queue_hints": ["--requests", "2000", "--capacities", "1000,5000", "--queue-depths", "0,64",
                         "--seeds", "0"],
-        "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "2", "--rank-counts", "1,2,4"],
+        "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "1", "--rank-counts", "1,2,4"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
         "cross_node": [],
