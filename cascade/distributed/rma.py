@@ -6,6 +6,7 @@ error names the ``mpi`` extra. Nothing here touches ``COMM_WORLD``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,6 +69,22 @@ class CountedWin:
 
     def __getattr__(self, name: str):
         return getattr(self.win, name)
+
+
+def get_bytes(win: CountedWin | MPI.Win, byte_type: MPI.Datatype, rank: int, offset: int,
+              views: Sequence[memoryview], limit: int, what: str) -> None:
+    """Read the bytes at ``offset`` of ``rank``'s window ``win`` into the byte views
+    ``views`` back to back: one ``Get`` per view, one ``Flush_local`` (one round trip).
+    ``ValueError`` when the read would pass ``limit``, the size of ``what``."""
+    end = offset + sum(v.nbytes for v in views)
+    if offset < 0 or end > limit:
+        raise ValueError(f"read of {end - offset} bytes at {offset} is outside rank {rank}'s "
+                         f"{what} of {limit} bytes")
+    for view in views:
+        if n := view.nbytes:
+            win.Get([view, byte_type], rank, (offset, n, byte_type))
+            offset += n
+    win.Flush_local(rank)
 
 
 def window_info(MPI) -> MPI.Info:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .rma import CountedWin, load_mpi, window_info
+from .rma import CountedWin, get_bytes, load_mpi, window_info
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -43,16 +43,7 @@ class SlabWindow:
         """Copy ``sum(len(out))`` bytes at ``offset`` of ``rank``'s slab into ``outs``
         back to back: one ``Get`` per buffer, one round trip in all."""
         views = [memoryview(out).cast("B") for out in outs]
-        end = offset + sum(v.nbytes for v in views)
-        if offset < 0 or end > self.sizes[rank]:
-            raise ValueError(f"read of {end - offset} bytes at {offset} is outside rank {rank}'s "
-                             f"SHM window of {self.sizes[rank]} bytes")
-        win, BYTE = self._win, self._BYTE
-        for view in views:
-            if n := view.nbytes:
-                win.Get([view, BYTE], rank, (offset, n, BYTE))
-                offset += n
-        win.Flush_local(rank)
+        get_bytes(self._win, self._BYTE, rank, offset, views, self.sizes[rank], "SHM window")
 
     def free(self) -> None:
         """Collective: close the epoch and free the window (not the slab). Idempotent."""

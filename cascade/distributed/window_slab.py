@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .rma import Backoff, allocate_window, free_window, load_mpi
+from .rma import Backoff, allocate_window, free_window, get_bytes, load_mpi
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -142,19 +142,8 @@ class WindowSlab:
 
     def get_into(self, target: int, offset: int, outs: Sequence[memoryview]) -> None:
         """Read the bytes at ``offset`` of ``target``'s window into the byte views
-        ``outs`` back to back: one ``Get`` per view, one ``Flush``."""
-        end = offset
-        for out in outs:
-            end += out.nbytes
-        if offset < 0 or end > self._sizes[target]:
-            raise ValueError(f"read of {end - offset} bytes at {offset} is outside rank {target}'s "
-                             f"window of {self._sizes[target]} bytes")
-        win, BYTE = self._data, self._BYTE
-        for out in outs:
-            if n := out.nbytes:
-                win.Get([out, BYTE], target, (offset, n, BYTE))
-                offset += n
-        win.Flush_local(target)
+        ``outs`` back to back (one round trip)."""
+        get_bytes(self._data, self._BYTE, target, offset, outs, self._sizes[target], "window")
 
     def free(self) -> None:
         """Collective: release both windows. Idempotent."""

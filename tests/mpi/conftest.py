@@ -9,6 +9,8 @@ when a rank is stuck inside an MPI call, where a signal could not interrupt it.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,13 @@ def everywhere(comm):
     """``everywhere(ok)``: True when ``ok`` holds on every rank (collective)."""
     from mpi4py import MPI
     return lambda ok: comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A directory made by rank 0 and seen by every rank; removed once all are done."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="cascade-mpi-") if comm.rank == 0 else None)
+    yield path
+    comm.Barrier()  # every rank's store is closed: the files can go
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

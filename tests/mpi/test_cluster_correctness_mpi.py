@@ -11,23 +11,12 @@ import numpy as np
 import pytest
 from xxhash import xxh3_64_intdigest
 
+from kv_blocks import block, same
+
 from cascade import BlockPinned, CascadeStore, Config, TierFull
 
 
-def block(spec, seed: int):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(spec.shape).astype(spec.dtype),
-            rng.standard_normal(spec.shape).astype(spec.dtype))
 
-
-def same(got, expected) -> bool:
-    return got is not None and np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
-
-
-@pytest.fixture
-def shared_dir(comm, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("cascade-mpi")) if comm.rank == 0 else None
-    return comm.bcast(path)
 
 
 def make_store(comm, shared_dir, **overrides) -> CascadeStore:

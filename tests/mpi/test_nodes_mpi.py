@@ -8,25 +8,16 @@ the node count the run must see, so a silently ignored emulation fails.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
+
+from kv_blocks import block, same
 
 from cascade import CascadeStore, Config
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
 
-
-def block(spec, seed: int):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(spec.shape).astype(spec.dtype),
-            rng.standard_normal(spec.shape).astype(spec.dtype))
-
-
-def same(got, expected) -> bool:
-    return got is not None and np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
 
 
 def node_of(comm) -> list[int]:
@@ -37,13 +28,6 @@ def node_of(comm) -> list[int]:
         local.Free()
 
 
-@pytest.fixture
-def tmp_root(comm):
-    path = comm.bcast(tempfile.mkdtemp(prefix="cascade-nodes-") if comm.rank == 0 else None)
-    yield path
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_run_sees_the_node_count_it_was_started_for(comm, everywhere):
@@ -54,16 +38,16 @@ def test_the_run_sees_the_node_count_it_was_started_for(comm, everywhere):
     assert everywhere(len(set(nodes)) == int(expected))
 
 
-def test_shm_blocks_of_other_nodes_are_read_through_the_window(comm, tmp_root, everywhere):
+def test_shm_blocks_of_other_nodes_are_read_through_the_window(comm, shared_dir, everywhere):
     """Each emulated node gets its own SHM directory (as real nodes have their own
     /dev/shm). Reads of other nodes' blocks must all go through the slab window: the
     same-node path (opening the holder's slab file) is counted, and must serve exactly
     the node's own peers."""
     nodes = node_of(comm)
-    shm_dir = os.path.join(tmp_root, f"node{nodes[comm.rank]}")
+    shm_dir = os.path.join(shared_dir, f"node{nodes[comm.rank]}")
     os.makedirs(shm_dir, exist_ok=True)
     store = CascadeStore(Config(model="tiny", shm_bytes=64 * 4096, remote_bytes=0, file_bytes=0,
-                                shm_dir=shm_dir, file_dir=os.path.join(tmp_root, "files"),
+                                shm_dir=shm_dir, file_dir=os.path.join(shared_dir, "files"),
                                 directory_slots=1 << 12), comm=comm)
     try:
         mine = [store.put(*block(store.spec, 7000 + 100 * comm.rank + i)) for i in range(10)]
@@ -89,10 +73,10 @@ def test_shm_blocks_of_other_nodes_are_read_through_the_window(comm, tmp_root, e
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_file_tier_blocks_are_shared_only_through_a_shared_file_dir(comm, tmp_root, everywhere, shared):
+def test_file_tier_blocks_are_shared_only_through_a_shared_file_dir(comm, shared_dir, everywhere, shared):
     """Per-rank file_dir emulates node-local disks: no rank may acknowledge a put as a
     duplicate of a file-tier block it cannot read, nor read one."""
-    file_dir = os.path.join(tmp_root, "files" if shared else f"rank{comm.rank}")
+    file_dir = os.path.join(shared_dir, "files" if shared else f"rank{comm.rank}")
     store = CascadeStore(Config(model="tiny", shm_bytes=0, remote_bytes=0, file_bytes=256 * 8192,
                                 file_dir=file_dir, directory_slots=1 << 12), comm=comm)
     try:
@@ -122,14 +106,14 @@ def test_file_tier_blocks_are_shared_only_through_a_shared_file_dir(comm, tmp_ro
         store.close()
 
 
-def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(comm, tmp_root, everywhere):
+def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(comm, shared_dir, everywhere):
     """The documented choice for GPU-resident blocks (no CUDA IPC / GPU RDMA here): other
     ranks cannot read them, so they count them (``cluster.unreadable``), never
     acknowledge a put as a duplicate of one, and keep their own copy."""
     if comm.size == 1:
         pytest.skip("needs a second rank")
     store = CascadeStore(Config(model="tiny", gpu_bytes=64 * 4096, shm_bytes=64 * 4096, remote_bytes=0,
-                                file_bytes=0, file_dir=os.path.join(tmp_root, "files"),
+                                file_bytes=0, file_dir=os.path.join(shared_dir, "files"),
                                 directory_slots=1 << 12), comm=comm, array_module=np)
     try:
         first = store.put(*block(store.spec, 4242)) if comm.rank == 0 else None  # lands in rank 0's GPU tier
@@ -149,10 +133,10 @@ def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(c
         store.close()
 
 
-def test_cache_cluster_reads_keeps_hot_blocks_local(comm, tmp_root, everywhere):
+def test_cache_cluster_reads_keeps_hot_blocks_local(comm, shared_dir, everywhere):
     """With ``cache_cluster_reads`` the holder of a hot block serves each rank once."""
     store = CascadeStore(Config(model="tiny", shm_bytes=64 * 4096, remote_bytes=0, file_bytes=0,
-                                file_dir=os.path.join(tmp_root, "files"), directory_slots=1 << 12,
+                                file_dir=os.path.join(shared_dir, "files"), directory_slots=1 << 12,
                                 cache_cluster_reads=True), comm=comm)
     try:
         hot = comm.bcast(store.put(*block(store.spec, 777)) if comm.rank == 0 else None)

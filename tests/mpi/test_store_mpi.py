@@ -5,33 +5,17 @@ Same bodies at 1 rank (plain pytest: the store is then local) and at 4 ranks
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 
 import numpy as np
 import pytest
 
+from kv_blocks import block, same
+
 from cascade import BlockPinned, CascadeStore, Config
 
 
-def block(spec, seed: int):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal(spec.shape).astype(spec.dtype),
-            rng.standard_normal(spec.shape).astype(spec.dtype))
 
-
-def same(got, expected) -> bool:
-    return got is not None and np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
-
-
-@pytest.fixture
-def shared_dir(comm):
-    path = comm.bcast(tempfile.mkdtemp(prefix="cascade-mpi-") if comm.rank == 0 else None)
-    yield path
-    comm.Barrier()  # every rank's store is closed: the files can go
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_store(comm, shared_dir, **overrides) -> CascadeStore:
