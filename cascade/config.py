@@ -31,6 +31,7 @@ verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads 
 promote_on_hit              True             copy a block up to the fastest tier on a hit
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               0.25             most of the fastest tier that hinted blocks may hold
+io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
@@ -119,6 +120,7 @@ class Config:
     promote_on_hit: bool = True
     cache_cluster_reads: bool = False
     hint_fraction: float = 0.25
+    io_threads: int = 4
     namespace_share: float = 0.0
     directory_slots: int = 1 << 16
     stats_dir: str = ""
@@ -137,6 +139,8 @@ class Config:
             raise ConfigError("compact_dead_fraction: must be in (0, 1]")
         if self.file_segment_bytes < 1 << 20:
             raise ConfigError("file_segment_bytes: must be at least 1 MiB")
+        if not 1 <= self.io_threads <= 256:
+            raise ConfigError(f"io_threads: must be in 1..256, got {self.io_threads}")
         if self.directory_slots < 8:
             raise ConfigError("directory_slots: must be at least 8")
         for key in ("default_ttl", "compact_dead_fraction", "stats_interval"):

@@ -7,8 +7,8 @@ Semantic policy (default):
 
 1. leaf-first: a block is not moved out of tier ``t`` while one of its children sits in
    ``t`` or a faster tier (a prefix's head outlives its tail);
-2. pinned blocks (ref-count > 0) and hinted ones (wanted by a queued request) are never
-   chosen;
+2. pinned blocks (ref-count > 0), hinted ones (wanted by a queued request) and ones
+   being read right now are never chosen;
 3. among the rest the lowest value goes first, value = frequency x sharing x 2**priority,
    aged GreedyDual-style: a block's score is ``clock + value`` with the clock read at its
    last use, and the clock rises to each victim's score, so recency counts
@@ -46,6 +46,7 @@ class BlockMeta:
     hits: int = 0
     shares: int = 1  # puts of this content (dedup) in this namespace
     pins: int = 0
+    readers: int = 0  # reads copying it out outside the store's lock: not moved meanwhile
     hints: int = 0  # queued requests that will read it (store.hint): not evicted meanwhile
     priority: int = 0
     ttl: float = 0.0
@@ -131,7 +132,7 @@ class Policy:
     # -- decisions ----------------------------------------------------------------------
     def eligible(self, meta: BlockMeta) -> bool:
         """Whether ``meta`` may leave its tier now."""
-        if meta.pins > 0 or meta.hints > 0:
+        if meta.pins > 0 or meta.hints > 0 or meta.readers > 0:
             return False
         return self.kind == "lru" or meta.children_at_or_above(meta.tier) == 0
 

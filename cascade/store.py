@@ -10,8 +10,14 @@ In a multi-rank run the store tells its multi-rank layer
 the layer keeps the global directory true and answers local misses from other ranks.
 On one rank the layer is a no-op stand-in, so the code here is the same either way.
 
-Thread-safety: every public method is safe to call from several threads (one lock per
-store; content hashing of a put runs outside it).
+Thread-safety: every public method is safe to call from several threads. One lock per
+store guards the metadata only; the bytes move outside it. A get leases the block in its
+tier (its bytes stay in place, even if deleted meanwhile) and counts a reader on it (the
+policy does not move it meanwhile), copies, then does its bookkeeping under the lock; a
+put claims room under the lock, copies outside it, and commits under it. Cross-rank
+reads run outside the store's lock too (the multi-rank layer serialises its own calls).
+Still under the lock: demotions that make room (a tier-to-tier copy), the reads of a
+hint's promotion, warm-restart checks and compaction of the file tier.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from .stats import StoreCounters, TierCounters, write_stats_file
 from .tiers.base import BlockKey, Tier
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
+from .tiers.slab_tier import SlabTier
 from .tiers.shm import ShmTier, remove_stale_slabs
 from .validate import check_priority, check_ttl
 
@@ -46,6 +53,40 @@ _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs
 
 class _Busy(Exception):
     """A chosen victim may not move or go now: another rank pins it or caches a child."""
+
+
+class _MoveFailed(Exception):
+    """A demotion's copy failed (e.g. the slower tier's disk is full): the block stayed."""
+
+
+class _Move:
+    """A demotion in progress: ``meta``'s bytes leased in tier ``src``, room claimed
+    below (``dst``); copied by :meth:`CascadeStore._run_move`."""
+
+    __slots__ = ("meta", "src", "lease", "dst")
+
+    def __init__(self, meta: BlockMeta, src: int, lease: Any, dst: "_Slot") -> None:
+        self.meta, self.src, self.lease, self.dst = meta, src, lease, dst
+
+
+class _Slot:
+    """Room that a put (or a promotion, or a private copy) claimed in tier ``tier``:
+    filled outside the store's lock, then committed or discarded under it."""
+
+    __slots__ = ("tier_obj", "tier", "handle", "filled")
+
+    def __init__(self, tier_obj: Tier, tier: int, handle: Any) -> None:
+        self.tier_obj, self.tier, self.handle, self.filled = tier_obj, tier, handle, False
+
+    def fill(self, parts: Sequence[Any]) -> None:
+        self.tier_obj.fill(self.handle, parts)
+        self.filled = True
+
+    def commit(self, key: BlockKey) -> None:
+        self.tier_obj.commit(key, self.handle)
+
+    def discard(self) -> None:
+        self.tier_obj.discard(self.handle)
 
 
 def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
@@ -144,9 +185,13 @@ class CascadeStore:
         self._kids: dict[BlockKey, list[int]] = {}
         # namespace quotas (config.namespace_share): bytes of each namespace in each tier
         self._ns_bytes: list[dict[str, int]] = [{} for _ in self.tiers]
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # metadata only: data moves outside it (see _read, put)
+        self._inflight = 0  # reads and writes moving data outside the lock: close() waits for them
+        self._idle = threading.Condition(self._lock)
         self._hasher: ThreadPoolExecutor | None = None
-        self._closed = False
+        self._io: ThreadPoolExecutor | None = None  # batch calls (get_many, put_many)
+        self._io_workers = 0
+        self._closing = False  # close() has begun (or ended): new calls raise StoreClosed
         # Blocks found on disk at open, not yet confirmed by a put of the same bytes: a
         # put never dedups onto one of them unseen (see _confirmed).
         self._unconfirmed: set[BlockKey] = set()
@@ -225,8 +270,14 @@ class CascadeStore:
 
     # -- validation -------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closing:
             raise StoreClosed("this CascadeStore is closed")
+
+    def _end_inflight(self) -> None:
+        """Under the lock: one data movement outside the lock has ended."""
+        self._inflight -= 1
+        if not self._inflight:
+            self._idle.notify_all()
 
     def _check_pair(self, key: Any, value: Any) -> list[Any]:
         self._check_open()
@@ -256,10 +307,12 @@ class CascadeStore:
         The main path: ``block_id`` is a token-prefix id (:func:`cascade.prefix_ids`),
         known before the KV is computed; the put then only copies (no hashing of the KV;
         the tiers' record checksums guard the bytes). Without ``block_id`` the id is the
-        content digest; ``verify=True`` recomputes it and checks a given ``block_id``. A put of an id already cached in ``namespace`` only
-        adds a reference (dedup). ``parent`` is the id of the previous block of the
-        sequence. Raises :class:`InvalidBlock` for bad input and :class:`TierFull` when
-        no tier can take the block (nothing stored is lost either way).
+        content digest; ``verify=True`` recomputes it and checks a given ``block_id``. A
+        put of an id already cached in ``namespace`` only adds a reference (dedup).
+        ``parent`` is the id of the previous block of the sequence. Raises
+        :class:`InvalidBlock` for bad input and :class:`TierFull` when no tier can take
+        the block (nothing stored is lost either way). The copy runs outside the store's
+        lock: puts from several threads copy in parallel.
         """
         parts = self._check_pair(key, value)
         check_namespace(namespace)
@@ -268,61 +321,57 @@ class CascadeStore:
         priority = check_priority(priority)  # all checks before anything is stored
         ttl = None if ttl is None else check_ttl(ttl)
         started = time.perf_counter()
-        staged = None
+        slot: _Slot | None = None  # room taken in some tier, filled outside the lock
         if block_id is None or verify:
-            if self._can_overlap():
-                # Copy into the fastest tier while another thread hashes (BLAKE3 and
-                # SHA-256 release the GIL): the put costs max(copy, hash), not the sum.
-                pending = self._hash_pool().submit(compute_block_id, key, value, algo=self.config.hash_algo)
-                try:
-                    staged = self._stage(parts, namespace)
-                except TierFull:
-                    staged = None  # the fastest tier is full of pinned blocks: _place finds another
-                digest = pending.result()
-            else:
-                digest = compute_block_id(key, value, algo=self.config.hash_algo)
+            slot, digest = self._hash_and_copy(parts, namespace)
             if block_id is not None and check_id(block_id) != digest:
-                self._discard(staged)
+                self._give_back(slot, inflight=slot is not None)
                 raise InvalidBlock(f"block_id {block_id} does not match the content digest {digest}")
             block_id = digest
         bkey = self._key(block_id, namespace)
         # published with the block so that every cross-rank read can verify the bytes
         block_sum = self._peers.checksum(parts)
         with self._lock:
+            self._check_open()
             self.counters.puts += 1
-            now = time.monotonic()
-            meta = self._meta.get(bkey)
-            if meta is not None and not self._expired(meta, now) and self._confirmed(meta, parts):
-                self._discard(staged)
-                meta.shares += 1
-                self.policy.touched(meta, now)
-                self.counters.deduped += 1
-                return block_id
-            if meta is not None and self._peers.withdraw(meta, leaf_only=False):
-                self._drop(meta)
-            elif meta is not None:  # expired but pinned by another rank: keep serving it
-                self.counters.deduped += 1
-                self._discard(staged)
-                return block_id
-            if self._peers.held_elsewhere(bkey):
-                self._discard(staged)
-                self.counters.deduped += 1
-                self.counters.cluster_deduped += 1
+            settled = self._settled_without_storing(bkey, parts)
+        if settled:
+            self._give_back(slot, inflight=slot is not None)
+            return block_id
+        if slot is None:
+            slot = self._room_for_put(bkey, parts, parent)
+            if slot is None:
+                return block_id  # stored meanwhile by another thread: a dedup
+        try:
+            if not slot.filled:
+                slot.fill(parts)
+        except OSError as exc:  # TierFull included: ENOSPC and friends
+            self._give_back(slot, inflight=True)
+            with self._lock:
+                self.counters.rejected += 1
+                self.tier_counters[slot.tier].full_events += 1
+            raise exc if isinstance(exc, TierFull) else TierFull(f"{slot.tier_obj.name}: {exc}") from exc
+        except BaseException:
+            self._give_back(slot, inflight=True)
+            raise
+        with self._lock:
+            self._end_inflight()  # (close() waits for this lock: the commit still happens)
+            # a put of the same id in another thread may have won meanwhile
+            if self._settled_without_storing(bkey, parts, cluster=False):
+                slot.discard()
                 return block_id
             try:
-                if staged is not None:
-                    self.tiers[0].commit(bkey, staged)
-                    placed = 0
-                else:
-                    placed = self._place(bkey, parts, parent)
-            except TierFull:
+                slot.commit(bkey)
+            except OSError:  # TierFull included: a non-concurrent tier copies at commit
                 self.counters.rejected += 1
+                self.tier_counters[slot.tier].full_events += 1
                 raise
+            placed = slot.tier
             meta = BlockMeta(bkey, self.spec.block_bytes, placed, parent=parent, priority=priority,
                              ttl=self.config.default_ttl if ttl is None else ttl, checksum=block_sum)
             meta.depth = self._depth(meta)
             self._unconfirmed.discard(bkey)
-            self._admit(meta, now)
+            self._admit(meta, time.monotonic())
             if meta.ttl:
                 self._persist_ttl(meta)
             try:
@@ -343,35 +392,101 @@ class CascadeStore:
             self._maybe_write_stats()
             return block_id
 
+    def _settled_without_storing(self, bkey: BlockKey, parts: list[Any], *, cluster: bool = True) -> bool:
+        """Under the lock, before a put stores: settle it as a dedup (counted) when
+        ``bkey`` is cached here (or, with ``cluster``, published by another rank). Drops
+        an expired copy (or an unconfirmed one with other bytes) first."""
+        now = time.monotonic()
+        meta = self._meta.get(bkey)
+        if meta is not None and not self._expired(meta, now) and self._confirmed(meta, parts):
+            meta.shares += 1
+            self.policy.touched(meta, now)
+            self.counters.deduped += 1
+            return True
+        if meta is not None and self._peers.withdraw(meta, leaf_only=False):
+            self._drop(meta)
+        elif meta is not None:  # expired but pinned by another rank: keep serving it
+            self.counters.deduped += 1
+            return True
+        if cluster and self._peers.held_elsewhere(bkey):
+            self.counters.deduped += 1
+            self.counters.cluster_deduped += 1
+            return True
+        return False
+
     @property
     def cluster(self):
         """The :class:`~cascade.distributed.cluster.Cluster` of a multi-rank store (its
         directory, peers' readers), None for a local one."""
         return self._peers.cluster
 
-    def _can_overlap(self) -> bool:
-        return self.spec.block_bytes >= _OVERLAP_MIN_BYTES and hasattr(self.tiers[0], "stage")
+    def _hash_and_copy(self, parts: list[Any], namespace: str) -> tuple[_Slot | None, str]:
+        """The content digest of a block, and (for blocks big enough) its bytes copied
+        into fresh room of the fastest tier while another thread hashes (BLAKE3 and
+        SHA-256 release the GIL): the put costs max(copy, hash), not the sum. The room
+        returned is counted in flight."""
+        if self.spec.block_bytes < _OVERLAP_MIN_BYTES or not isinstance(self.tiers[0], SlabTier):
+            return None, compute_block_id(*parts, algo=self.config.hash_algo)
+        pending = self._hash_pool().submit(compute_block_id, *parts, algo=self.config.hash_algo)
+        slot = None
+        try:
+            with self._lock:
+                self._check_open()
+                slot = self._reserve_in(0, None, None, self.spec.block_bytes, parts_namespace=namespace)
+                self._inflight += 1
+            slot.fill(parts)
+        except TierFull:  # the fastest tier is full of pinned blocks: the put reserves elsewhere
+            if slot is not None:
+                self._give_back(slot, inflight=True)
+            slot = None
+        except BaseException:
+            if slot is not None:
+                self._give_back(slot, inflight=True)
+            pending.result()
+            raise
+        return slot, pending.result()  # the slot stays counted in flight until committed
 
     def _hash_pool(self) -> ThreadPoolExecutor:
-        if self._hasher is None:
-            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
-        return self._hasher
-
-    def _stage(self, parts: list[Any], namespace: str) -> tuple[int, int] | None:
-        """Copy a block into the fastest tier's free space (not yet published)."""
         with self._lock:
-            self._make_room(0, self.spec.block_bytes, namespace)
-            return self.tiers[0].stage(parts)
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
+            return self._hasher
 
-    def _discard(self, staged: tuple[int, int] | None) -> None:
-        if staged is not None:
-            with self._lock:
-                self.tiers[0].discard(staged)
+    def _room_for_put(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> _Slot | None:
+        """Claim room for a new block, counted in flight. Demotions that make room copy
+        outside the lock, one at a time, between short locked steps. None when another
+        thread stored ``bkey`` meanwhile (a dedup, counted)."""
+        failed: dict[BlockKey, set[int]] = {}  # victims' tiers a move into failed: skipped next time
+        set_aside: list[BlockMeta] = []  # victims another rank keeps in place
+        try:
+            while True:
+                with self._lock:
+                    self._check_open()
+                    if self._settled_without_storing(bkey, parts, cluster=False):
+                        return None
+                    step = self._reserve(bkey, parent, failed)
+                    self._inflight += isinstance(step, _Slot)  # a _Move counted itself
+                if isinstance(step, _Slot):
+                    return step
+                try:
+                    self._run_move(step)
+                except _MoveFailed:
+                    failed.setdefault(step.meta.key, set()).add(step.dst.tier)
+                except _Busy:
+                    with self._lock:
+                        self.policy.set_aside(step.meta)
+                    set_aside.append(step.meta)
+        finally:
+            if set_aside:
+                with self._lock:
+                    for meta in set_aside:
+                        if self._meta.get(meta.key) is meta:
+                            self.policy.changed(meta)
 
-    def _place(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> int:
-        """Write a new block into the fastest tier that can make room (one full of
-        pinned blocks is passed over); returns that tier's index. :class:`TierFull`
-        when none can."""
+    def _reserve(self, bkey: BlockKey, parent: str | None, failed: dict[BlockKey, set[int]]) -> _Slot | _Move:
+        """Under the lock: room for a new block in the fastest tier that can make it (one
+        full of pinned blocks is passed over), or the next demotion to run first.
+        :class:`TierFull` (counted as a rejected put) when no tier can."""
         nbytes = self.spec.block_bytes
         reasons = []
         for t, tier in enumerate(self.tiers):
@@ -379,13 +494,29 @@ class CascadeStore:
                 reasons.append(f"{tier.name}: the block exceeds its capacity of {tier.capacity}")
                 continue
             try:
-                self._make_room(t, nbytes, bkey[0])
-                tier.put(bkey, parts, parent=parent)
-                return t
+                move = self._make_room(t, nbytes, bkey[0], defer=True, failed=failed)
+                return move or _Slot(tier, t, tier.reserve(bkey, nbytes, parent=parent))
             except OSError as exc:  # TierFull included (ENOSPC and friends too)
                 self.tier_counters[t].full_events += 1
                 reasons.append(str(exc))
+        self.counters.rejected += 1
         raise TierFull(f"no tier can take a block of {nbytes} bytes: {'; '.join(reasons)}")
+
+    def _reserve_in(self, t: int, bkey: BlockKey | None, parent: str | None, nbytes: int, *,
+                    parts_namespace: str | None = None) -> _Slot:
+        """Make room in tier ``t`` and claim it (under the lock; demotions included)."""
+        self._make_room(t, nbytes, bkey[0] if bkey is not None else parts_namespace)
+        return _Slot(self.tiers[t], t, self.tiers[t].reserve(bkey, nbytes, parent=parent))
+
+    def _give_back(self, slot: _Slot | None, *, inflight: bool = False) -> None:
+        """Free the room of a put that will not be committed."""
+        if slot is None and not inflight:
+            return
+        with self._lock:
+            if slot is not None:
+                slot.discard()
+            if inflight:
+                self._end_inflight()
 
     def put_many(
         self,
@@ -394,22 +525,79 @@ class CascadeStore:
         namespace: str = DEFAULT_NAMESPACE,
         chain: bool = False,
         parent: str | None = None,
+        block_ids: Sequence[str] | None = None,
+        max_workers: int | None = None,
     ) -> list[str]:
-        """Put each (key, value); with ``chain=True`` each block's parent is the one
-        before it (the first one's is ``parent``). Returns the ids. Local."""
-        ids: list[str] = []
-        for key, value in pairs:
-            bid = self.put(key, value, namespace=namespace, parent=parent if chain else None)
-            ids.append(bid)
-            if chain:
-                parent = bid
-        return ids
+        """Put each (key, value), up to ``max_workers`` (default ``config.io_threads``)
+        at once; returns the ids in order. ``block_ids`` gives each block's id (no
+        hashing); without it the ids are content digests. With ``chain=True`` each
+        block's parent is the one before it (the first one's is ``parent``). Each put is
+        its own operation: when one fails, the others still complete and the first error
+        is raised. Local."""
+        pairs = list(pairs)
+        if block_ids is not None:
+            block_ids = [check_id(b) for b in block_ids]
+            if len(block_ids) != len(pairs):
+                raise InvalidBlock(f"put_many: {len(pairs)} blocks but {len(block_ids)} block_ids")
+        elif chain:  # parents must be known up front: hash first, in parallel
+            for key, value in pairs:
+                self._check_pair(key, value)
+            block_ids = self._parallel(lambda kv: compute_block_id(*kv, algo=self.config.hash_algo), pairs,
+                                       max_workers)
+        ids = block_ids if block_ids is not None else [None] * len(pairs)
+        parents = ([parent] + list(ids[:-1])) if chain else [None] * len(pairs)
+
+        def put_one(i: int) -> str:
+            return self.put(*pairs[i], namespace=namespace, parent=parents[i], block_id=ids[i])
+
+        return self._parallel(put_one, range(len(pairs)), max_workers)
+
+    def _parallel(self, fn, items: Iterable[Any], max_workers: int | None) -> list[Any]:
+        """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
+        order, so file reads stay a near-sequential stream); the first error is raised
+        after every item finished."""
+        items = list(items)
+        workers = min(max_workers or self.config.io_threads, len(items))
+        if workers <= 1:
+            return [fn(x) for x in items]
+        results: list[Any] = [None] * len(items)
+        errors: list[BaseException] = []
+        order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
+
+        def drain() -> None:
+            for i in order:
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # raised in the caller's thread below
+                    errors.append(exc)
+
+        pool = self._io_pool(workers)
+        for fut in [pool.submit(drain) for _ in range(workers)]:
+            fut.result()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _io_pool(self, workers: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._io is None or self._io_workers < workers:
+                if self._io is not None:
+                    self._io.shutdown(wait=False)
+                self._io_workers = max(workers, self.config.io_threads)
+                self._io = ThreadPoolExecutor(max_workers=self._io_workers, thread_name_prefix="cascade-io")
+            return self._io
 
     # -- eviction ---------------------------------------------------------------------------
-    def _make_room(self, t: int, nbytes: int, namespace: str | None = None) -> None:
+    def _make_room(self, t: int, nbytes: int, namespace: str | None = None, *,
+                   defer: bool = False, failed: dict[BlockKey, set[int]] | None = None) -> _Move | None:
         """Evict from tier ``t`` until ``nbytes`` (of ``namespace``) fit. With a
         namespace share, a namespace that would go over its share of the tier first
-        moves its own blocks down. Raises :class:`TierFull`."""
+        moves its own blocks down. Raises :class:`TierFull`.
+
+        With ``defer``, the first demotion that needs a copy is started and returned
+        instead of done (the caller copies outside the lock, see :meth:`_run_move`, and
+        asks again); ``failed`` names the tiers each block's earlier moves failed into
+        (skipped now)."""
         tier = self.tiers[t]
         if nbytes > tier.capacity:
             self.tier_counters[t].full_events += 1
@@ -424,7 +612,10 @@ class CascadeStore:
                     self.tier_counters[t].full_events += 1
                     raise TierFull(f"{tier.name}: full and every block in it is pinned or holds cached children")
                 try:
-                    self._demote(victim)
+                    if not defer:
+                        self._demote(victim)
+                    elif (move := self._start_demotion(victim, skip=(failed or {}).get(victim.key, set()))) is not None:
+                        return move
                 except _Busy:  # another rank pins it (or caches its child): not now
                     self.policy.set_aside(victim)
                     set_aside.append(victim)
@@ -432,6 +623,7 @@ class CascadeStore:
             for meta in set_aside:
                 if meta.key in self._meta:
                     self.policy.changed(meta)
+        return None
 
     def _keep_share(self, t: int, nbytes: int, namespace: str) -> None:
         """Move ``namespace``'s own blocks out of tier ``t`` until ``nbytes`` more stay
@@ -453,38 +645,91 @@ class CascadeStore:
                 skipped.add(victim.key)
 
     def _demote(self, meta: BlockMeta) -> None:
-        """Move ``meta`` to the next slower tier that takes it (one without room or
-        capacity is skipped), or drop it when none does. Failure-atomic: the block stays
-        where it is until a slower tier holds it."""
+        """Move ``meta`` to the next slower tier that takes it, or drop it when none
+        does (under the lock). Failure-atomic: the block stays where it is until a
+        slower tier holds it. :class:`_Busy` when another rank keeps it in place."""
+        skip: set[int] = set()
+        while (move := self._start_demotion(meta, skip=skip)) is not None:
+            try:
+                self._run_move(move)
+                return
+            except _MoveFailed:
+                skip.add(move.dst.tier)
+
+    def _start_demotion(self, meta: BlockMeta, *, skip: set[int] = frozenset()) -> _Move | None:
+        """Under the lock: claim room for ``meta`` in the next slower tier that takes it
+        (one without room or capacity, or in ``skip``, is passed over) and lease its
+        bytes, or, when none does, drop it now (None). :class:`_Busy` when another rank
+        pins it or caches a child of it."""
         t = meta.tier
         for lower in range(t + 1, len(self.tiers)):
-            if self.tiers[lower].capacity < meta.nbytes:
+            if lower in skip or self.tiers[lower].capacity < meta.nbytes:
                 continue
             try:
                 self._make_room(lower, meta.nbytes, meta.key[0])
-                self._copy_between(meta, t, lower)
+                return self._begin_move(meta, lower)
             except (TierFull, OSError) as exc:
                 log.debug("demotion of %s to %s failed (%s)", meta.key[1], self.tiers[lower].name, exc)
-                continue
-            self.tier_counters[t].demotions += 1
-            return
         if not self._peers.withdraw(meta, leaf_only=True):
             raise _Busy(meta.key)
         self.tier_counters[t].evictions += 1
         self.policy.evicted(meta)
         self._drop(meta)
+        return None
 
-    def _copy_between(self, meta: BlockMeta, src: int, dst: int) -> None:
-        """Copy a block from tier ``src`` to ``dst``, then delete it from ``src``."""
+    def _begin_move(self, meta: BlockMeta, lower: int) -> _Move:
+        """Under the lock: claim room for ``meta`` in tier ``lower`` (:class:`TierFull`
+        if none) and lease its current bytes."""
+        handle = self.tiers[lower].reserve(meta.key, meta.nbytes, parent=meta.parent)
+        meta.readers += 1  # stays where it is, unchosen, until the move ends
+        self._inflight += 1
+        return _Move(meta, meta.tier, self.tiers[meta.tier].lease(meta.key), _Slot(self.tiers[lower], lower, handle))
+
+    def _run_move(self, move: _Move) -> None:
+        """Copy a started demotion's block down (outside the lock when the caller holds
+        none), then, under the lock, point the directory at the new copy and free the old
+        one. A failed copy leaves the block where it was and raises :class:`_MoveFailed`;
+        :class:`_Busy` when another rank pinned it meanwhile."""
+        meta, src = move.meta, move.src
         buf = np.empty(meta.nbytes, dtype=np.uint8)
-        self.tiers[src].read_into(meta.key, buf)
-        try:
-            self.tiers[dst].put(meta.key, [buf], parent=meta.parent)
-        except OSError:  # TierFull included: ENOSPC and friends
-            self.tier_counters[dst].full_events += 1
-            raise
-        self._move_published(meta, src, dst)
-        self.tier_counters[dst].bytes_written += meta.nbytes
+        if self.tiers[src].concurrent:
+            error = self._copy_out(self.tiers[src], move.lease, [buf])
+        else:  # e.g. REMOTE (MPI): its reads stay under the lock
+            with self._lock:
+                error = self._copy_out(self.tiers[src], move.lease, [buf])
+        if error is None:
+            try:
+                move.dst.fill([buf])
+            except OSError as exc:  # TierFull included: ENOSPC and friends
+                error = exc
+        with self._lock:
+            self._end_inflight()
+            tier = self.tiers[src]
+            here = self._meta.get(meta.key) is meta and meta.tier == src and tier.current(meta.key, move.lease)
+            tier.release(move.lease)
+            meta.readers -= 1
+            if error is None and here:
+                try:
+                    move.dst.commit(meta.key)  # a non-concurrent tier (REMOTE) copies only now
+                except OSError as exc:  # TierFull included
+                    error = exc
+                else:
+                    self._move_published(meta, src, move.dst.tier)
+                    self.tier_counters[src].demotions += 1
+                    self.tier_counters[move.dst.tier].bytes_written += meta.nbytes
+                    return
+            move.dst.discard()  # failed, or the block was deleted or replaced meanwhile
+            if here:
+                self.policy.changed(meta)
+            if isinstance(error, CorruptBlock):
+                log.warning("%s", error)
+                self.tier_counters[src].corruptions += 1
+                if here:
+                    self._drop_corrupt(meta)
+            elif error is not None:
+                self.tier_counters[move.dst.tier].full_events += 1
+                if here:
+                    raise _MoveFailed(meta.key) from error
 
     def _move_published(self, meta: BlockMeta, src: int, dst: int) -> None:
         """The block now sits in ``src`` and ``dst``: repoint the directory, then free
@@ -570,85 +815,166 @@ class CascadeStore:
     def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Read a block straight into ``key_out`` and ``value_out`` (arrays of the store's
         spec, no extra copy). True on a hit; False on a miss (outputs then hold no valid
-        data). Local."""
+        data). Local; the copy runs outside the store's lock."""
+        self._check_outs(key_out, value_out)
+        return self._read(block_id, namespace, [key_out, value_out])
+
+    def _check_outs(self, key_out: Any, value_out: Any) -> None:
         self.spec.check(key_out, "key_out")
         self.spec.check(value_out, "value_out")
         if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
             raise InvalidBlock("key_out and value_out must be writable")
-        return self._read(block_id, namespace, [key_out, value_out])
 
-    def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[tuple[Any, Any] | None]:
-        """``get`` of each id, in order. Local."""
-        return [self.get(b, namespace=namespace) for b in block_ids]
+    def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+                 max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
+        """``get`` of each id, in order, up to ``max_workers`` (default
+        ``config.io_threads``) reads in flight. Local."""
+        return self._parallel(lambda b: self.get(b, namespace=namespace), list(block_ids), max_workers)
+
+    def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                      namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
+        """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
+        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Local."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:  # all checked before anything is read
+            self._check_outs(key_out, value_out)
+        return self._parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
+                              range(len(block_ids)), max_workers)
 
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
+        """A get: metadata under the lock, the copy outside it (the block's tier lease and
+        reader count keep its bytes in place meanwhile), bookkeeping under the lock."""
         bkey = self._key(block_id, namespace)
         started = time.perf_counter()
         with self._lock:
+            self._check_open()
             self.counters.gets += 1
-            now = time.monotonic()
             meta = self._meta.get(bkey)
-            if meta is not None and self._expired(meta, now) and self._peers.withdraw(meta, leaf_only=False):
+            if meta is not None and self._expired(meta, time.monotonic()) and self._peers.withdraw(meta, leaf_only=False):
                 self.counters.expired += 1
                 self._drop(meta)
                 meta = None
-            if meta is None:
-                return self._read_from_cluster(bkey, outs, started)
-            t = meta.tier
-            try:
-                self.tiers[t].read_parts_into(bkey, outs)
-            except CorruptBlock as exc:
-                log.warning("%s", exc)
-                self.tier_counters[t].corruptions += 1
+            self._inflight += 1
+            if meta is not None:
+                t, tier = meta.tier, self.tiers[meta.tier]
+                lease = tier.lease(bkey)
+                meta.readers += 1
+                if not tier.concurrent:  # e.g. REMOTE (MPI): its copy stays under the lock
+                    error = self._copy_out(tier, lease, outs)
+        if meta is None:
+            return self._read_from_cluster(bkey, outs, started)
+        if tier.concurrent:
+            error = self._copy_out(tier, lease, outs)
+        with self._lock:
+            self._end_inflight()
+            hit, promotion = self._finish_read(meta, t, lease, error, started)
+        if promotion is not None:
+            self._promote_filled(meta, t, promotion, outs)
+        return hit
+
+    @staticmethod
+    def _copy_out(tier: Tier, lease: Any, outs: list[Any]) -> CorruptBlock | None:
+        """The leased block's bytes into ``outs``; a verification failure is returned."""
+        try:
+            tier.read_leased(lease, outs)
+        except CorruptBlock as exc:
+            return exc
+        return None
+
+    def _finish_read(self, meta: BlockMeta, t: int, lease: Any, error: CorruptBlock | None,
+                     started: float) -> tuple[bool, _Slot | None]:
+        """Under the lock, after a local copy: release the lease, then count the hit (and
+        use up a hint) or drop a corrupt block (if still the one read). Returns whether
+        it was a hit, and room claimed in the fastest tier to promote it into."""
+        tier = self.tiers[t]
+        cached = self._meta.get(meta.key) is meta and meta.tier == t and tier.current(meta.key, lease)
+        tier.release(lease)
+        meta.readers -= 1
+        if error is not None:
+            log.warning("%s", error)
+            self.tier_counters[t].corruptions += 1
+            if cached:
                 self._drop_corrupt(meta)
-                return self._miss(len(self.tiers))
-            self.counters.hits += 1
-            counters = self.tier_counters[t]
-            counters.hits += 1
-            counters.bytes_read += meta.nbytes
-            self.get_latency[t].record(time.perf_counter() - started)
-            for faster in self.tier_counters[:t]:
-                faster.misses += 1
+            return self._miss(len(self.tiers)), None
+        self.counters.hits += 1
+        counters = self.tier_counters[t]
+        counters.hits += 1
+        counters.bytes_read += meta.nbytes
+        self.get_latency[t].record(time.perf_counter() - started)
+        for faster in self.tier_counters[:t]:
+            faster.misses += 1
+        promotion = None
+        if self._meta.get(meta.key) is meta:  # not deleted or replaced while we copied
             if meta.hints:  # the queued request it was hinted for has come
                 self._release_hint(meta)
-            self.policy.touched(meta, now)
-            if t > 0 and self.config.promote_on_hit:
-                self._promote(meta, outs)
-            self._maybe_write_stats()
-            return True
+            self.policy.touched(meta, time.monotonic())
+            if meta.tier > 0 and self.config.promote_on_hit:
+                promotion = self._claim_promotion(meta)
+        self._maybe_write_stats()
+        return True, promotion
 
     def _read_from_cluster(self, bkey: BlockKey, outs: list[Any], started: float) -> bool:
-        """A local miss: read the block from whichever rank published it."""
+        """A local miss: read the block from whichever rank published it. Runs outside
+        the store's lock (the multi-rank layer serialises its own calls); the caller
+        counted it in flight."""
         try:
-            entry = self._peers.read(bkey, outs)
+            entry, error = self._peers.read(bkey, outs), None
         except CorruptBlock as exc:
-            log.warning("%s", exc)
-            self.counters.cluster_corruptions += 1
-            return self._miss(len(self.tiers))
-        if entry is None:
-            return self._miss(len(self.tiers))
-        self.counters.hits += 1
-        self.counters.cluster_hits += 1
-        self.cluster_latency.record(time.perf_counter() - started)
-        if self.config.cache_cluster_reads and entry.rank != self.rank:
-            self._keep_private_copy(bkey, outs)
-        for counters in self.tier_counters:  # no local tier had it
-            counters.misses += 1
+            entry, error = None, exc
+        with self._lock:
+            self._end_inflight()
+            if error is not None:
+                log.warning("%s", error)
+                self.counters.cluster_corruptions += 1
+            if entry is None:
+                return self._miss(len(self.tiers))
+            self.counters.hits += 1
+            self.counters.cluster_hits += 1
+            self.cluster_latency.record(time.perf_counter() - started)
+            for counters in self.tier_counters:  # no local tier had it
+                counters.misses += 1
+            copy = None
+            if self.config.cache_cluster_reads and entry.rank != self.rank and not self._closing:
+                copy = self._claim_room(bkey, None)
+        if copy is not None:
+            self._keep_private_copy(bkey, copy, outs)
         return True
 
-    def _keep_private_copy(self, bkey: BlockKey, data: list[Any]) -> None:
+    def _claim_room(self, bkey: BlockKey, parent: str | None) -> _Slot | None:
+        """Under the lock: room in the fastest tier for a best-effort copy (promotion,
+        private copy), counted in flight; None when no room can be made."""
+        try:
+            slot = self._reserve_in(0, bkey, parent, self.spec.block_bytes)
+        except (TierFull, OSError) as exc:
+            log.debug("no room in %s for %s: %s", self.tiers[0].name, bkey[1], exc)
+            return None
+        self._inflight += 1
+        return slot
+
+    def _fill_claimed(self, slot: _Slot, data: list[Any]) -> bool:
+        """Copy ``data`` into claimed room, outside the lock; False on an I/O error."""
+        try:
+            slot.fill(data)
+        except OSError as exc:
+            log.debug("copy into %s failed: %s", slot.tier_obj.name, exc)
+            return False
+        return True
+
+    def _keep_private_copy(self, bkey: BlockKey, slot: _Slot, data: list[Any]) -> None:
         """Keep a block just read from another rank in the fastest tier, unpublished, so
         the next reads of a hot block stay local and its holder serves each rank once.
         The copy is never shared and may outlive the holder's copy (the same bytes:
-        ids name content). Best effort: nothing happens when no room can be made."""
-        try:
-            self._make_room(0, self.spec.block_bytes, bkey[0])
-            self.tiers[0].put(bkey, data)
-        except (TierFull, OSError) as exc:
-            log.debug("no private copy of %s: %s", bkey[1], exc)
-            return
-        meta = BlockMeta(bkey, self.spec.block_bytes, 0, ttl=self.config.default_ttl)
-        self._admit(meta, time.monotonic())
+        ids name content). Best effort: given up when another put stored it meanwhile."""
+        filled = self._fill_claimed(slot, data)
+        with self._lock:
+            if not filled or bkey in self._meta:
+                slot.discard()
+            else:
+                slot.commit(bkey)
+                self._admit(BlockMeta(bkey, self.spec.block_bytes, 0, ttl=self.config.default_ttl), time.monotonic())
+            self._end_inflight()
 
     def _drop_corrupt(self, meta: BlockMeta) -> None:
         """Drop a block whose bytes failed verification: withdraw first; while another
@@ -663,26 +989,37 @@ class CascadeStore:
             counters.misses += 1
         return False
 
-    def _promote(self, meta: BlockMeta, data: list[Any]) -> None:
-        """Move a block just read (its bytes in ``data``) up to the fastest tier, if room
-        can be made without dropping pinned or parent blocks. Best effort."""
-        src = meta.tier
-        meta.pins += 1  # keep it from being chosen as a victim while making room
-        try:
-            self._make_room(0, meta.nbytes, meta.key[0])
-            self.tiers[0].put(meta.key, data, parent=meta.parent)
-        except (TierFull, OSError) as exc:
-            log.debug("promotion of %s skipped: %s", meta.key[1], exc)
-            return
-        finally:
-            meta.pins -= 1
+    def _claim_promotion(self, meta: BlockMeta) -> _Slot | None:
+        """Under the lock: room in the fastest tier to move ``meta`` up into, if it can be
+        made without dropping pinned or parent blocks (best effort). Until the promotion
+        ends, the block counts as being read (it stays where it is)."""
+        meta.readers += 1  # not chosen as a victim while making room, nor moved meanwhile
+        slot = self._claim_room(meta.key, meta.parent)
+        if slot is None:
+            meta.readers -= 1
             self.policy.changed(meta)
-        try:
-            self._move_published(meta, src, 0)
-        except _Busy:
-            return
-        self.tier_counters[src].promotions += 1
-        self.tier_counters[0].bytes_written += meta.nbytes
+        return slot
+
+    def _promote_filled(self, meta: BlockMeta, src: int, slot: _Slot, data: list[Any]) -> None:
+        """Copy ``data`` (the block's bytes) into claimed room outside the lock, then
+        move the block there: the copy in tier ``src`` goes once the directory points up."""
+        filled = self._fill_claimed(slot, data)
+        with self._lock:
+            self._end_inflight()
+            meta.readers -= 1
+            if not filled or self._meta.get(meta.key) is not meta or meta.tier != src:
+                slot.discard()  # deleted, replaced or promoted by another reader meanwhile
+                if self._meta.get(meta.key) is meta:
+                    self.policy.changed(meta)
+                return
+            slot.commit(meta.key)
+            self.policy.changed(meta)
+            try:
+                self._move_published(meta, src, 0)
+            except _Busy:
+                return
+            self.tier_counters[src].promotions += 1
+            self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- scheduler hints --------------------------------------------------------------------
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
@@ -746,7 +1083,9 @@ class CascadeStore:
             self.tier_counters[meta.tier].corruptions += 1
             self._drop_corrupt(meta)
             return
-        self._promote(meta, [buf])
+        slot = self._claim_promotion(meta)  # under the lock throughout: hints are scheduler-side
+        if slot is not None:
+            self._promote_filled(meta, meta.tier, slot, [buf])
 
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
@@ -905,6 +1244,9 @@ class CascadeStore:
         """Counters overall and per tier (blocks, bytes, hits, misses, evictions,
         promotions, demotions, corruptions, full events, plus tier facts)."""
         self._check_open()
+        return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
         with self._lock:
             tiers = {}
             for tier, counters, hist in zip(self.tiers, self.tier_counters, self.get_latency):
@@ -924,7 +1266,7 @@ class CascadeStore:
         if force or now - self._stats_written >= self.config.stats_interval:
             self._stats_written = now
             try:
-                write_stats_file(self.config.stats_dir, self.rank, self.stats())
+                write_stats_file(self.config.stats_dir, self.rank, self._stats())
             except OSError as exc:
                 log.warning("cannot write stats file in %s: %s", self.config.stats_dir, exc)
 
@@ -935,8 +1277,14 @@ class CascadeStore:
         tier, as far as it has room without evicting anything (the rest are lost, as are
         REMOTE-tier blocks, which live in other ranks' DRAM). Collective in multi-rank
         runs: SHM slabs and windows go only after every rank has entered ``close`` (so
-        has stopped reading them)."""
+        has stopped reading them). Calls of other threads still moving data finish
+        first; later calls raise :class:`StoreClosed`."""
         with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            while self._inflight:
+                self._idle.wait()
             if keep and self._meta:
                 self._keep_hot_blocks()
             if self._meta or self.counters.puts or self.counters.gets:
@@ -948,10 +1296,10 @@ class CascadeStore:
             for tier in self._built_tiers:
                 tier.close()
             self._meta.clear()
-            if self._hasher is not None:
-                self._hasher.shutdown()
-                self._hasher = None
-            self._closed = True  # any later call raises StoreClosed
+            for pool in (self._hasher, self._io):
+                if pool is not None:
+                    pool.shutdown(wait=False)
+            self._hasher = self._io = None
 
     def _keep_hot_blocks(self) -> None:
         """Demote GPU/SHM blocks to the file tier while it has room (no eviction)."""
@@ -962,16 +1310,16 @@ class CascadeStore:
         for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first
             if self.tiers[meta.tier].name not in ("gpu", "shm"):
                 continue
-            src = meta.tier
             try:
                 if not self.tiers[slow].fits(meta.nbytes):
                     raise TierFull("file tier full")
-                self._copy_between(meta, src, slow)
-            except (_Busy, CorruptBlock, OSError):  # TierFull included; _Busy: pinned elsewhere
+                self._run_move(self._begin_move(meta, slow))
+            except (_Busy, _MoveFailed, OSError):  # TierFull included; _Busy: pinned elsewhere
+                pass
+            if meta.tier == slow and self._meta.get(meta.key) is meta:
+                kept += 1
+            else:
                 lost += 1
-                continue
-            self.tier_counters[src].demotions += 1
-            kept += 1
         if kept:
             self.tiers[slow].sync()
         log.info("close: kept %d hot blocks in the file tier, %d lost", kept, lost)

@@ -14,13 +14,17 @@ keeps the global directory true for this rank's blocks through a
 * a local miss reads the block from whichever rank publishes it;
 * pins taken on another rank's copy are this rank's own and only it releases them.
 
-Local (one-sided MPI) except :meth:`Joined.close`, which is collective. Not thread-safe:
-the store calls it under its lock.
+Local (one-sided MPI) except :meth:`Joined.close`, which is collective. Thread-safe:
+:class:`Joined` runs one call at a time (its own lock), so the store reads other ranks'
+blocks without holding its lock, and calls everything else under it (lock order: the
+store's, then this one's).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +36,19 @@ if TYPE_CHECKING:
     from ..tiers.base import BlockKey, Tier
     from .cluster import Cluster
     from .directory import DirectoryEntry
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _serialized(method: _F) -> _F:
+    """Run ``method`` under the layer's lock (the directory and RMA helpers are not
+    thread-safe)."""
+    @functools.wraps(method)
+    def locked(self: "Joined", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked  # type: ignore[return-value]
 
 
 def parts_checksum(parts: Sequence[Any]) -> int:
@@ -103,10 +120,12 @@ class Joined(Solo):
         self._kinds = [TierKind.of(t.name) for t in tiers]
         self._remote = TierKind.REMOTE
         self._foreign_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
+        self._lock = threading.RLock()
 
     def checksum(self, parts: Sequence[Any]) -> int:
         return parts_checksum(parts)
 
+    @_serialized
     def recovered(self, meta: BlockMeta) -> bool:
         """Publish a block found on disk at start (its checksum read back first).
         :class:`CorruptBlock` when its bytes fail verification."""
@@ -115,6 +134,7 @@ class Joined(Solo):
         meta.checksum = parts_checksum([buf])
         return self.publish(meta)
 
+    @_serialized
     def held_elsewhere(self, key: BlockKey) -> bool:
         entry = self.cluster.lookup(key)
         return entry is not None and self._theirs(entry) and self.cluster.readable(entry)
@@ -135,6 +155,7 @@ class Joined(Solo):
         location = tier.location(meta.key) if tier.name == "lustre" else tier.offset(meta.key)
         return self._kinds[t], self.rank, location
 
+    @_serialized
     def publish(self, meta: BlockMeta) -> bool:
         """Announce a local block in the directory. False when another rank's readable
         copy won the race (the caller drops ours and counts a dedup). All or nothing: on
@@ -148,6 +169,7 @@ class Joined(Solo):
         # not theirs, or unreadable here: a private copy (ours serves this rank)
         return not self._theirs(entry) or not self.cluster.readable(entry)
 
+    @_serialized
     def republish(self, meta: BlockMeta, t: int) -> bool:
         """Point our directory entry at the block's copy in tier ``t``. False (nothing
         changed) while another rank pins it."""
@@ -160,6 +182,7 @@ class Joined(Solo):
         meta.entry = entry
         return True
 
+    @_serialized
     def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
         """Remove our directory entry before the bytes go. False while another rank
         pins the block (or, with ``leaf_only``, caches a child of it)."""
@@ -173,13 +196,16 @@ class Joined(Solo):
         meta.entry = None
         return True
 
+    @_serialized
     def read(self, key: BlockKey, outs: Sequence[Any]) -> DirectoryEntry | None:
         """A local miss: read the block from whichever rank publishes it (verified)."""
         return self.cluster.read(key, outs)
 
+    @_serialized
     def found_elsewhere(self, keys: Sequence[BlockKey]) -> list[bool]:
         return [e is not None and self.cluster.readable(e) for e in self.cluster.lookup_many(list(keys))]
 
+    @_serialized
     def pin(self, key: BlockKey, meta: BlockMeta | None) -> None:
         """Pin cluster-wide (the holder can then neither move nor drop it)."""
         if meta is None or meta.entry is not None:
@@ -191,6 +217,7 @@ class Joined(Solo):
         if meta is None:
             self._foreign_pins[key] = self._foreign_pins.get(key, 0) + 1
 
+    @_serialized
     def release_foreign_pin(self, key: BlockKey) -> bool:
         """Release one pin this rank took on another rank's copy; False if it has none."""
         if not self._foreign_pins.get(key):
@@ -206,14 +233,17 @@ class Joined(Solo):
             del self._foreign_pins[key]
         return True
 
+    @_serialized
     def unpinned(self, meta: BlockMeta) -> None:
         if meta.entry is not None:
             self.cluster.unpin(meta.key)
 
+    @_serialized
     def not_pinned(self, key: BlockKey, meta: BlockMeta | None) -> Exception:
         return BlockPinned(f"block {key[1]} is not pinned by rank {self.rank} "
                            "(pins are per rank: unpin on the rank that pinned it)")
 
+    @_serialized
     def close(self) -> None:
         """Collective: wait until every rank has stopped reading (entered close), then
         free the windows. Before the store closes its tiers."""

@@ -5,7 +5,17 @@ plus capacity accounting and zero-copy reads (``read_into``). Tiers store and fe
 never decide what to keep (that is the policy's job) and never evict on their own: a put
 that does not fit raises :class:`~cascade.errors.TierFull`.
 
-Thread-safety: a tier is not thread-safe; the store serialises calls to it.
+Thread-safety: a tier is not thread-safe; the store serialises calls to it, except the
+data movement of the two-phase forms below on tiers with ``concurrent = True``:
+
+* reads: :meth:`lease` (serialised) pins a block's bytes, :meth:`read_leased` copies them
+  out from any thread while other calls go on, :meth:`release` (serialised) unpins. A
+  block deleted or replaced while leased keeps its bytes until its last lease goes.
+* writes: :meth:`reserve` (serialised) claims space, :meth:`fill` copies the block in
+  from any thread, :meth:`commit` or :meth:`discard` (serialised) publish or free it.
+
+Tiers that cannot move data concurrently (``concurrent = False``, e.g. REMOTE: MPI calls)
+get the defaults here, which do the work in the serialised steps.
 """
 from __future__ import annotations
 
@@ -13,16 +23,26 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
-from ..errors import BlockNotFound, CorruptBlock
+from ..errors import BlockNotFound, CorruptBlock, TierFull
 from ..identity import as_byte_view
 
 BlockKey = tuple[str, str]  # (namespace, block id)
+
+
+class _Deferred:
+    """A reservation of a non-concurrent tier: the copy happens at commit."""
+
+    __slots__ = ("key", "parent", "parts")
+
+    def __init__(self, key: BlockKey, parent: str | None) -> None:
+        self.key, self.parent, self.parts = key, parent, ()
 
 
 class Tier(MutableMapping[BlockKey, bytes], ABC):
     """Abstract storage tier. Subclasses implement the six abstract methods."""
 
     name: str = "tier"
+    concurrent: bool = False  # read_leased / fill may run outside the store's lock
 
     @property
     @abstractmethod
@@ -95,6 +115,41 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         except (BlockNotFound, CorruptBlock):
             return False
         return True
+
+    # -- two-phase data movement (see the module docstring) -----------------------------------
+    def lease(self, key: BlockKey) -> Any:
+        """Pin ``key``'s bytes for :meth:`read_leased`; :class:`BlockNotFound` when absent."""
+        self.length(key)
+        return key
+
+    def read_leased(self, lease: Any, outs: Sequence[Any]) -> None:
+        """Scatter a leased block into ``outs``; :class:`CorruptBlock` when its bytes fail
+        verification (the tier is not changed: the store drops the block)."""
+        self.read_parts_into(lease, outs)
+
+    def release(self, lease: Any) -> None:
+        """End a lease; frees the bytes of a block deleted while leased."""
+
+    def current(self, key: BlockKey, lease: Any) -> bool:
+        """Whether ``lease`` still names the bytes stored under ``key``."""
+        return key in self
+
+    def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> Any:
+        """Claim room for a block of ``nbytes`` (:class:`TierFull` if none)."""
+        if not self.fits(nbytes):
+            raise TierFull(f"{self.name}: no room for {nbytes} bytes")
+        return _Deferred(key, parent)
+
+    def fill(self, handle: Any, parts: Sequence[Any]) -> None:
+        """Copy ``parts`` into reserved room (on a concurrent tier, from any thread)."""
+        handle.parts = parts
+
+    def commit(self, key: BlockKey, handle: Any) -> None:
+        """Publish a filled reservation under ``key`` (replacing a block of that key)."""
+        self.put(key, handle.parts, parent=handle.parent)
+
+    def discard(self, handle: Any) -> None:
+        """Give back a reservation that will not be committed."""
 
     def sync(self) -> None:
         """Make every completed put durable (persistent tiers fsync; others do nothing)."""

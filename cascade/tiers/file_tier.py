@@ -26,7 +26,7 @@ import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,24 @@ class _File:
     live: int = 0  # bytes of live records
     tombstones: list[tuple[BlockKey, int, int]] = field(default_factory=list)
     direct_fd: int | None = None
+    users: int = 0  # reads and writes in flight: the file is not compacted away meanwhile
+
+
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """A block being read outside the store's lock: its record and the open file."""
+    key: BlockKey
+    loc: _Loc
+    file: _File
+
+
+@dataclass(slots=True, eq=False)
+class _Reservation:
+    """Room claimed at the end of a file for one record, written outside the lock."""
+    file: _File
+    header: RecordHeader
+    offset: int
+    written: bool = False
 
 
 class FileTier(Tier):
@@ -79,6 +97,7 @@ class FileTier(Tier):
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
     name = "lustre"
+    concurrent = True
 
     def __init__(
         self,
@@ -105,7 +124,9 @@ class FileTier(Tier):
         self._files: dict[int, _File] = {}
         self._live_bytes = 0  # record bytes of live blocks (what counts against capacity)
         self._payload_bytes = 0
-        self._bounce: mmap.mmap | None = None
+        self._reserved_bytes = 0  # record bytes claimed by writes in flight
+        self._bounces: list[mmap.mmap] = []  # spare page-aligned buffers for O_DIRECT reads
+        self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "full_events": 0, "lost_tombstones": 0, "bad_files": 0}
         # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
@@ -233,41 +254,103 @@ class FileTier(Tier):
 
     @property
     def free(self) -> int:
-        return self._capacity - self._live_bytes
+        return self._capacity - self._live_bytes - self._reserved_bytes
 
     def fits(self, nbytes: int) -> bool:
         return HEADER_BYTES + pad(nbytes) <= self.free
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
         views = [as_byte_view(p) for p in parts]
-        length = sum(v.nbytes for v in views)
-        if not self.fits(length):
-            raise TierFull(f"{self.name}: no room for {length} bytes ({self.free} of {self._capacity} free)")
+        reservation = self.reserve(key, sum(v.nbytes for v in views), parent=parent)
+        try:
+            self.fill(reservation, views)
+        except BaseException:
+            self.discard(reservation)
+            raise
+        self.commit(key, reservation)
+
+    def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reservation:
+        """Claim the next record's room at the end of the active file (rolling to a new
+        file at ``segment_bytes``). :class:`TierFull` when over capacity."""
+        if not self.fits(nbytes):
+            raise TierFull(f"{self.name}: no room for {nbytes} bytes ({self.free} of {self._capacity} free)")
         expires = self.expiry_of(key) if self.expiry_of is not None else 0.0
-        header = RecordHeader(key[0], key[1], length, checksum(views, key_seed(*key)), parent=parent, expires=expires)
-        loc = self._append(header, views)
-        self._remember(key, _Loc(loc[0], loc[1], length, header.checksum, parent, expires))
+        header = RecordHeader(key[0], key[1], nbytes, 0, parent=parent, expires=expires)
+        f = self._room_for(header.record_bytes)
+        reservation = _Reservation(f, header, f.size)
+        f.size += header.record_bytes
+        f.users += 1
+        self._reserved_bytes += header.record_bytes
+        return reservation
+
+    def fill(self, reservation: _Reservation, parts: Sequence[Any]) -> None:
+        """Checksum and write the record (one ``pwritev``, fsync if configured). Writes
+        only its own range: safe beside any other call. :class:`TierFull` on a full disk."""
+        views = [as_byte_view(p) for p in parts]
+        header = reservation.header
+        if sum(v.nbytes for v in views) != header.payload_len:
+            raise ValueError(f"{self.name}: parts hold {sum(v.nbytes for v in views)} bytes, reserved {header.payload_len}")
+        header = replace(header, checksum=checksum(views, key_seed(header.namespace, header.block_id)))
+        self._write_record(reservation.file, header, views, reservation.offset)
+        reservation.header, reservation.written = header, True
+
+    def commit(self, key: BlockKey, reservation: _Reservation) -> None:
+        header, f = reservation.header, reservation.file
+        self._unreserve(reservation)
+        self._remember(key, _Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
+                                 header.parent, header.expires))
         self._maybe_compact_after_change()
 
-    def _append(self, header: RecordHeader, views: Sequence[memoryview]) -> tuple[int, int]:
-        """Write one record at the end of the active file; (file id, offset). Failure-atomic."""
-        if self._active.size and self._active.size + header.record_bytes > self._segment_bytes:
+    def discard(self, reservation: _Reservation) -> None:
+        """Give the room back: cut it off the file's end when it is last, else mark a
+        written record dead with a tombstone (a failed write leaves no valid record)."""
+        self._unreserve(reservation)
+        f, size = reservation.file, reservation.header.record_bytes
+        if f.size == reservation.offset + size:
+            try:
+                os.ftruncate(f.fd, reservation.offset)
+                f.size = reservation.offset
+                return
+            except OSError:
+                pass
+        if reservation.written:
+            key = (reservation.header.namespace, reservation.header.block_id)
+            self._tombstone(key, f.file_id, reservation.offset)
+
+    def _unreserve(self, reservation: _Reservation) -> None:
+        reservation.file.users -= 1
+        self._reserved_bytes -= reservation.header.record_bytes
+
+    def _room_for(self, record_bytes: int) -> _File:
+        """The active file, or a new one when this record would pass ``segment_bytes``."""
+        if self._active.size and self._active.size + record_bytes > self._segment_bytes:
             self._active = self._open_file(self._active.file_id + 1, create=True)
-        f = self._active
-        offset = f.size
+        return self._active
+
+    def _write_record(self, f: _File, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
         tail = pad(header.payload_len) - header.payload_len
         iov = [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
         try:
-            written = _pwritev_all(f.fd, iov, offset)
+            _pwritev_all(f.fd, iov, offset)
             if self._fsync:
                 os.fsync(f.fd)
         except OSError as exc:
-            os.ftruncate(f.fd, offset)  # drop the partial record: the file stays valid
             if exc.errno in _FULL_ERRNOS:
                 self.counters["full_events"] += 1
                 raise TierFull(f"{self.name}: {f.path}: {exc.strerror}") from exc
             raise
-        f.size = offset + written
+
+    def _append(self, header: RecordHeader, views: Sequence[memoryview]) -> tuple[int, int]:
+        """Write one record at the end of the active file, under the store's lock (for
+        tombstones and compaction); (file id, offset). Failure-atomic."""
+        f = self._room_for(header.record_bytes)
+        offset = f.size
+        try:
+            self._write_record(f, header, views, offset)
+        except OSError:
+            os.ftruncate(f.fd, offset)  # drop the partial record: the file stays valid
+            raise
+        f.size = offset + header.record_bytes
         return f.file_id, offset
 
     def length(self, key: BlockKey) -> int:
@@ -286,16 +369,40 @@ class FileTier(Tier):
         view[:] = memoryview(whole)[offset:offset + view.nbytes]
 
     def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        lease = self.lease(key)
+        try:
+            self.read_leased(lease, outs)
+        except CorruptBlock:
+            self._kill(key)
+            raise
+        finally:
+            self.release(lease)
+
+    def lease(self, key: BlockKey) -> _Lease:
         loc = self._loc(key)
+        f = self._files[loc.file_id]
+        f.users += 1
+        self._direct_fd(f)  # opened here, under the store's lock
+        return _Lease(key, loc, f)
+
+    def release(self, lease: _Lease) -> None:
+        lease.file.users -= 1
+
+    def current(self, key: BlockKey, lease: _Lease) -> bool:
+        return self._index.get(key) is lease.loc
+
+    def read_leased(self, lease: _Lease, outs: Sequence[Any]) -> None:
+        """Read and verify a leased record (reads only: safe beside any other call).
+        :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
+        key, loc, f = lease.key, lease.loc, lease.file
         views = [as_byte_view(o, "output buffer") for o in outs]
         if sum(v.nbytes for v in views) != loc.length:
             raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
-        f = self._files[loc.file_id]
         start = loc.offset + HEADER_BYTES
         seed = key_seed(*key)
         digest = None
         try:
-            direct = self._direct_fd(f)
+            direct = f.direct_fd if self._odirect else None
             if direct is None:
                 lead = memoryview(bytearray(HEADER_BYTES))  # read the header too: see _read_hashed
                 ok, digest = _read_hashed(f.fd, start, loc.length, views, seed, lead)
@@ -309,17 +416,17 @@ class FileTier(Tier):
             digest = checksum(views, seed)
         if not ok or digest != loc.checksum:
             self.counters["corrupt_reads"] += 1
-            self._kill(key)
             raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
 
     def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
         """O_DIRECT into a page-aligned bounce buffer, then copy out (unaligned outputs)."""
         size = pad(length)
-        if self._bounce is None or len(self._bounce) < size:
-            if self._bounce is not None:
-                self._bounce.close()
-            self._bounce = mmap.mmap(-1, max(size, 1 << 20))  # anonymous maps are page-aligned
-        bounce = memoryview(self._bounce)
+        with self._bounce_lock:
+            fitting = [b for b in self._bounces if len(b) >= size]
+            if fitting:
+                self._bounces.remove(fitting[0])
+        bounce_map = fitting[0] if fitting else mmap.mmap(-1, max(size, 1 << 20))  # page-aligned
+        bounce = memoryview(bounce_map)
         try:
             if os.preadv(fd, [bounce[:size]], start) < length:
                 return False
@@ -329,6 +436,11 @@ class FileTier(Tier):
                 pos += v.nbytes
         finally:
             bounce.release()
+            with self._bounce_lock:
+                if len(self._bounces) < _READERS:
+                    self._bounces.append(bounce_map)
+                else:
+                    bounce_map.close()
         return True
 
     def _direct_fd(self, f: _File) -> int | None:
@@ -351,7 +463,10 @@ class FileTier(Tier):
     def _kill(self, key: BlockKey) -> None:
         """Forget ``key`` and append a tombstone so a restart forgets it too."""
         loc = self._forget(key)
-        tomb = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=loc.file_id, target_offset=loc.offset)
+        self._tombstone(key, loc.file_id, loc.offset)
+
+    def _tombstone(self, key: BlockKey, target_file: int, target_offset: int) -> None:
+        tomb = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=target_file, target_offset=target_offset)
         try:
             file_id, _ = self._append(tomb, [])
         except (TierFull, OSError) as exc:
@@ -360,7 +475,7 @@ class FileTier(Tier):
                 log.warning("%s: cannot record deletes (%s): a restart may bring such blocks back", self.name, exc)
             self.counters["lost_tombstones"] += 1
             return
-        self._files[file_id].tombstones.append((key, loc.file_id, loc.offset))
+        self._files[file_id].tombstones.append((key, target_file, target_offset))
 
     def __iter__(self) -> Iterator[BlockKey]:
         return iter(list(self._index))
@@ -403,8 +518,8 @@ class FileTier(Tier):
 
     def _maybe_compact_after_change(self) -> None:
         for f in list(self._files.values()):
-            if f.size == 0 or 1.0 - f.live / f.size < self._compact_fraction:
-                continue
+            if f.users or f.size == 0 or 1.0 - f.live / f.size < self._compact_fraction:
+                continue  # (a file read or written outside the lock waits for a later change)
             # The active file is compacted too once it is big enough to be worth sealing.
             if f is not self._active or f.size >= min(self._segment_bytes, _MIN_COMPACT_ACTIVE):
                 self.compact(f.file_id)
@@ -458,9 +573,9 @@ class FileTier(Tier):
                     os.close(fd)
         self._files.clear()
         self._index.clear()
-        if self._bounce is not None:
-            self._bounce.close()
-            self._bounce = None
+        for bounce in self._bounces:
+            bounce.close()
+        self._bounces.clear()
         if getattr(self, "_lock_fd", None) is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

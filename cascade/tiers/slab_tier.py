@@ -18,11 +18,13 @@ from .base import BlockKey, Tier
 from .slab import SlabAllocator
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Slot:
     offset: int
     length: int
-    checksum: int | None
+    checksum: int | None = None
+    readers: int = 0  # leases (reads in flight)
+    dead: bool = False  # deleted while leased: the last lease frees it
 
 
 class SlabTier(Tier):
@@ -31,6 +33,8 @@ class SlabTier(Tier):
     ``verify=True`` stores an XXH3 checksum per block and checks it on every read
     (costs about one extra pass over the data).
     """
+
+    concurrent = True
 
     def __init__(self, capacity: int, *, verify: bool = False) -> None:
         self._capacity = capacity
@@ -69,37 +73,65 @@ class SlabTier(Tier):
         return self._alloc.can_fit(nbytes)
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
-        self.commit(key, self.stage(parts))
+        slot = self.reserve(key, sum(_nbytes(p) for p in parts))
+        try:
+            self.fill(slot, parts)
+        except BaseException:
+            self.discard(slot)
+            raise
+        self.commit(key, slot)
 
-    def stage(self, parts: Sequence[Any]) -> tuple[int, int]:
-        """Copy ``parts`` into fresh slab space not yet visible under any key; returns a
-        handle for :meth:`commit` or :meth:`discard`. Lets the store copy a block while
-        its id is still being hashed. :class:`TierFull` if it does not fit."""
-        nbytes = sum(_nbytes(p) for p in parts)
+    def reserve(self, key: BlockKey | None, nbytes: int, *, parent: str | None = None) -> _Slot:
+        """Claim slab space for ``nbytes`` (any key: a put may reserve before its id is
+        known). :class:`TierFull` if it does not fit."""
         if nbytes > self._capacity:
             raise TierFull(f"{self.name}: block of {nbytes} bytes exceeds the tier's capacity of {self._capacity}")
-        offset = self._alloc.alloc(nbytes)
-        try:
-            pos = offset
-            for part in parts:
-                pos += self._copy_in(pos, part)
-        except BaseException:
-            self._alloc.free(offset, nbytes)
-            raise
-        return offset, nbytes
+        return _Slot(self._alloc.alloc(nbytes), nbytes)
 
-    def commit(self, key: BlockKey, staged: tuple[int, int]) -> None:
-        """Publish staged bytes under ``key`` (replacing an existing block of that key)."""
-        offset, nbytes = staged
+    def fill(self, slot: _Slot, parts: Sequence[Any]) -> None:
+        """Copy ``parts`` into reserved space (and checksum it when verifying). Touches
+        only that space: safe beside any other call."""
+        if sum(_nbytes(p) for p in parts) != slot.length:
+            raise ValueError(f"{self.name}: parts hold {sum(_nbytes(p) for p in parts)} bytes, reserved {slot.length}")
+        pos = slot.offset
+        for part in parts:
+            pos += self._copy_in(pos, part)
+        if self._verify:
+            slot.checksum = checksum([self._slab_view(slot.offset, slot.length)])
+
+    def commit(self, key: BlockKey, slot: _Slot) -> None:
         if key in self._index:
             self._release(key)
-        digest = checksum([self._slab_view(offset, nbytes)]) if self._verify else None
-        self._index[key] = _Slot(offset, nbytes, digest)
-        self._used += nbytes
+        self._index[key] = slot
+        self._used += slot.length
 
-    def discard(self, staged: tuple[int, int]) -> None:
-        """Free staged bytes that will not be committed."""
-        self._alloc.free(*staged)
+    def discard(self, slot: _Slot) -> None:
+        self._alloc.free(slot.offset, slot.length)
+
+    def lease(self, key: BlockKey) -> _Slot:
+        slot = self._slot(key)
+        slot.readers += 1
+        return slot
+
+    def read_leased(self, slot: _Slot, outs: Sequence[Any]) -> None:
+        sizes = [_nbytes(o) for o in outs]
+        if sum(sizes) != slot.length:
+            raise ValueError(f"output buffers hold {sum(sizes)} bytes, block has {slot.length}")
+        if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
+            # The bytes stay allocated: the store withdraws every reference first.
+            raise CorruptBlock(f"{self.name}: block at offset {slot.offset} failed its checksum")
+        pos = slot.offset
+        for out, size in zip(outs, sizes):
+            self._copy_out(pos, out)
+            pos += size
+
+    def release(self, slot: _Slot) -> None:
+        slot.readers -= 1
+        if slot.dead and not slot.readers:
+            self._alloc.free(slot.offset, slot.length)
+
+    def current(self, key: BlockKey, slot: _Slot) -> bool:
+        return self._index.get(key) is slot
 
     def length(self, key: BlockKey) -> int:
         return self._slot(key).length
@@ -118,16 +150,7 @@ class SlabTier(Tier):
         self._copy_out(slot.offset + offset, out)
 
     def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
-        slot = self._slot(key)
-        sizes = [_nbytes(o) for o in outs]
-        if sum(sizes) != slot.length:
-            raise ValueError(f"output buffers hold {sum(sizes)} bytes, block has {slot.length}")
-        if self._verify:
-            self._check(key, slot)
-        pos = slot.offset
-        for out, size in zip(outs, sizes):
-            self._copy_out(pos, out)
-            pos += size
+        self.read_leased(self._slot(key), outs)
 
     def __delitem__(self, key: BlockKey) -> None:
         self._slot(key)
@@ -151,8 +174,11 @@ class SlabTier(Tier):
 
     def _release(self, key: BlockKey) -> None:
         slot = self._index.pop(key)
-        self._alloc.free(slot.offset, slot.length)
         self._used -= slot.length
+        if slot.readers:
+            slot.dead = True  # a read is copying it out: the last lease frees the space
+        else:
+            self._alloc.free(slot.offset, slot.length)
 
     def _check(self, key: BlockKey, slot: _Slot) -> None:
         # The bytes stay allocated: the owner frees them only after withdrawing every
