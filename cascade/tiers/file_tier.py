@@ -13,6 +13,11 @@ then the file is unlinked). Reads (``read_mode``): on Lustre O_DIRECT (through a
 aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
 records of 8 MiB and more are read as chunks with several reads in flight.
+
+Writes and reads run outside the store's lock in two phases (see :mod:`.base`): a write
+reserves its record's range at the end of the active file, then ``pwritev``s it; a read
+leases the record, then ``preadv``s it. A file with reads or writes in flight is not
+compacted until they end.
 """
 from __future__ import annotations
 
@@ -220,7 +225,8 @@ class FileTier(Tier):
                 self._remember(key, loc)
                 last = (key, loc)
             offset += header.record_bytes
-        # Only a file's last record can be torn by a crash mid-append: verify it now.
+        # A crash mid-append tears the last record (or, with writes in flight from several
+        # threads, one of the last few): verify the last now; every read verifies the rest.
         if last is not None and self._index.get(last[0]) is last[1]:
             buf = bytearray(last[1].length)
             if (os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf)
