@@ -680,10 +680,16 @@ class CascadeStore:
     def _begin_move(self, meta: BlockMeta, lower: int) -> _Move:
         """Under the lock: claim room for ``meta`` in tier ``lower`` (:class:`TierFull`
         if none) and lease its current bytes."""
-        handle = self.tiers[lower].reserve(meta.key, meta.nbytes, parent=meta.parent)
+        src = self.tiers[meta.tier]
+        lease = src.lease(meta.key)
+        try:
+            handle = self.tiers[lower].reserve(meta.key, meta.nbytes, parent=meta.parent)
+        except BaseException:
+            src.release(lease)
+            raise
         meta.readers += 1  # stays where it is, unchosen, until the move ends
         self._inflight += 1
-        return _Move(meta, meta.tier, self.tiers[meta.tier].lease(meta.key), _Slot(self.tiers[lower], lower, handle))
+        return _Move(meta, meta.tier, lease, _Slot(self.tiers[lower], lower, handle))
 
     def _run_move(self, move: _Move) -> None:
         """Copy a started demotion's block down (outside the lock when the caller holds
@@ -871,7 +877,7 @@ class CascadeStore:
             self._end_inflight()
             hit, promotion = self._finish_read(meta, t, lease, error, started)
         if promotion is not None:
-            self._promote_filled(meta, t, promotion, outs)
+            self._promote_filled(meta, *promotion, outs)
         return hit
 
     @staticmethod
@@ -884,10 +890,11 @@ class CascadeStore:
         return None
 
     def _finish_read(self, meta: BlockMeta, t: int, lease: Any, error: CorruptBlock | None,
-                     started: float) -> tuple[bool, _Slot | None]:
+                     started: float) -> tuple[bool, tuple[int, _Slot] | None]:
         """Under the lock, after a local copy: release the lease, then count the hit (and
         use up a hint) or drop a corrupt block (if still the one read). Returns whether
-        it was a hit, and room claimed in the fastest tier to promote it into."""
+        it was a hit, and (the tier it is in now, room claimed in the fastest tier) to
+        promote it. (A block being demoted may be read: it may sit lower by now.)"""
         tier = self.tiers[t]
         cached = self._meta.get(meta.key) is meta and meta.tier == t and tier.current(meta.key, lease)
         tier.release(lease)
@@ -911,7 +918,8 @@ class CascadeStore:
                 self._release_hint(meta)
             self.policy.touched(meta, time.monotonic())
             if meta.tier > 0 and self.config.promote_on_hit:
-                promotion = self._claim_promotion(meta)
+                slot = self._claim_promotion(meta)
+                promotion = None if slot is None else (meta.tier, slot)
         self._maybe_write_stats()
         return True, promotion
 
@@ -994,10 +1002,13 @@ class CascadeStore:
         made without dropping pinned or parent blocks (best effort). Until the promotion
         ends, the block counts as being read (it stays where it is)."""
         meta.readers += 1  # not chosen as a victim while making room, nor moved meanwhile
-        slot = self._claim_room(meta.key, meta.parent)
-        if slot is None:
-            meta.readers -= 1
-            self.policy.changed(meta)
+        slot = None
+        try:
+            slot = self._claim_room(meta.key, meta.parent)
+        finally:
+            if slot is None:
+                meta.readers -= 1
+                self.policy.changed(meta)
         return slot
 
     def _promote_filled(self, meta: BlockMeta, src: int, slot: _Slot, data: list[Any]) -> None:
