@@ -7,8 +7,11 @@ import json
 
 import pytest
 
-from benchmark import data, run_benchmark
+import numpy as np
+
+from benchmark import data, machine, run_benchmark
 from benchmark.workloads import read_latency, read_throughput, scaling, trace_replay, write_throughput
+from benchmark.workloads.common import aligned_pair
 
 SIZE = 64 << 10
 pytestmark = pytest.mark.timeout(120)
@@ -135,6 +138,21 @@ def test_scaling_one_and_two_ranks(dirs) -> None:
     assert "cross_get_gbps_vs_mpi_get_aggregate" not in two["vs_limit"] and "/dev/shm" in two["cross_get_path"]
     assert "hdf5" in two["vs_systems"]
     assert "xget" in scaling.table(result)
+
+
+def test_parallel_raw_reads_land_every_block(tmp_path) -> None:
+    assert [len(r) for r in machine.shares(10, 4)] == [3, 3, 2, 2] and machine.shares(1, 2)[1] == range(1, 1)
+    path = str(tmp_path / "raw.bin")
+    parts = [np.full(SIZE // 2, i, dtype=np.uint8) for i in range(6)]  # 3 blocks: key i, value i + 1
+    assert machine.write_file(path, parts) == 3 * SIZE
+    for how in ("odirect", "buffered_cold", "buffered_hot"):
+        outs = [aligned_pair(SIZE // 2) for _ in range(3)]
+        got = machine.raw_read_threads(path, outs, 2, how)
+        assert got["bytes"] == 3 * SIZE and got["gbps"] > 0 and got["threads"] == 2
+        assert all((k == 2 * j).all() and (v == 2 * j + 1).all() for j, (k, v) in enumerate(outs)), how
+    assert got["odirect"] is False and "page_cache" not in got
+    copy = machine.memcpy_threads([(p, np.zeros_like(p)) for p in parts], 3)
+    assert copy["bytes"] == 3 * SIZE and copy["gbps"] > 0
 
 
 def test_runner_writes_a_results_file(dirs, tmp_path) -> None:
