@@ -49,7 +49,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "queue_hints": ["--requests", "2000", "--capacities", "1000,5000", "--queue-depths", "0,64",
                         "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "1", "--rank-counts", "1,2,4"],
-        "thread_scaling": ["--sizes", "2M,16M", "--threads", "1,2,4", "--total-bytes", "256M", "--rounds", "3"],
+        "thread_scaling": ["--sizes", "2M,16M", "--threads", "1,2,4", "--total-bytes", "384M", "--rounds", "3"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
         "cross_node": [],

@@ -1,7 +1,7 @@
 """thread_scaling: Cascade's aggregate get GB/s at 1, 2, 4 threads beside raw reads at the same depth.
 
 Per block size (default 2 and 16 MiB; ``total_bytes`` of measured blocks, default
-256 MiB, from the shared data directory) three stores hold the same blocks: the SHM tier
+384 MiB, from the shared data directory) three stores hold the same blocks: the SHM tier
 alone (``shm``), the file tier alone in its default read mode (``file_read_mode="auto"``:
 page cache off Lustre) and with ``"direct"`` (O_DIRECT). Each round runs, at each thread
 count N and in an order rotated by the round:
@@ -49,7 +49,7 @@ from .blockio import size_label
 NS = "bench"
 DEFAULT_SIZES = [2 << 20, 16 << 20]
 DEFAULT_THREADS = [1, 2, 4]
-TOTAL_BYTES = 256 << 20
+TOTAL_BYTES = 384 << 20  # as read_throughput: 192 x 2 MiB, 24 x 16 MiB
 FORMS = ("threads", "batch")
 LIMITS = {"memcpy": None, "raw_odirect_read": "odirect", "raw_buffered_cold_read": "buffered_cold",
           "raw_buffered_hot_read": "buffered_hot"}
