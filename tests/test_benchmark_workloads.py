@@ -11,7 +11,6 @@ import pytest
 from benchmark import data, machine, run_benchmark
 from benchmark.workloads import read_latency, read_throughput, scaling, thread_scaling, trace_replay, write_throughput
 from benchmark.workloads.common import aligned_pair
-from cascade import CascadeStore
 
 SIZE = 64 << 10
 pytestmark = pytest.mark.timeout(120)
@@ -158,16 +157,14 @@ def test_parallel_raw_reads_land_every_block(tmp_path) -> None:
 def test_thread_scaling(dirs) -> None:
     result = thread_scaling.run({"sizes": [SIZE], "threads": [1, 2], "blocks": 4, "warmup": 1, "rounds": 2, **dirs})
     assert result["schema"] == "cascade-bench/thread_scaling/1" and result["thread_counts"] == [1, 2]
-    # batch rows need get_many_into (the parallel store of issue 12); without it they fail, recorded
-    forms = {"threads", "batch"} if hasattr(CascadeStore, "get_many_into") else {"threads"}
+    forms = set(thread_scaling.FORMS)
     rows = result["rows"]
     configs = (("shm", None, "dram"), ("file", "auto", "cold"), ("file", "auto", "hot"), ("file", "direct", "cold"))
     assert {(r["tier"], r.get("file_read_mode"), r["cache"], r["form"], r["threads"])
             for r in rows if r["system"] == "cascade"} == {(*c, f, n) for c in configs for f in forms for n in (1, 2)}
     assert {(r["limit"], r["threads"]) for r in rows if r["system"] == "limit"} == {
         (name, n) for name in thread_scaling.LIMITS for n in (1, 2)}
-    assert all(p["form"] == "batch" and "get_many_into" in p["reason"] for p in result["not_run"])
-    assert len(result["not_run"]) == (0 if "batch" in forms else 8)
+    assert result["not_run"] == [], result["not_run"]
     for row in rows:
         assert row["get_gbps"] > 0 and len(row["get_gbps_rounds"]) == 2 and row["blocks"] == 4
         assert row["speedup_vs_1_thread"] > 0 and (row["threads"] == 2 or row["speedup_vs_1_thread"] == 1.0)
