@@ -1,7 +1,8 @@
 """This machine's own limits, measured in the same run as the systems they bound.
 
 Every benchmark figure is also reported as a ratio to one of these: memcpy (DRAM copy),
-raw O_DIRECT sequential read and buffered write of the file system under test, and (in
+raw O_DIRECT sequential read and buffered write of the file system under test, the same
+with several threads at once (:func:`memcpy_threads`, :func:`raw_read_threads`), and (in
 multi-rank runs) a raw mpi4py ``Get`` (see ``benchmark.workloads.mpi_micro``).
 """
 from __future__ import annotations
@@ -10,6 +11,10 @@ import mmap
 import os
 import platform
 import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -53,8 +58,6 @@ def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect
     """Write a ``total_bytes`` file in ``block_bytes`` chunks (buffered + fsync), then read
     it back sequentially with O_DIRECT (page cache bypassed), then buffered after evicting
     it from the page cache (``posix_fadvise(DONTNEED)``; kernel readahead on). GB/s of each."""
-    import time
-
     total_bytes = max(total_bytes // block_bytes, 1) * block_bytes
     path = os.path.join(directory, f"raw_limit_{os.getpid()}.bin")
     buf = _aligned(block_bytes)
@@ -91,6 +94,106 @@ def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect
     return {"block_bytes": block_bytes, "total_bytes": total_bytes, "odirect": odirect,
             "write_gbps": gbps(total_bytes, write_s), "read_gbps": gbps(total_bytes, read_s),
             "buffered_cold_read_gbps": gbps(total_bytes, buffered_s)}
+
+
+# -- several threads at once -----------------------------------------------------------
+def shares(n: int, parts: int) -> list[range]:
+    """``range(n)`` cut into ``parts`` contiguous shares whose sizes differ by at most one."""
+    q, r = divmod(n, parts)
+    bounds = [i * q + min(i, r) for i in range(parts + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def run_threads(fns: Sequence[Callable[[], Any]]) -> tuple[float, list[Any]]:
+    """Run each of ``fns`` on its own thread, all released at once by a barrier; returns
+    (wall seconds from the release to the last thread's end, their results in order).
+    The first exception of a thread is raised here, after all have ended."""
+    gate = threading.Barrier(len(fns) + 1)
+    results: list[Any] = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        gate.wait()
+        try:
+            results[i] = fns[i]()
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, results
+
+
+def memcpy_threads(pairs: Sequence[tuple[np.ndarray, np.ndarray]], threads: int) -> dict[str, Any]:
+    """``threads`` threads copy their contiguous share of ``(src, dst)`` pairs at once
+    (numpy's copy releases the GIL), after one untimed pass: the DRAM ceiling of N
+    readers. GB/s = bytes / wall time."""
+    def copy(share: range) -> None:
+        for j in share:
+            np.copyto(pairs[j][1], pairs[j][0])
+
+    jobs = [partial(copy, s) for s in shares(len(pairs), threads)]
+    run_threads(jobs)
+    wall, _ = run_threads(jobs)
+    nbytes = sum(src.nbytes for src, _ in pairs)
+    return {"threads": threads, "bytes": nbytes, "seconds": wall, "gbps": gbps(nbytes, wall)}
+
+
+def write_file(path: str, parts: Iterable[Any]) -> int:
+    """Write ``parts`` back to back (buffered), then fsync; returns the bytes written."""
+    total = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for part in parts:
+            total += os.pwrite(fd, part, total)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return total
+
+
+def raw_read_threads(path: str, outs: Sequence[Sequence[Any]], threads: int, how: str) -> dict[str, Any]:
+    """``threads`` threads ``preadv`` their contiguous share of a file's blocks at once:
+    block ``j`` (at ``j`` x its size) into the buffers ``outs[j]`` (page-aligned for
+    O_DIRECT). ``how``: ``odirect`` (page cache bypassed; buffered if the file system
+    refuses O_DIRECT, then ``odirect`` is False), ``buffered_cold`` (the file evicted
+    first by :func:`drop_page_cache`; kernel readahead on) or ``buffered_hot`` (after an
+    untimed pass). GB/s = bytes / wall time."""
+    block = sum(memoryview(b).nbytes for b in outs[0])
+    odirect = how == "odirect"
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if odirect else 0))
+    except OSError:
+        if not odirect:
+            raise
+        fd, odirect = os.open(path, os.O_RDONLY), False
+
+    def read(share: range) -> None:
+        for j in share:
+            if os.preadv(fd, outs[j], j * block) != block:
+                raise OSError(f"{path}: short read of block {j}")
+
+    jobs = [partial(read, s) for s in shares(len(outs), threads)]
+    out: dict[str, Any] = {"how": how, "threads": threads, "odirect": odirect}
+    try:
+        if how == "buffered_cold":
+            out["page_cache"] = drop_page_cache([path])
+        elif how == "buffered_hot":
+            run_threads(jobs)
+        wall, _ = run_threads(jobs)
+    finally:
+        os.close(fd)
+    nbytes = block * len(outs)
+    out.update(bytes=nbytes, seconds=wall, gbps=gbps(nbytes, wall))
+    return out
 
 
 # -- page cache ------------------------------------------------------------------------
@@ -182,8 +285,6 @@ def mpi_get_limits(comm, sizes: list[int], repeats: int = 20) -> dict[str, Any]:
     """Collective. Raw mpi4py ``Get`` + ``Flush`` (``Lock_all`` held, ``Win.Allocate``):
     rank 0 from rank 1 alone (``pair``), then every rank from rank ``r+1`` at once
     (``aggregate``: bytes moved by all ranks / slowest rank's time). Median of repeats."""
-    import time
-
     from mpi4py import MPI
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -235,8 +336,6 @@ def memcpy_aggregate(comm, nbytes: int, repeats: int = 7, min_seconds: float = 0
     the node's monotonic clock; across nodes the slowest rank's time), median of
     ``repeats`` runs. Ranks that outnumber the cores share them, and wall time shows it
     (a rank's own time would not). The DRAM ceiling of N ranks."""
-    import time
-
     from mpi4py import MPI
 
     src = np.ones(nbytes, dtype=np.uint8)
@@ -265,8 +364,6 @@ def memcpy_aggregate(comm, nbytes: int, repeats: int = 7, min_seconds: float = 0
 
 def _idle_barrier(comm) -> None:
     """A barrier that sleeps instead of spinning (ranks may outnumber cores)."""
-    import time
-
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(1e-3)

@@ -28,6 +28,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "trace_replay": ("trace_replay", TRACE_SYSTEMS, "hit ratios on a trace vs LRU and Belady, every evicting system"),
     "scaling": ("scaling", SCALING_SYSTEMS, "aggregate put/get GB/s at 1, 2, 4 ranks (mpiexec)"),
     "queue_hints": ("queue_hints", ("cascade",), "hit ratio with scheduler hints at queue depths vs LRU/Belady"),
+    "thread_scaling": ("thread_scaling", ("cascade",), "aggregate get GB/s at 1/2/4 threads vs raw reads at that depth"),
 }
 
 
@@ -52,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="shared block data (python -m benchmark.data; generated if missing)")
     p.add_argument("--seed", type=int, help="data and order seed (default 0)")
     p.add_argument("--rank-counts", help="rank counts for scaling (default 1,2,4)")
+    p.add_argument("--threads", help="thread counts for thread_scaling (default 1,2,4)")
     p.add_argument("--time-limit", type=float, help="seconds per replay before it stops (trace_replay)")
-    p.add_argument("--total-bytes", help="bytes moved per size and tier (tier_bandwidth)")
+    p.add_argument("--total-bytes", help="bytes moved per size and tier (tier_bandwidth); measured bytes per size (thread_scaling)")
     p.add_argument("--capacities", help="comma-separated capacities in blocks (trace_replay)")
     p.add_argument("--full-capacities", help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
     p.add_argument("--no-full-trace", action="store_true", help="trace_replay: only the common prefix, no whole-trace replays")
@@ -84,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "system": args.system, "blocks": args.blocks, "warmup": args.warmup, "rounds": args.rounds,
         "ops": args.ops, "data_dir": args.data_dir, "seed": args.seed, "time_limit": args.time_limit,
         "rank_counts": [int(r) for r in args.rank_counts.split(",")] if args.rank_counts else None,
+        "threads": [int(t) for t in args.threads.split(",")] if args.threads else None,
         "queue_depths": [int(d) for d in args.queue_depths.split(",")] if args.queue_depths else None,
         "seeds": [int(d) for d in args.seeds.split(",")] if args.seeds else None,
     }

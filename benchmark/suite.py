@@ -27,7 +27,7 @@ from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults")
+             "thread_scaling", "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults")
 #: MPI workloads launched directly under mpiexec: (ranks, extra environment).
 MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "mpi_micro": (2, {}),
@@ -35,7 +35,7 @@ MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "stress_mpi": (4, {}),
 }
 
-#: run_benchmark / workload options per size. ``default`` is sized for about 20 minutes on
+#: run_benchmark / workload options per size. ``default`` is sized for about 25 minutes on
 #: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
@@ -49,6 +49,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "queue_hints": ["--requests", "2000", "--capacities", "1000,5000", "--queue-depths", "0,64",
                         "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "1", "--rank-counts", "1,2,4"],
+        "thread_scaling": ["--sizes", "2M,16M", "--threads", "1,2,4", "--total-bytes", "384M", "--rounds", "3"],
         "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
         "cross_node": [],
@@ -62,6 +63,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "trace_replay": ["--requests", "30", "--capacities", "300", "--no-full-trace", "--time-limit", "10"],
         "queue_hints": ["--requests", "50", "--capacities", "200", "--queue-depths", "0,16", "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "2", "--warmup", "1", "--rounds", "1", "--rank-counts", "1,2"],
+        "thread_scaling": ["--sizes", "2M", "--threads", "1,2", "--total-bytes", "16M", "--warmup", "1", "--rounds", "1"],
         "tier_bandwidth": ["--sizes", "64K", "--total-bytes", "4M"],
         "mpi_micro": ["--sizes", "64K", "--ids-per-rank", "300", "--lookups", "200"],
         "cross_node": [],
@@ -73,6 +75,8 @@ SIZES["tiny"] = {**SIZES["quick"],
                  "write_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
                  "read_throughput": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
                  "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "8"],
+                 "thread_scaling": ["--sizes", "256K", "--threads", "1,2", "--blocks", "4", "--warmup", "1",
+                                    "--rounds", "1"],
                  "stress_mpi": ["--hits", "600", "--seconds", "5"]}
 #: --system per size and workload (default ``all``). tiny: one real peer beside Cascade, for tests.
 SYSTEMS: dict[str, dict[str, str]] = {"tiny": {"write_throughput": "cascade,hdf5", "read_throughput": "cascade,hdf5",
@@ -154,11 +158,12 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
 
 
 # -- summarising ------------------------------------------------------------------------------------
-KEY_FIELDS = ("system", "scope", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "fault")
+KEY_FIELDS = ("system", "scope", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "fault",
+              "threads", "form", "cache", "file_read_mode", "limit")
 METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio", "token_hit_ratio", "gap_closed",
            "vs_lru", "vs_belady", "resident_blocks", "us_per_reference", "misses", "tier_gbps", "raw_get_gbps",
            "ratio", "injected", "detected", "acked_blocks", "acked_lost", "wrong_served", "recover_s",
-           "overhead_bytes_per_block", "overhead_fraction")
+           "overhead_bytes_per_block", "overhead_fraction", "speedup_vs_1_thread")
 NESTED = ("vs_systems", "vs_limit", "speedup_vs_1_rank", "latency_s")
 Figure = tuple[dict[str, Any], str, float]
 OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips"),

@@ -1,14 +1,16 @@
 """Each comparison workload on a tiny config, for Cascade and one real peer (HDF5; Redis
-for the trace replay, which needs a system that evicts): it runs and produces the fields
-``benchmark/README.md`` documents."""
+for the trace replay, which needs a system that evicts), and Cascade's thread_scaling:
+it runs and produces the fields ``benchmark/README.md`` documents."""
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from benchmark import data, run_benchmark
-from benchmark.workloads import read_latency, read_throughput, scaling, trace_replay, write_throughput
+from benchmark import data, machine, run_benchmark
+from benchmark.workloads import read_latency, read_throughput, scaling, thread_scaling, trace_replay, write_throughput
+from benchmark.workloads.common import aligned_pair
 
 SIZE = 64 << 10
 pytestmark = pytest.mark.timeout(120)
@@ -135,6 +137,53 @@ def test_scaling_one_and_two_ranks(dirs) -> None:
     assert "cross_get_gbps_vs_mpi_get_aggregate" not in two["vs_limit"] and "/dev/shm" in two["cross_get_path"]
     assert "hdf5" in two["vs_systems"]
     assert "xget" in scaling.table(result)
+
+
+def test_parallel_raw_reads_land_every_block(tmp_path) -> None:
+    assert [len(r) for r in machine.shares(10, 4)] == [3, 3, 2, 2] and machine.shares(1, 2)[1] == range(1, 1)
+    path = str(tmp_path / "raw.bin")
+    parts = [np.full(SIZE // 2, i, dtype=np.uint8) for i in range(6)]  # 3 blocks: key i, value i + 1
+    assert machine.write_file(path, parts) == 3 * SIZE
+    for how in ("odirect", "buffered_cold", "buffered_hot"):
+        outs = [aligned_pair(SIZE // 2) for _ in range(3)]
+        got = machine.raw_read_threads(path, outs, 2, how)
+        assert got["bytes"] == 3 * SIZE and got["gbps"] > 0 and got["threads"] == 2
+        assert all((k == 2 * j).all() and (v == 2 * j + 1).all() for j, (k, v) in enumerate(outs)), how
+    assert got["odirect"] is False and "page_cache" not in got
+    copy = machine.memcpy_threads([(p, np.zeros_like(p)) for p in parts], 3)
+    assert copy["bytes"] == 3 * SIZE and copy["gbps"] > 0
+
+
+def test_thread_scaling(dirs) -> None:
+    result = thread_scaling.run({"sizes": [SIZE], "threads": [1, 2], "blocks": 4, "warmup": 1, "rounds": 2, **dirs})
+    assert result["schema"] == "cascade-bench/thread_scaling/1" and result["thread_counts"] == [1, 2]
+    forms = set(thread_scaling.FORMS)
+    rows = result["rows"]
+    configs = (("shm", None, "dram"), ("file", "auto", "cold"), ("file", "auto", "hot"), ("file", "direct", "cold"))
+    assert {(r["tier"], r.get("file_read_mode"), r["cache"], r["form"], r["threads"])
+            for r in rows if r["system"] == "cascade"} == {(*c, f, n) for c in configs for f in forms for n in (1, 2)}
+    assert {(r["limit"], r["threads"]) for r in rows if r["system"] == "limit"} == {
+        (name, n) for name in thread_scaling.LIMITS for n in (1, 2)}
+    assert result["not_run"] == [], result["not_run"]
+    for row in rows:
+        assert row["get_gbps"] > 0 and len(row["get_gbps_rounds"]) == 2 and row["blocks"] == 4
+        assert row["speedup_vs_1_thread"] > 0 and (row["threads"] == 2 or row["speedup_vs_1_thread"] == 1.0)
+        if row["system"] == "cascade":
+            assert row["misses"] == 0 and row["bytes_checked_blocks"] == 2 * 2  # every pass: 2 blocks compared
+            assert set(row["vs_limit"]) == set(row["vs_limit_range"]) == set(thread_scaling.VS[row["cache"]])
+            assert all(lo <= row["vs_limit"][n] <= hi for n, (lo, hi) in row["vs_limit_range"].items())
+        if row.get("cache") == "cold" or row.get("limit") == "raw_buffered_cold_read":
+            assert "posix_fadvise" in row["cold_method"] and row["resident_fraction_after_drop"] <= 0.01
+        if "file_read_mode" in row:
+            assert row["effective_read_mode"] == {"auto": "buffered", "direct": "direct"}[row["file_read_mode"]]
+    cold = [r for r in rows if r.get("cache") == "cold"]
+    targets = {t["name"]: t for t in result["targets"]}
+    assert len(targets) == len(cold) + len(configs) * len(forms)  # cold vs raw per row; growth per config at x2
+    for r in cold:
+        (t,) = [t for name, t in targets.items()
+                if name.startswith(f"file {r['file_read_mode']} cold {r['form']} x{r['threads']} ")]
+        assert t["value"] == r["vs_limit"]["best_raw_cold_read"] and t["met"] == (t["value"] >= 0.8)
+    assert "limit raw_odirect_read" in thread_scaling.table(result)
 
 
 def test_runner_writes_a_results_file(dirs, tmp_path) -> None:
