@@ -301,6 +301,36 @@ def test_figures_draw_min_max_bars(monkeypatch, tmp_path):
         assert sum(drawn) > 0, f"{name}: no error bar drawn from a suite of differing repetitions"
 
 
+# -- which suite run, and suites that lack or add workloads ---------------------------------
+def test_default_is_newest_suite_in_benchmark_results_else_sample(tmp_path, monkeypatch, capsys):
+    from paper import results as paper_results
+
+    bench = tmp_path / "bench_results"
+    bench.mkdir()
+    (bench / "loose_tier_bandwidth_1n_20260101T000000.json").write_text("{}")  # not a suite: ignored
+    monkeypatch.setattr(paper_results, "DEFAULT_RESULTS", bench)
+    assert paper_results.default_results() == paper_results.SAMPLE_RESULTS
+    assert figures.main(["--out", str(tmp_path / "a"), "--only", "design"]) == 0
+    sample = _suite(SAMPLES)
+    commit = json.loads((sample / "manifest.json").read_text())["commit"][:12]
+    said = capsys.readouterr().out
+    assert f"read the suite run {sample.relative_to(PAPER.parent)} (commit {commit}" in said
+    assert "benchmark/results holds no suite run" in said
+    assert commit in (tmp_path / "a" / "Generated" / "numbers.tex").read_text().split("\n\n")[0]
+    # a suite run lands in benchmark/results (as the lead's default run will): read with no change
+    copied = bench / "suite_0123456789ab_20991231T000000"
+    shutil.copytree(sample, copied)
+    manifest = json.loads((copied / "manifest.json").read_text())
+    manifest.update(commit="0123456789ab" + "0" * 28, size="default", started="2099-12-31T00:00:00Z")
+    (copied / "manifest.json").write_text(json.dumps(manifest))
+    assert paper_results.default_results() == bench
+    assert figures.main(["--out", str(tmp_path / "b"), "--only", "design"]) == 0
+    said = capsys.readouterr().out
+    assert f"read the suite run {copied} (commit 0123456789ab, size default, 3 repetitions)" in said
+    header = (tmp_path / "b" / "Generated" / "numbers.tex").read_text().split("\n\n")[0]
+    assert copied.name in header and "0123456789ab" in header
+
+
 # -- the text quotes numbers only through generated macros ----------------------------------
 # Names that contain digits but are not quoted numbers.
 NAME_TOKENS = re.compile(r"BLAKE3|SHA-256|XXH3-64|XXH3|CRC-32|LLaMA-70B|HDF5|h5py|mpi4py|p50|p99|A100|MPI-3|3FS")
