@@ -22,12 +22,13 @@ from typing import Any, Iterator, Sequence
 
 from tqdm import tqdm
 
+from . import main_job
 from .machine import machine_facts, mpiexec_command
 from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "thread_scaling", "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults")
+             "thread_scaling", "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults", "run")
 #: MPI workloads launched directly under mpiexec: (ranks, extra environment).
 MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "mpi_micro": (2, {}),
@@ -55,6 +56,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "cross_node": [],
         "stress_mpi": ["--hits", "12000", "--seconds", "30"],
         "faults": ["--rounds", "3"],
+        "run": ["--ranks", "4", "--blocks", "32", "--requests", "200", "--set", "shm_bytes=256M",
+                "--set", "file_bytes=2G"],  # as `make run`
     },
     "quick": {
         "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
@@ -69,6 +72,8 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "cross_node": [],
         "stress_mpi": ["--hits", "2000", "--seconds", "10"],
         "faults": ["--rounds", "1", "--faults", "byte_flips,shm_flips"],
+        "run": ["--ranks", "4", "--blocks", "8", "--requests", "60", "--set", "shm_bytes=32M",
+                "--set", "file_bytes=512M"],
     },
 }
 SIZES["tiny"] = {**SIZES["quick"],
@@ -77,7 +82,10 @@ SIZES["tiny"] = {**SIZES["quick"],
                  "read_latency": ["--sizes", "256K", "--blocks", "4", "--warmup", "1", "--rounds", "1", "--ops", "8"],
                  "thread_scaling": ["--sizes", "256K", "--threads", "1,2", "--blocks", "4", "--warmup", "1",
                                     "--rounds", "1"],
-                 "stress_mpi": ["--hits", "600", "--seconds", "5"]}
+                 "stress_mpi": ["--hits", "600", "--seconds", "5"],
+                 # 8 MiB SHM per rank: some gets still come from the file tier
+                 "run": ["--ranks", "4", "--blocks", "4", "--requests", "30", "--set", "shm_bytes=8M",
+                         "--set", "file_bytes=256M"]}
 #: --system per size and workload (default ``all``). tiny: one real peer beside Cascade, for tests.
 SYSTEMS: dict[str, dict[str, str]] = {"tiny": {"write_throughput": "cascade,hdf5", "read_throughput": "cascade,hdf5",
                                                "read_latency": "cascade,hdf5", "trace_replay": "cascade,redis",
@@ -113,6 +121,8 @@ def command(workload: str, size: str, rep_dir: Path) -> list[str]:
                                *opts)
     if workload == "faults":
         return [sys.executable, "-m", "benchmark.fault_campaign", "--out", str(rep_dir), *opts]
+    if workload == "run":
+        return main_job.command(rep_dir, opts)
     return [sys.executable, "-m", "benchmark.run_benchmark", "--system", SYSTEMS.get(size, {}).get(workload, "all"),
             "--workload", workload, "--out", str(rep_dir), *opts]
 
@@ -238,6 +248,8 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
         batched = lat.get("batched") or {}
         if _number(batched.get("median_ids_per_s")):
             out.append(({"system": "cascade"}, "directory.batched.median_ids_per_s", float(batched["median_ids_per_s"])))
+    elif workload == "run":
+        out.extend(main_job.figures(doc))
     elif workload in ("cross_node", "stress_mpi"):
         # every numeric figure of the result, named by its path (no per-op samples)
         for name, v in _flatten("", {k: doc.get(k) for k in OWN_FIELDS[workload]}):

@@ -19,6 +19,13 @@ class Skip(Exception):
     """The results a figure needs are absent; ``str(exc)`` says which."""
 
 
+def absent(*workloads: str) -> Skip:
+    """The :class:`Skip` for workloads the suite run does not hold (not run, or failed in
+    every repetition), naming the suite option that runs them."""
+    return Skip(f"the suite run has no {', '.join(workloads)} results "
+                f"(python -m benchmark.suite --workloads {','.join(workloads)})")
+
+
 @dataclass
 class FigureSpec:
     """One figure (and/or its tables). ``build(ctx)`` draws it through ``ctx`` and

@@ -21,6 +21,7 @@ from .spread import Spread, merge
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = REPO_ROOT / "benchmark" / "results"
+SAMPLE_RESULTS = REPO_ROOT / "paper" / "sample_results"
 
 #: Workloads whose names may appear in file names (the runner's, mpi_micro and the run).
 KNOWN_WORKLOADS = ("tier_bandwidth", "trace_replay", "mpi_micro", "write_throughput", "read_throughput",
@@ -220,6 +221,12 @@ def find_suite(path: Path) -> Path | None:
     return max(found)[2] if found else None
 
 
+def default_results() -> Path:
+    """Where the paper reads by default: ``benchmark/results`` when it holds a suite run
+    (the newest is read), else the committed sample ``paper/sample_results``."""
+    return DEFAULT_RESULTS if find_suite(DEFAULT_RESULTS) else SAMPLE_RESULTS
+
+
 def _suite_files(suite: Path, manifest: dict[str, Any]) -> list[Path]:
     """The results files a suite's manifest lists as run successfully (``runs[*].file``)."""
     runs = manifest.get("runs")
@@ -286,6 +293,16 @@ class Results:
             groups.setdefault((f.workload, f.system, f.nodes, f.ranks), []).append(f)
         files = [merge_files(reps) for reps in groups.values()]
         return cls(suite, files, bad, suite, manifest)
+
+    def describe(self) -> str:
+        """Which suite run this is: directory, commit, size and repetitions (for provenance)."""
+        if self.suite is None:
+            return f"no suite run under {display_path(self.directory)}"
+        m = self.manifest
+        commit = m.get("commit") if isinstance(m.get("commit"), str) and m.get("commit") else "unknown"
+        dirty = ", uncommitted changes" if m.get("dirty") else ""
+        return (f"suite run {display_path(self.suite)} (commit {commit[:12]}{dirty}, size {m.get('size', '?')}, "
+                f"{m.get('reps', self.repetitions)} repetitions)")
 
     @property
     def repetitions(self) -> int:

@@ -301,6 +301,104 @@ def test_figures_draw_min_max_bars(monkeypatch, tmp_path):
         assert sum(drawn) > 0, f"{name}: no error bar drawn from a suite of differing repetitions"
 
 
+def test_get_breakdown_shows_spread_over_repetitions(built, monkeypatch, tmp_path):
+    out, _ = built
+    cells = (out / "Tables" / "get_latency.tex").read_text().split(r"\midrule")[1]
+    assert re.search(r"[0-9]+\\,\{\\scriptsize\([0-9.]+--[0-9.]+\)\}", cells), "no range in the get table"
+    numbers = (out / "Generated" / "numbers.tex").read_text()
+    assert re.search(r"\\newcommand\{\\RunGets\}\{[0-9]+ \([0-9]+--[0-9]+\)", numbers)
+    from matplotlib.axes import Axes
+    bands: list[int] = []
+    real = Axes.fill_between
+    monkeypatch.setattr(Axes, "fill_between", lambda *a, **k: bands.append(1) or real(*a, **k))
+    report = figures.generate(SAMPLES, tmp_path, only=["get_breakdown"])
+    assert not report.errors and not report.skipped and bands, "no min-max band on the cumulative curves"
+
+
+def test_get_breakdown_copes_with_a_tier_that_served_no_gets_in_some_repetitions(tmp_path):
+    # Code-path check on a copy (never committed): REMOTE-tier gets are few at 4 ranks, and a
+    # repetition may have none; here only rep 2 keeps its REMOTE-tier gets.
+    results = _copy_samples(tmp_path)
+    kept = None
+    for rep in range(3):
+        path = _sample(results, "run", rep)
+        doc = json.loads(path.read_text())
+        hists = [r["tiers"]["remote"]["get_latency"] for r in doc["per_rank_stats"]]
+        if rep == 2:
+            kept = 1e6 * sum(h["sum_s"] for h in hists) / sum(h["count"] for h in hists)
+            continue
+        for h in hists:
+            h.update(count=0, sum_s=0.0, buckets=[0] * len(h["buckets"]))
+        path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["get_breakdown"])
+    assert not report.errors and not report.skipped and not report.layout
+    [row] = [r for r in (tmp_path / "out" / "Tables" / "get_latency.tex").read_text().splitlines()
+             if r.startswith("REMOTE")]
+    assert row.split(" & ")[2] == sig(kept), row  # the mean of the one repetition that had such gets
+
+
+# -- which suite run, and suites that lack or add workloads ---------------------------------
+def test_default_is_newest_suite_in_benchmark_results_else_sample(tmp_path, monkeypatch, capsys):
+    from paper import results as paper_results
+
+    bench = tmp_path / "bench_results"
+    bench.mkdir()
+    (bench / "loose_tier_bandwidth_1n_20260101T000000.json").write_text("{}")  # not a suite: ignored
+    monkeypatch.setattr(paper_results, "DEFAULT_RESULTS", bench)
+    assert paper_results.default_results() == paper_results.SAMPLE_RESULTS
+    assert figures.main(["--out", str(tmp_path / "a"), "--only", "design"]) == 0
+    sample = _suite(SAMPLES)
+    commit = json.loads((sample / "manifest.json").read_text())["commit"][:12]
+    said = capsys.readouterr().out
+    assert f"read the suite run {sample.relative_to(PAPER.parent)} (commit {commit}" in said
+    assert "benchmark/results holds no suite run" in said
+    assert commit in (tmp_path / "a" / "Generated" / "numbers.tex").read_text().split("\n\n")[0]
+    # a suite run lands in benchmark/results (as the lead's default run will): read with no change
+    copied = bench / "suite_0123456789ab_20991231T000000"
+    shutil.copytree(sample, copied)
+    manifest = json.loads((copied / "manifest.json").read_text())
+    manifest.update(commit="0123456789ab" + "0" * 28, size="default", started="2099-12-31T00:00:00Z")
+    (copied / "manifest.json").write_text(json.dumps(manifest))
+    assert paper_results.default_results() == bench
+    assert figures.main(["--out", str(tmp_path / "b"), "--only", "design"]) == 0
+    said = capsys.readouterr().out
+    assert f"read the suite run {copied} (commit 0123456789ab, size default, 3 repetitions)" in said
+    header = (tmp_path / "b" / "Generated" / "numbers.tex").read_text().split("\n\n")[0]
+    assert copied.name in header and "0123456789ab" in header
+
+
+def _keep_runs(suite: Path, keep) -> None:
+    manifest = json.loads((suite / "manifest.json").read_text())
+    manifest["runs"] = [r for r in manifest["runs"] if keep(r)]
+    (suite / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_suite_without_run_workload_gives_n_a_for_get_breakdown_only(tmp_path):
+    results = _copy_samples(tmp_path)
+    _keep_runs(_suite(results), lambda r: r["workload"] != "run")
+    report = figures.generate(results, tmp_path / "out")
+    assert not report.errors and [name for name, _ in report.skipped] == ["get_breakdown"]
+    assert "no run results (python -m benchmark.suite --workloads run)" in report.skipped[0][1]
+    numbers = (tmp_path / "out" / "Generated" / "numbers.tex").read_text()
+    assert re.search(r"% NOT GENERATED: the suite run has no run results.*\n\\newcommand\{\\RunGets\}\{"
+                     + re.escape(MISSING), numbers)
+    assert "NOT GENERATED" in (tmp_path / "out" / "Generated" / "figure_get_breakdown.tex").read_text()
+
+
+def test_suite_with_extra_workloads_or_a_failed_repetition_still_builds(tmp_path):
+    results = _copy_samples(tmp_path)
+    suite = _suite(results)
+    # a workload no figure reads (a default run has cross_node, stress_mpi, ...): listed as unused
+    extra = {"system": "cascade", "workload": "stress_mpi", "total": {"hits": 5, "wrong_bytes": 0}}
+    _add_to_suite(suite, "rep0/cascade_stress_mpi_1n_20990101T000000.json", extra)
+    # a repetition that failed: its file is not read, the other two still give spreads
+    _keep_runs(suite, lambda r: not (r["rep"] == 1 and r["workload"] in ("run", "read_throughput", "scaling")))
+    report = figures.generate(results, tmp_path / "out")
+    assert not report.errors and not report.skipped and not report.layout
+    assert any("stress_mpi" in name for name in report.unused)
+    assert "rep1/cascade_run" not in (tmp_path / "out" / "Generated" / "figure_get_breakdown.tex").read_text()
+
+
 # -- the text quotes numbers only through generated macros ----------------------------------
 # Names that contain digits but are not quoted numbers.
 NAME_TOKENS = re.compile(r"BLAKE3|SHA-256|XXH3-64|XXH3|CRC-32|LLaMA-70B|HDF5|h5py|mpi4py|p50|p99|A100|MPI-3|3FS")

@@ -61,6 +61,28 @@ def test_every_workload_runs_once(tmp_path) -> None:
     assert 0 <= fig[("trace_replay", "cascade", None, "block_hit_ratio")]["median"] <= 1
     assert fig[("faults", None, None, "wrong_served")]["max"] == 0
     assert summary["not_run"] == []
+    _check_main_job(d, manifest, summary)
+
+
+def _check_main_job(d, manifest, summary) -> None:
+    """The ``run`` workload: the real 4-rank main job wrote per-rank, per-tier histograms;
+    the summary has per-tier figures and the paper's get breakdown is drawn from that file."""
+    from paper import figures as paper_figures
+
+    [run] = [r for r in manifest["runs"] if r["workload"] == "run"]
+    assert run["command"][2:4] == ["cascade.cli", "run"] and "--ranks" in run["command"]
+    doc = json.loads((d / run["file"]).read_text())
+    assert doc["workload"] == "run" and doc["ranks"] == 4 and doc["wrong_bytes_blocks"] == 0
+    assert len(doc["per_rank_stats"]) == 4 and doc["replay"]["references"] > 0
+    tiers = {(f["tier"], f["metric"]): f["median"] for f in summary["figures"]
+             if f["workload"] == "run" and "tier" in f}
+    assert tiers[("shm", "gets")] > 0 and tiers[("cluster", "gets")] > 0 and tiers[("lustre", "bytes_written")] > 0
+    assert tiers[("shm", "get_p50_s")] > 0 and 0 < tiers[("cluster", "gets_share")] < 1
+    report = paper_figures.generate(d, d / "paper", only=["get_breakdown"])
+    assert not report.errors and not report.skipped and not report.layout, report
+    assert run["file"].split("/")[-1] in (d / "paper" / "Generated" / "figure_get_breakdown.tex").read_text()
+    assert (d / "paper" / "Figures" / "get_breakdown.png").stat().st_size > 1000
+    assert d.name in report.source and manifest["commit"][:12] in report.source
 
 
 def test_repetitions_interleaved_with_spread(tmp_path) -> None:

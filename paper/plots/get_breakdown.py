@@ -1,11 +1,13 @@
 """Figure: where a get's time goes, per serving tier, from the runtime's own statistics.
 
-Source: a ``cascade run`` / ``python -m cascade.distributed run`` results file
-(``cascade_run_*.json``): the newest of those with the most ranks (a multi-rank run has
+Source: the suite run's ``run`` workload, the main job ``cascade run --ranks 4``
+(``cascade_run_*.json``; of several rank counts, the most ranks: a multi-rank run has
 REMOTE-tier and cross-rank gets). Per rank, ``CascadeStore.stats()`` holds one latency
 histogram per serving tier (``tiers.<t>.get_latency``: counts per power-of-two
 microsecond bucket, ``sum_s``, ``count``) and one for gets another rank served
-(``cluster_get_latency``); they are summed over ranks here.
+(``cluster_get_latency``); they are summed over ranks here. Each repetition's histograms
+stay apart: quantiles and cumulative fractions are taken per repetition, then shown as
+median with min-max.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import style
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, absent
 from ..macros import integer, pct, sig
 from ..results import ResultsError, ResultsFile, field_name
 from ..spread import Spread
@@ -29,8 +31,8 @@ CAPTION = (r"Where get time goes, by the tier that served the get, from the stor
            r"so each step is a bucket's upper bound). Bottom: each tier's share of the gets and of "
            r"the total get time. ``another rank'' are local misses read from a peer's tier "
            r"through the global directory. Over the \SuiteReps repetitions of the suite run: the top panel "
-           r"counts each bucket's median, the bottom shows medians with their minimum and maximum as "
-           r"horizontal bars.")
+           r"draws the median cumulative fraction with the minimum to maximum shaded, the bottom medians "
+           r"with their minimum and maximum as horizontal bars.")
 
 TABLE_CAPTION = (r"Gets by serving tier in the \texttt{cascade run} of Fig.~\ref{fig:get_breakdown}: count, "
                  r"mean, median (p50) and p99 latency as histogram-bucket upper bounds, and the tier's "
@@ -50,9 +52,16 @@ def _per_rank(rf: ResultsFile) -> tuple[list[dict], str]:
     raise ResultsError(rf.path, "per_rank_stats", "is missing (and so is store_stats, its single-rank form)")
 
 
+def _rep_counts(buckets: list, reps: int) -> np.ndarray:
+    """(repetitions x buckets) counts: a merged bucket holds a Spread where repetitions differ."""
+    return np.array([b.reps if isinstance(b, Spread) else (b,) * reps for b in buckets], dtype=np.int64).T
+
+
 def histograms(rf: ResultsFile) -> dict[str, dict]:
-    """Per serving tier: summed ``buckets`` (numpy), ``sum_s`` and ``count`` over ranks."""
+    """Per serving tier, summed over ranks: ``buckets`` (numpy, one row per repetition),
+    ``sum_s`` and ``count`` (Spreads where repetitions differ)."""
     stats, where = _per_rank(rf)
+    reps = len(rf.reps)
     out: dict[str, dict] = {}
     for r, rank_stats in enumerate(stats):
         prefix = (where, r) if where == "per_rank_stats" else (where,)
@@ -62,24 +71,39 @@ def histograms(rf: ResultsFile) -> dict[str, dict]:
         for name, keys in parts:
             hist = rf.mapping(*keys, within=rank_stats, prefix=prefix)
             buckets = rf.seq("buckets", within=hist, prefix=(*prefix, *keys))
-            # merged repetitions hold a Spread where a count differs between them
             if not all((isinstance(b, int) or isinstance(b, Spread)) and b >= 0 for b in buckets):
                 raise ResultsError(rf.path, field_name((*prefix, *keys, "buckets")), "holds non-counts")
             total = rf.num("sum_s", within=hist, prefix=(*prefix, *keys))
             count = rf.num("count", within=hist, prefix=(*prefix, *keys))
-            agg = out.setdefault(name, {"buckets": np.zeros(len(buckets), dtype=np.int64), "sum_s": 0.0, "count": 0})
-            if len(agg["buckets"]) != len(buckets):
+            agg = out.setdefault(name, {"buckets": np.zeros((reps, len(buckets)), dtype=np.int64), "sum_s": 0.0,
+                                        "count": 0})
+            if agg["buckets"].shape[1] != len(buckets):
                 raise ResultsError(rf.path, field_name((*prefix, *keys, "buckets")),
-                                   f"has {len(buckets)} buckets, other ranks {len(agg['buckets'])}")
-            agg["buckets"] += np.asarray(buckets, dtype=np.int64)
+                                   f"has {len(buckets)} buckets, other ranks {agg['buckets'].shape[1]}")
+            agg["buckets"] += _rep_counts(buckets, reps)
             agg["sum_s"] += total
             agg["count"] = agg["count"] + count  # a Spread stays one (per-repetition sums)
     return {name: out[name] for name in (*TIER_ORDER, *sorted(set(out) - set(TIER_ORDER)))
-            if name in out and out[name]["count"] > 0}
+            if name in out and out[name]["buckets"].any()}
+
+
+def _over_reps(values: list[float]) -> float:
+    return Spread(values) if len(values) > 1 else values[0]
+
+
+def mean_us(h: dict) -> float:
+    """Mean get latency (us) of a tier, per repetition in which it served gets."""
+    reps = len(h["buckets"])
+    sums = h["sum_s"].reps if isinstance(h["sum_s"], Spread) else (h["sum_s"],) * reps
+    counts = h["count"].reps if isinstance(h["count"], Spread) else (h["count"],) * reps
+    return _over_reps([1e6 * s / c for s, c in zip(sums, counts) if c > 0])
 
 
 def quantile_bound_us(buckets: np.ndarray, q: float) -> float:
-    """Upper bound (us) of the bucket holding quantile ``q`` (as ``LatencyHistogram.quantile``)."""
+    """Upper bound (us) of the bucket holding quantile ``q`` (as ``LatencyHistogram.quantile``);
+    for (repetitions x buckets) counts, per repetition in which the tier served gets."""
+    if buckets.ndim == 2:
+        return _over_reps([quantile_bound_us(b, q) for b in buckets if b.sum()])
     n = int(buckets.sum())
     seen = 0
     for i, c in enumerate(buckets):
@@ -107,8 +131,7 @@ def pick_run(ctx: Context) -> ResultsFile | None:
 def build(ctx: Context) -> list[ResultsFile]:
     rf = pick_run(ctx)
     if rf is None:
-        raise Skip("no cascade_run_*.json results (cascade run --results DIR, or "
-                   "python -m cascade.distributed run --results DIR)")
+        raise absent("run")
     hists = histograms(rf)
     if not hists:
         raise ResultsError(rf.path, "tiers.*.get_latency.count", "is zero for every tier: the run served no gets")
@@ -116,17 +139,22 @@ def build(ctx: Context) -> list[ResultsFile]:
     total_n = sum(h["count"] for h in hists.values())
 
     fig, (ax_cdf, ax_bar) = style.figure(3.5, nrows=2, gridspec_kw={"height_ratios": [1.3, 1]})
-    nonempty = [np.nonzero(h["buckets"])[0] for h in hists.values()]
+    nonempty = [np.nonzero(h["buckets"].sum(axis=0))[0] for h in hists.values()]
     low = min(int(idx.min()) for idx in nonempty)
     top = max(int(idx.max()) for idx in nonempty)
     for name, h in hists.items():
         lbl, color, _ = style.series(name)
-        bounds = 2.0 ** np.arange(len(h["buckets"]))
-        cdf = np.cumsum(h["buckets"]) / h["buckets"].sum()
+        bounds = 2.0 ** np.arange(h["buckets"].shape[1])
+        # per repetition (a repetition whose tier served no gets has no curve)
+        counts = h["buckets"][h["buckets"].sum(axis=1) > 0]
+        cdf = np.cumsum(counts, axis=1) / counts.sum(axis=1, keepdims=True)
         # from the lower bound of the lowest bucket (0 %) to the top bucket's upper bound
         xs = np.concatenate([[2.0 ** (low - 1)], bounds[low: top + 1], [2.0 ** (top + 1)]])
-        ys = np.concatenate([[0.0], cdf[low: top + 1], [1.0]])
-        ax_cdf.step(xs, 100 * ys, where="post", color=color, label=lbl)
+        ys = np.concatenate([np.zeros((len(cdf), 1)), cdf[:, low: top + 1], np.ones((len(cdf), 1))], axis=1)
+        ax_cdf.step(xs, 100 * np.median(ys, axis=0), where="post", color=color, label=lbl)
+        if len(ys) > 1:  # min-max over repetitions
+            ax_cdf.fill_between(xs, 100 * ys.min(axis=0), 100 * ys.max(axis=0), step="post", color=color,
+                                alpha=0.2, lw=0)
     ax_cdf.set_xscale("log", base=10)
     ax_cdf.set_xlim(10.0 ** math.floor(math.log10(2.0 ** (low - 1))), 10.0 ** math.ceil(math.log10(2.0 ** (top + 1))))
     ax_cdf.xaxis.set_major_locator(LogLocator(base=10))
@@ -163,10 +191,9 @@ def build(ctx: Context) -> list[ResultsFile]:
 
     m = ctx.macros
     where = "per_rank_stats[*]" if "per_rank_stats" in rf.doc else "store_stats"
-    src = f"{rf.name}: {where}"
     m.add("RunRanks", integer(rf.ranks), rf.source("ranks") if "ranks" in rf.doc else f"{rf.name}: (single-rank run)")
     m.add("RunNodes", integer(rf.nodes), rf.source("nodes") if "nodes" in rf.doc else f"{rf.name}: file name")
-    m.add("RunGets", integer(total_n), f"{src}.tiers.*.get_latency.count + cluster_get_latency.count, summed")
+    m.add("RunGets", integer(total_n), rf.source(where, "tiers.*.get_latency.count") + " + cluster_get_latency.count, summed")
     if "replay" in rf.doc:
         m.add("RunHitPct", pct(rf.num("replay", "block_hit_ratio")), rf.source("replay", "block_hit_ratio"))
     else:
@@ -184,14 +211,14 @@ def build(ctx: Context) -> list[ResultsFile]:
     def tier_macro(macro: str, tier: str, what: str) -> None:
         h = hists.get(tier)
         if h is None:
-            m.add(macro, "--", f"{src}: no gets served by the {tier} tier in this run")
+            m.add(macro, "--", f"{rf.name}: {where}: no gets served by the {tier} tier in this run")
             return
         value = {"median": sig(quantile_bound_us(h["buckets"], 0.5)),
-                 "mean": sig(1e6 * h["sum_s"] / h["count"]),
+                 "mean": sig(mean_us(h)),
                  "gets": pct(h["count"] / total_n, 0),
                  "time": pct(h["sum_s"] / total_s, 0)}[what]
         field = "cluster_get_latency" if tier == "cluster" else f"tiers.{tier}.get_latency"
-        m.add(macro, value, f"{src}.{field} ({what}, summed over ranks)")
+        m.add(macro, value, f"{rf.source(where, field)} ({what}, summed over ranks)")
 
     tier_macro("GetShmMedianUs", "shm", "median")
     tier_macro("GetShmMeanUs", "shm", "mean")
@@ -206,12 +233,12 @@ def build(ctx: Context) -> list[ResultsFile]:
     t = ctx.table("get_latency", [("served by", "l"), ("gets", "r"), (r"mean ($\mu$s)", "r"), (r"p50 ($\mu$s)", "r"),
                                   (r"p99 ($\mu$s)", "r"), ("time (\\%)", "r")], [rf])
     for name, h in hists.items():
-        t.add(style.label(name), integer(h["count"]), sig(1e6 * h["sum_s"] / h["count"]),
+        t.add(style.label(name), integer(h["count"]), sig(mean_us(h)),
               integer(quantile_bound_us(h["buckets"], 0.5)), integer(quantile_bound_us(h["buckets"], 0.99)),
               pct(h["sum_s"] / total_s, 0))
     ctx.put(t)
     return [rf]
 
 
-SPEC = FigureSpec("get_breakdown", CAPTION, "cascade_run_*.json results", build, macros=MACROS,
+SPEC = FigureSpec("get_breakdown", CAPTION, "the suite's run workload (cascade_run_*.json)", build, macros=MACROS,
                   tables={"get_latency": TABLE_CAPTION})

@@ -17,7 +17,7 @@ import os
 from matplotlib.lines import Line2D
 
 from .. import style
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, absent
 from ..macros import MacroBook, integer, pct
 from ..results import ResultsFile
 from ..tables import escape
@@ -109,7 +109,7 @@ def pick(ctx: Context) -> ResultsFile | None:
 def build(ctx: Context) -> list[ResultsFile]:
     rf = pick(ctx)
     if rf is None:
-        raise Skip("no trace_replay results (python -m benchmark.run_benchmark --system all --workload trace_replay)")
+        raise absent("trace_replay")
     rows = _rows(rf)
     srows = _system_rows(rf)
     full = _rows_requests(rf, rows)

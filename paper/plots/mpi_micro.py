@@ -5,7 +5,7 @@ Source: the newest ``mpi_micro`` results file (:mod:`benchmark.workloads.mpi_mic
 """
 from __future__ import annotations
 
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, Skip, absent
 from ..macros import integer, pct, sig, size
 from ..results import ResultsFile
 from .common import default_block_bytes, reference_row
@@ -23,7 +23,7 @@ MACROS = ("MpiRefBlock", "MpiRemoteGBps", "MpiRawGetGBps", "MpiRemotePctRaw", "M
 def build(ctx: Context) -> list[ResultsFile]:
     rf = ctx.results.newest("mpi_micro")
     if rf is None:
-        raise Skip("no mpi_micro results (mpiexec -n 2 python -m mpi4py -m benchmark.workloads.mpi_micro --save)")
+        raise absent("mpi_micro")
     rb = rf.mapping("remote_bandwidth")
     if "skipped" in rb:
         raise Skip(f"{rf.name}: remote_bandwidth skipped: {rb['skipped']}")

@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import style
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, absent
 from ..macros import MacroBook, integer, pct, sig, size
 from ..results import ResultsFile
 from ..tables import escape
@@ -89,7 +89,7 @@ def node_runs(ctx: Context) -> list[tuple[ResultsFile, float, float]]:
 def build(ctx: Context) -> list[ResultsFile]:
     rf = ctx.results.newest("scaling")
     if rf is None:
-        raise Skip("no scaling results (python -m benchmark.run_benchmark --system all --workload scaling)")
+        raise absent("scaling")
     rows = _rows(rf)
     counts = sorted({int(r["ranks"]) for _, r in rows})
     systems = sorted({str(r["system"]) for _, r in rows}, key=_order)

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import style
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, absent
 from ..macros import MacroBook, pct, sig, size
 from ..results import ResultsError, ResultsFile
 from ..tables import escape
@@ -92,8 +92,7 @@ def load(ctx: Context) -> dict[str, Run]:
     files = {w: ctx.results.newest(w) for w in WORKLOADS}
     missing = [w for w, f in files.items() if f is None]
     if missing:
-        raise Skip(f"no {', '.join(missing)} results (python -m benchmark.run_benchmark --system all "
-                   f"--workload {missing[0]})")
+        raise absent(*missing)
     return {w: Run(f) for w, f in files.items() if f is not None}
 
 

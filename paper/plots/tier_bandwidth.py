@@ -12,7 +12,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator
 
 from .. import style
-from ..core import Context, FigureSpec, Skip
+from ..core import Context, FigureSpec, absent
 from ..macros import pct, sig, size
 from ..results import ResultsFile
 from .common import default_block_bytes, reference_row
@@ -71,8 +71,7 @@ def _remote(ctx: Context) -> tuple[ResultsFile, list[dict]] | None:
 def build(ctx: Context) -> list[ResultsFile]:
     rf = ctx.results.newest("tier_bandwidth")
     if rf is None:
-        raise Skip("no tier_bandwidth results (python -m benchmark.run_benchmark --system cascade "
-                   "--workload tier_bandwidth)")
+        raise absent("tier_bandwidth")
     rows = _rows(rf)
     remote = _remote(ctx)
     sources = [rf] + ([remote[0]] if remote else [])
