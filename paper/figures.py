@@ -41,10 +41,10 @@ PAPER_DIR = Path(__file__).resolve().parent
 def all_specs() -> list[FigureSpec]:
     """Every figure and table of the paper, in the order the paper shows them."""
     from .plots import (design, get_breakdown, hit_ratio, machine, mpi_micro, scaling, systems, targets,
-                        tier_bandwidth)
+                        thread_scaling, tier_bandwidth)
 
     return [design.SPEC, tier_bandwidth.SPEC, mpi_micro.SPEC, systems.SPEC, hit_ratio.SPEC, scaling.SPEC,
-            get_breakdown.SPEC, targets.SPEC, machine.SPEC]
+            thread_scaling.SPEC, get_breakdown.SPEC, targets.SPEC, machine.SPEC]
 
 
 @dataclass

@@ -100,7 +100,7 @@ def fmt(value: Any, one: Callable[[float], str], *, sep: str = "--") -> str:
 # -- merging repetitions ---------------------------------------------------------------------
 #: Row keys that identify a row (matched across repetitions by these, not by position).
 IDENTITY_KEYS = ("system", "block_bytes", "bytes", "mode", "ranks", "capacity_blocks", "tier", "name", "policy",
-                 "scope", "op", "fault", "source", "queue_depth")
+                 "scope", "op", "fault", "source", "queue_depth", "threads", "form", "cache", "file_read_mode", "limit")
 
 
 def _identity(row: dict) -> tuple | None:
