@@ -9,10 +9,6 @@ one commit; layout in ``benchmark/README.md``) and keeps its ``manifest.json`` a
 computed from them are kept; each file says so in ``trimmed``) and without the suite's
 logs and ``summary.json`` (the paper computes spreads from the repetitions itself).
 Nothing is typed in. Takes ten to twenty minutes on a loaded 2-core machine.
-
-(The committed sample at 0789b5b predates the suite's ``run`` workload: its ``cascade run``
-files were run by an earlier version of this module right after the suite, at the same
-commit, and are listed in its manifest with ``"added_by": "paper.samples"``.)
 """
 from __future__ import annotations
 

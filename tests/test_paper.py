@@ -60,22 +60,11 @@ def _add_to_suite(suite: Path, rel: str, doc: dict, rep: int = 0) -> Path:
 
 
 # -- everything regenerates from the sample ------------------------------------------------
-# Figures whose workloads have not produced a sample yet: the committed sample predates
-# thread_scaling (`make -C paper samples` re-measures it; then empty this set).
-PENDING: set[str] = {"thread_scaling"}
-
-
-def _not_pending(skipped: list[tuple[str, str]]) -> list[str]:
-    return [name for name, _ in skipped if name not in PENDING]
-
-
 def test_every_figure_and_table_is_generated(built):
     out, report = built
     assert not report.errors, [str(e) for e in report.errors]
-    assert not _not_pending(report.skipped), f"figures skipped on the sample results: {report.skipped}"
+    assert not report.skipped, f"figures skipped on the sample results: {report.skipped}"
     for spec in figures.all_specs():
-        if spec.name in PENDING:
-            continue
         if spec.figure:
             for ext in ("pdf", "png"):
                 path = out / "Figures" / f"{spec.name}.{ext}"
@@ -98,8 +87,7 @@ def test_every_declared_number_is_defined_and_traced(built):
     defined = dict(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\\xspace\}", numbers))
     declared = {m for spec in figures.all_specs() for m in spec.macros}
     assert set(defined) == declared
-    pending = {m for spec in figures.all_specs() if spec.name in PENDING for m in spec.macros}
-    assert not [m for m, v in defined.items() if v == MISSING and m not in pending]
+    assert not [m for m, v in defined.items() if v == MISSING]
     lines = numbers.splitlines()
     for i, line in enumerate(lines):
         if line.startswith(r"\newcommand"):
@@ -108,10 +96,7 @@ def test_every_declared_number_is_defined_and_traced(built):
 
 def test_tables_have_consistent_rows(built):
     out, _ = built
-    pending = {t for spec in figures.all_specs() if spec.name in PENDING for t in spec.tables}  # placeholders
     for path in (out / "Tables").glob("*.tex"):
-        if path.stem in pending:
-            continue
         text = path.read_text()
         spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", text).group(1)
         body = text.split(r"\midrule", 1)[1].split(r"\bottomrule")[0]
@@ -385,7 +370,7 @@ def test_suite_without_run_workload_gives_n_a_for_get_breakdown_only(tmp_path):
     results = _copy_samples(tmp_path)
     _keep_runs(_suite(results), lambda r: r["workload"] != "run")
     report = figures.generate(results, tmp_path / "out")
-    assert not report.errors and _not_pending(report.skipped) == ["get_breakdown"]
+    assert not report.errors and [name for name, _ in report.skipped] == ["get_breakdown"]
     assert "no run results (python -m benchmark.suite --workloads run)" in dict(report.skipped)["get_breakdown"]
     numbers = (tmp_path / "out" / "Generated" / "numbers.tex").read_text()
     assert re.search(r"% NOT GENERATED: the suite run has no run results.*\n\\newcommand\{\\RunGets\}\{"
@@ -402,7 +387,7 @@ def test_suite_with_extra_workloads_or_a_failed_repetition_still_builds(tmp_path
     # a repetition that failed: its file is not read, the other two still give spreads
     _keep_runs(suite, lambda r: not (r["rep"] == 1 and r["workload"] in ("run", "read_throughput", "scaling")))
     report = figures.generate(results, tmp_path / "out")
-    assert not report.errors and not _not_pending(report.skipped) and not report.layout
+    assert not report.errors and not report.skipped and not report.layout
     assert any("stress_mpi" in name for name in report.unused)
     assert "rep1/cascade_run" not in (tmp_path / "out" / "Generated" / "figure_get_breakdown.tex").read_text()
 
@@ -585,13 +570,7 @@ def test_pdf_builds_from_sample_with_every_reference_resolved(built, tmp_path):
         assert title in flat, f"section {title!r} not in the PDF"
     assert "??" not in text, "unresolved reference in the PDF"
     assert "[?]" not in text, "unresolved citation in the PDF"
-    assert "NOT GENERATED" not in text
-    # placeholders only for figures whose workloads the sample lacks: each [n/a] is a pending macro
-    for reason in re.findall(r"Not generated: (.{0,160})", flat):  # "_" may not survive pdftotext
-        assert any(name.replace("_", "") in re.sub(r"[^a-z]", "", reason) for name in PENDING), reason
-    pending = [m for spec in figures.all_specs() if spec.name in PENDING for m in spec.macros]
-    quoted = "".join(re.sub(r"(?<!\\)%.*", "", p.read_text()) for p in TEXT_FILES)
-    assert flat.count("[n/a]") == sum(len(re.findall(rf"\\{m}(?![A-Za-z])", quoted)) for m in pending)
+    assert "NOT GENERATED" not in text and "Not generated" not in flat and "[n/a]" not in flat
     # the bibliography holds what the text cites, e.g. the peers compared in the evaluation
     for cited in ("LMCache", "Mooncake", "HiCache", "KVBM", "vLLM", "DAOS", "Lustre", "ADIOS"):
         assert cited in flat.split("References")[-1], f"{cited} missing from the references"
