@@ -170,6 +170,11 @@ class StorageAdapter(abc.ABC):
     def clear(self) -> None:
         """Remove every block this adapter stored (the system keeps running)."""
 
+    def drop_process_cache(self) -> None:
+        """Forget what this process itself caches of the stored blocks (e.g. HDF5's chunk
+        cache), so that a cold read after the page cache was dropped reaches storage.
+        Nothing to do for most systems."""
+
     def flush(self) -> None:
         """Wait until every completed ``put`` reached the system's lowest tier.
 

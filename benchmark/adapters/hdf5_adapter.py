@@ -162,6 +162,19 @@ class HDF5Adapter(StorageAdapter):
         self._file.flush()
         os.fsync(self._file.id.get_vfd_handle())
 
+    def drop_process_cache(self) -> None:
+        """Flush, then close and reopen the file: HDF5's chunk cache (``rdcc_nbytes``)
+        starts empty, as in a reader that just opened it."""
+        if self._file is None:
+            return
+        import h5py
+
+        self.flush()
+        self._file.close()
+        self._file = h5py.File(self._path, "r+", libver="latest", driver=self._driver,
+                               rdcc_nbytes=self._rdcc, rdcc_nslots=10007)
+        self._data = self._file["data"]
+
     def close(self) -> None:
         if self._file is not None:
             try:

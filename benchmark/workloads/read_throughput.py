@@ -8,8 +8,9 @@ rounds run interleaved across systems (:mod:`.blockio`); each round has
 * ``hot``: get the warm-up blocks (untimed), then time ``get_into`` of every measured
   block into the same page-aligned buffers (the data was just written: in DRAM, or in
   the page cache for file-backed systems);
-* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5): first evict the
-  system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
+* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5): first empty the
+  system's in-process cache (``drop_process_cache``: HDF5 reopens its file, so its chunk
+  cache starts empty), then evict the system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
   file under its directory; as root ``drop_caches`` too if pages stayed), checked with
   ``mincore``, then as hot. ``cold_method`` and the resident fractions are in the row.
 
@@ -27,7 +28,9 @@ from . import blockio, common
 
 
 def drop(adapter: StorageAdapter) -> dict[str, Any]:
-    """Evict every file under the system's directory from the page cache."""
+    """Empty the system's own in-process cache (HDF5's chunk cache), then evict every
+    file under its directory from the page cache."""
+    adapter.drop_process_cache()
     return drop_page_cache(files_under(adapter.data_dir))
 
 
