@@ -14,10 +14,12 @@ Thread-safety: every public method is safe to call from several threads. One loc
 store guards the metadata only; the bytes move outside it. A get leases the block in its
 tier (its bytes stay in place, even if deleted meanwhile) and counts a reader on it (the
 policy does not move it meanwhile), copies, then does its bookkeeping under the lock; a
-put claims room under the lock, copies outside it, and commits under it. Cross-rank
-reads run outside the store's lock too (the multi-rank layer serialises its own calls).
-Still under the lock: demotions that make room (a tier-to-tier copy), the reads of a
-hint's promotion, warm-restart checks and compaction of the file tier.
+put claims room under the lock, copies outside it, and commits under it; a demotion
+that makes room for a put copies between two short locked steps. Cross-rank reads run
+outside the store's lock too (the multi-rank layer serialises its own calls). Still
+under the lock: the copies of a hint's promotion, demotions made for a promotion or a
+namespace quota, room-making for content-hashed puts, REMOTE-tier (MPI) copies,
+warm-restart checks and compaction of the file tier.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -339,9 +342,7 @@ class CascadeStore:
             self._give_back(slot, inflight=slot is not None)
             return block_id
         if slot is None:
-            slot = self._room_for_put(bkey, parts, parent)
-            if slot is None:
-                return block_id  # stored meanwhile by another thread: a dedup
+            slot = self._room_for_put(bkey, parent)
         try:
             if not slot.filled:
                 slot.fill(parts)
@@ -452,18 +453,16 @@ class CascadeStore:
                 self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
             return self._hasher
 
-    def _room_for_put(self, bkey: BlockKey, parts: list[Any], parent: str | None) -> _Slot | None:
+    def _room_for_put(self, bkey: BlockKey, parent: str | None) -> _Slot:
         """Claim room for a new block, counted in flight. Demotions that make room copy
-        outside the lock, one at a time, between short locked steps. None when another
-        thread stored ``bkey`` meanwhile (a dedup, counted)."""
+        outside the lock, one at a time, between short locked steps. (A put of the same
+        id by another thread meanwhile is found at commit.)"""
         failed: dict[BlockKey, set[int]] = {}  # victims' tiers a move into failed: skipped next time
         set_aside: list[BlockMeta] = []  # victims another rank keeps in place
         try:
             while True:
                 with self._lock:
                     self._check_open()
-                    if self._settled_without_storing(bkey, parts, cluster=False):
-                        return None
                     step = self._reserve(bkey, parent, failed)
                     self._inflight += isinstance(step, _Slot)  # a _Move counted itself
                 if isinstance(step, _Slot):
@@ -698,11 +697,9 @@ class CascadeStore:
         :class:`_Busy` when another rank pinned it meanwhile."""
         meta, src = move.meta, move.src
         buf = np.empty(meta.nbytes, dtype=np.uint8)
-        if self.tiers[src].concurrent:
+        # a non-concurrent tier (REMOTE: MPI calls) is read under the lock
+        with nullcontext() if self.tiers[src].concurrent else self._lock:
             error = self._copy_out(self.tiers[src], move.lease, [buf])
-        else:  # e.g. REMOTE (MPI): its reads stay under the lock
-            with self._lock:
-                error = self._copy_out(self.tiers[src], move.lease, [buf])
         if error is None:
             try:
                 move.dst.fill([buf])

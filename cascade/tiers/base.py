@@ -151,6 +151,16 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def discard(self, handle: Any) -> None:
         """Give back a reservation that will not be committed."""
 
+    def _put_in_two_phases(self, key: BlockKey, parts: Sequence[Any], nbytes: int, parent: str | None) -> None:
+        """:meth:`put` of a concurrent tier: reserve, fill (room given back on failure), commit."""
+        handle = self.reserve(key, nbytes, parent=parent)
+        try:
+            self.fill(handle, parts)
+        except BaseException:
+            self.discard(handle)
+            raise
+        self.commit(key, handle)
+
     def sync(self) -> None:
         """Make every completed put durable (persistent tiers fsync; others do nothing)."""
 

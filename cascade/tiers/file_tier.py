@@ -267,13 +267,7 @@ class FileTier(Tier):
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
         views = [as_byte_view(p) for p in parts]
-        reservation = self.reserve(key, sum(v.nbytes for v in views), parent=parent)
-        try:
-            self.fill(reservation, views)
-        except BaseException:
-            self.discard(reservation)
-            raise
-        self.commit(key, reservation)
+        self._put_in_two_phases(key, views, sum(v.nbytes for v in views), parent)
 
     def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reservation:
         """Claim the next record's room at the end of the active file (rolling to a new

@@ -73,13 +73,7 @@ class SlabTier(Tier):
         return self._alloc.can_fit(nbytes)
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
-        slot = self.reserve(key, sum(_nbytes(p) for p in parts))
-        try:
-            self.fill(slot, parts)
-        except BaseException:
-            self.discard(slot)
-            raise
-        self.commit(key, slot)
+        self._put_in_two_phases(key, parts, sum(_nbytes(p) for p in parts), parent)
 
     def reserve(self, key: BlockKey | None, nbytes: int, *, parent: str | None = None) -> _Slot:
         """Claim slab space for ``nbytes`` (any key: a put may reserve before its id is
