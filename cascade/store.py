@@ -168,7 +168,13 @@ class CascadeStore:
 
     ``comm`` (an mpi4py communicator) joins the ranks of ``comm`` into one cache: a global
     directory sharded over them, the REMOTE tier over their DRAM windows, cross-rank
-    dedup, reads and pins. Then the constructor and :meth:`close` are collective. Without
+    dedup, reads and pins. Then the constructor and :meth:`close` are collective: the
+    constructor returns on a rank only once every rank has republished the blocks its file
+    tier kept (so the first read anywhere sees every rank's warm-restart blocks), and an
+    open or close that fails on one rank raises there and raises
+    :class:`~cascade.distributed.agree.PeerStepFailed` (a :class:`RankFailure`) naming it
+    on every other rank, instead of leaving them waiting; a rank that never arrives makes
+    the others raise :class:`RankFailure` after ``agree.DEFAULT_TIMEOUT`` seconds. Without
     ``comm`` (or with one rank) the store is purely local and needs no MPI.
     """
 
@@ -1344,7 +1350,9 @@ class CascadeStore:
         tier, as far as it has room without evicting anything (the rest are lost, as are
         REMOTE-tier blocks, which live in other ranks' DRAM). Collective in multi-rank
         runs: SHM slabs and windows go only after every rank has entered ``close`` (so
-        has stopped reading them). Calls of other threads still moving data finish
+        has stopped reading them), and a close that fails on one rank (e.g. its file tier's
+        fsync) raises that error there and ``PeerStepFailed`` on the others, after every
+        rank has released its tiers. Calls of other threads still moving data finish
         first; later calls raise :class:`StoreClosed`."""
         with self._lock:
             if self._closing:
