@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", parents=[common],
                            help="one rank of a job that local engines attach to (python -m mpi4py -m cascade serve)")
     serve.add_argument("--socket-dir", help="node-local private directory of the rank sockets "
-                       "(default $XDG_RUNTIME_DIR/cascade or /tmp/cascade-<uid>, plus /j<SLURM_JOB_ID>)")
+                       "(default /tmp/cascade-<uid>, plus /j<SLURM_JOB_ID> in a SLURM job)")
     serve.add_argument("--block-bytes", type=_count(2), help="raw blocks of this many bytes (default: the model's)")
     serve.set_defaults(func=cmd_serve)
     stats = sub.add_parser("stats", parents=[common], help="stats of a running or finished job")

@@ -2,9 +2,9 @@
 
 Each ``cascade serve`` rank listens on ``<socket dir>/r<rank>.sock``. The socket
 directory is node-local and private (0700, owned by the user, checked like every other
-Cascade directory): ``$XDG_RUNTIME_DIR/cascade`` when that is set, else
-``/tmp/cascade-<uid>``, plus ``/j<SLURM_JOB_ID>`` inside a SLURM job so two jobs of one
-user on a node never share sockets. A Unix socket path must fit ``sun_path`` (108 bytes
+Cascade directory): ``/tmp/cascade-<uid>``, plus ``/j<SLURM_JOB_ID>`` inside a SLURM job so
+two jobs of one user on a node never share sockets. (Not ``$XDG_RUNTIME_DIR``: batch steps
+and engine workers often lack it, and every process of the job must derive one path.) A Unix socket path must fit ``sun_path`` (108 bytes
 with its NUL on Linux): a longer one is refused with :class:`ConfigError` naming a
 shorter place, never silently truncated. Pure functions, no MPI.
 """
@@ -25,8 +25,7 @@ _SOCKET_RE = re.compile(r"^r(\d+)\.sock$")
 
 def default_socket_dir(env: Mapping[str, str] = os.environ) -> str:
     """The socket directory ``cascade serve`` and ``connect("auto")`` use by default."""
-    runtime = env.get("XDG_RUNTIME_DIR")
-    base = os.path.join(runtime, "cascade") if runtime and os.path.isdir(runtime) else f"/tmp/cascade-{os.getuid()}"
+    base = f"/tmp/cascade-{os.getuid()}"
     job = env.get("SLURM_JOB_ID")
     return os.path.join(base, f"j{job}") if job else base
 
