@@ -7,88 +7,22 @@ everything by PID in teardown.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 
 import numpy as np
 import pytest
 
 import cascade
-from cascade.testing.serve_client import BATCH, PINNED, block_of
+from cascade.testing.serve_client import BATCH, block_of
+from cascade.testing.serve_job import ROOT, ServeJob
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
-
-
-class ServeJob:
-    """``mpiexec -n ranks python -m mpi4py -m cascade serve`` with a private socket dir."""
-
-    def __init__(self, tmp_path, ranks: int, nodes: int = 1, *, block_bytes: int = 8192, shm: str = "16M") -> None:
-        self.ranks = ranks
-        self.socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")  # short: sun_path holds 107 bytes
-        shm_dir = tmp_path / "shm"
-        shm_dir.mkdir(exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        if nodes > 1:
-            env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
-        self._mpich_before = set(glob.glob("/dev/shm/mpich_shm_*"))
-        self.proc = subprocess.Popen(
-            [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cascade", "serve",
-             "--socket-dir", self.socket_dir, "--block-bytes", str(block_bytes),
-             "--set", f"shm_bytes={shm}", "--set", "file_bytes=0", "--set", f"shm_dir={shm_dir}",
-             "--set", f"file_dir={tmp_path / 'files'}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        self.lines: list[str] = []
-        self.pids: dict[int, int] = {}
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(90):
-            self.stop()
-            raise AssertionError("cascade serve did not come up:\n" + "".join(self.lines[-40:]))
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith("cascade serve: rank "):
-                rank = int(line.split()[3].split("/")[0])
-                self.pids[rank] = int(line.split("(pid ")[1].split(")")[0])
-                if len(self.pids) == self.ranks:
-                    self._ready.set()
-        self._ready.set()
-
-    def socket(self, rank: int) -> str:
-        return os.path.join(self.socket_dir, f"r{rank}.sock")
-
-    def stop_rank(self, rank: int) -> int:
-        """SIGTERM one rank (every rank then stops); the job's exit code."""
-        os.kill(self.pids[rank], signal.SIGTERM)
-        return self.proc.wait(60)
-
-    def stop(self) -> None:
-        """Stop the job: SIGTERM a rank, and kill mpiexec's session if that is not enough."""
-        if self.proc.poll() is None:
-            try:
-                if self.pids:
-                    os.kill(next(iter(self.pids.values())), signal.SIGTERM)
-                self.proc.wait(30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        for path in set(glob.glob("/dev/shm/mpich_shm_*")) - self._mpich_before:
-            try:
-                os.unlink(path)  # what a killed job left (a later job could draw the same name)
-            except FileNotFoundError:
-                pass
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -96,7 +30,7 @@ def serve_job(tmp_path):
     jobs: list[ServeJob] = []
 
     def start(ranks: int, nodes: int = 1, **kw) -> ServeJob:
-        jobs.append(ServeJob(tmp_path, ranks, nodes, **kw))
+        jobs.append(ServeJob(str(tmp_path), ranks, nodes, **kw))
         return jobs[-1]
 
     yield start
@@ -119,7 +53,7 @@ def _result(proc: subprocess.Popen, timeout: float = 60) -> dict:
 @pytest.mark.parametrize("ranks,nodes", [(2, 1), (4, 1), (4, 2)], ids=["2ranks", "4ranks", "4ranks-2nodes"])
 def test_lmcache_instance_reads_chunks_another_instance_stored_on_another_rank(serve_job, ranks, nodes):
     job = serve_job(ranks, nodes)
-    assert len({line.split(" on node ")[1].split()[0] for line in job.lines if " on node " in line}) == nodes
+    assert len(set(job.nodes.values())) == nodes
     chunks = 6
     stored = _result(_client("lmcache-store", job.socket(0), chunks))
     assert stored == {"stored": chunks, "rank": 0}

@@ -1,0 +1,186 @@
+"""cluster_serving: engines attached to ``cascade serve`` ranks share one cache.
+
+Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
+
+* attach cost, per size: one rank of ``cascade serve`` and, beside it, the same store
+  in this process (same config). ``blocks`` blocks are put one by one, then read one by one
+  hot (after an untimed pass), then read as one batch (``get_many_into``, one request per
+  staging-full). Reported: per-block put and get latency (p50/p90/p99/max) and batch get
+  GB/s of each, and ``attached / in-process`` of the p50s (the price of the extra copy
+  through the staging region and the socket round trip).
+* serving, at the first size (``--ranks`` ranks, default 2): one client process per rank
+  replays its share (request ``i`` goes to client ``i mod N``) of the built-in
+  shared-prefix workload (or ``--trace``; ``requests`` of it) through its rank with
+  :func:`cascade.replay.replay`; then the same shares are replayed by private
+  per-worker in-process stores of the same capacity (today's LMCache plugin without an
+  endpoint). Reported: per-client and global block hit ratio, shared vs private, and the
+  bytes served from other ranks (the ranks' ``cluster_hits`` x block bytes).
+
+The replay goes through :class:`cascade.serve.CascadeClient`, not through LMCache (that
+path is tested with a real LMCache StorageManager in tests/test_serve.py; LMCache's own
+CPU and disk backends are not part of this workload yet).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+from cascade.replay import replay
+from cascade.serve import connect
+from cascade.testing.serve_job import ROOT, ServeJob
+from cascade.trace import read_trace
+from cascade.workload import WorkloadParams, generate
+
+from ..timing import gbps, summarize
+
+SIZES = [64 << 10, 2 << 20]
+BLOCKS = 64
+REQUESTS = 300
+SERVING_CAPACITY = 4096  # blocks per rank (and per private store) in the serving part
+
+
+def _timed(fn, n: int) -> list[float]:
+    samples = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def _measure(store: Any, pairs: list, ids: list[str]) -> dict[str, Any]:
+    spec = store.spec
+    k_out, v_out = spec.empty()
+    put = _timed(lambda i: store.put(*pairs[i], block_id=ids[i]), len(ids))
+    for i in range(len(ids)):  # untimed: the first read of each block
+        store.get_into(ids[i], k_out, v_out)
+    get = _timed(lambda i: store.get_into(ids[i], k_out, v_out), len(ids))
+    outs = [spec.empty() for _ in ids]
+    t0 = time.perf_counter()
+    hits = store.get_many_into(ids, outs)
+    batch_s = time.perf_counter() - t0
+    exact = all(np.array_equal(o[0], p[0]) and np.array_equal(o[1], p[1]) for o, p in zip(outs, pairs))
+    return {"put": summarize(put), "get": summarize(get), "batch_get_gbps": gbps(spec.block_bytes * len(ids), batch_s),
+            "hits": sum(hits), "exact": exact}
+
+
+def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, Any]:
+    spec = BlockSpec.flat(size)
+    rng = np.random.default_rng(seed)
+    pairs = [(rng.integers(0, 256, spec.shape, dtype=np.uint8), rng.integers(0, 256, spec.shape, dtype=np.uint8))
+             for _ in range(blocks)]
+    ids = [f"{seed:08x}{i:024x}" for i in range(blocks)]
+    shm = 2 * blocks * size + (16 << 20)
+    local_dir = os.path.join(workdir, "local")
+    os.makedirs(local_dir)
+    with CascadeStore(Config(shm_bytes=shm, file_bytes=0, shm_dir=local_dir, file_dir=local_dir),
+                      block_spec=spec) as store:
+        in_process = _measure(store, pairs, ids)
+    with ServeJob(os.path.join(workdir, "served"), 1, block_bytes=size, shm=str(shm)) as job:
+        with connect(job.socket(0), staging_bytes=max(64 << 20, 8 * size)) as client:
+            attached = _measure(client, pairs, ids)
+    ratio = {op: attached[op]["p50"] / in_process[op]["p50"] for op in ("put", "get")}
+    return {"block_bytes": size, "blocks": blocks, "in_process": in_process, "attached": attached,
+            "attached_over_in_process_p50": ratio,
+            "attach_cost_us_p50": {op: 1e6 * (attached[op]["p50"] - in_process[op]["p50"]) for op in ("put", "get")}}
+
+
+def _requests(options: dict[str, Any]) -> list:
+    limit = options.get("requests") or REQUESTS
+    if options.get("trace"):
+        return read_trace(options["trace"], limit)
+    return generate(WorkloadParams(), seed=options.get("seed") or 0)[:limit]
+
+
+def serving(size: int, ranks: int, options: dict[str, Any], workdir: str) -> dict[str, Any]:
+    requests = _requests(options)
+    tpb = 512 if options.get("trace") else WorkloadParams().tokens_per_block
+    shm = SERVING_CAPACITY * size
+    clients = []
+    with ServeJob(os.path.join(workdir, "serving"), ranks, block_bytes=size, shm=str(shm)) as job:
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        procs = [subprocess.Popen([sys.executable, "-m", "benchmark.workloads.cluster_serving", job.socket(r),
+                                   str(r), str(ranks), str(len(requests)), options.get("trace") or "", str(tpb),
+                                   str(options.get("seed") or 0)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                 for r in range(ranks)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=1800)
+            if proc.returncode:
+                raise RuntimeError(f"serving client failed: {err[-2000:]}")
+            clients.append(json.loads(out.strip().splitlines()[-1]))
+        rank_stats = []
+        for r in range(ranks):
+            with connect(job.socket(r)) as c:
+                rank_stats.append(c.stats())
+    private = []
+    for r in range(ranks):
+        pdir = tempfile.mkdtemp(dir=workdir)
+        with CascadeStore(Config(shm_bytes=shm, file_bytes=0, shm_dir=pdir, file_dir=pdir),
+                          block_spec=BlockSpec.flat(size)) as store:
+            private.append(replay(store, requests[r::ranks], tokens_per_block=tpb).as_dict() | {"store_stats": None})
+
+    def ratio(results: list[dict]) -> float:
+        return sum(x["hits"] for x in results) / max(1, sum(x["references"] for x in results))
+    return {"block_bytes": size, "ranks": ranks, "requests": len(requests), "capacity_blocks_per_rank": SERVING_CAPACITY,
+            "shared": {"per_client": [c["block_hit_ratio"] for c in clients], "global": ratio(clients),
+                       "seconds_per_client": [c["seconds"] for c in clients],
+                       "bytes_from_other_ranks": size * sum(s["cluster_hits"] for s in rank_stats)},
+            "private": {"per_client": [p["block_hit_ratio"] for p in private], "global": ratio(private)}}
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    sizes = options.get("sizes") or SIZES
+    blocks = options.get("blocks") or BLOCKS
+    seed = options.get("seed") or 0
+    ranks = options.get("ranks") if (options.get("ranks") or 1) > 1 else 2
+    workdir = tempfile.mkdtemp(prefix="cluster_serving_", dir=options.get("file_dir"))
+    try:
+        return {"attach": [attach_cost(size, blocks, tempfile.mkdtemp(dir=workdir), seed) for size in sizes],
+                "serving": serving(sizes[0], ranks, options, workdir),
+                "note": "attached = a client process through cascade serve (one extra copy through its staging "
+                        "region + a Unix-socket round trip per request); in_process = the same store in the caller"}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["size      op   in-process p50/p99 us   attached p50/p99 us   ratio  batch get GB/s in/att"]
+    for a in result["attach"]:
+        for op in ("put", "get"):
+            i, t = a["in_process"][op], a["attached"][op]
+            lines.append(f"{a['block_bytes'] >> 10:>6} KiB {op:4} {1e6 * i['p50']:>9.1f} /{1e6 * i['p99']:>9.1f}   "
+                         f"{1e6 * t['p50']:>9.1f} /{1e6 * t['p99']:>9.1f}   {a['attached_over_in_process_p50'][op]:5.2f}"
+                         + (f"  {a['in_process']['batch_get_gbps']:.2f} / {a['attached']['batch_get_gbps']:.2f}"
+                            if op == "get" else ""))
+    s = result["serving"]
+    lines.append(f"serving ({s['ranks']} clients over {s['ranks']} ranks, {s['requests']} requests, "
+                 f"{s['block_bytes'] >> 10} KiB blocks): hit ratio shared {s['shared']['global']:.1%} "
+                 f"(per client {', '.join(f'{x:.1%}' for x in s['shared']['per_client'])}), private "
+                 f"{s['private']['global']:.1%}; {s['shared']['bytes_from_other_ranks'] / 2**20:.1f} MiB from other ranks")
+    return "\n".join(lines)
+
+
+def _client(argv: list[str]) -> None:
+    """One serving client process: replay requests ``i::n`` through the rank at SOCKET."""
+    path, i, n, limit, trace, tpb, seed = argv
+    requests = (read_trace(trace, int(limit)) if trace else generate(WorkloadParams(), seed=int(seed))[:int(limit)])
+    with connect(path) as client:
+        t0 = time.perf_counter()
+        result = replay(client, requests[int(i)::int(n)], tokens_per_block=int(tpb))
+        seconds = time.perf_counter() - t0
+    print(json.dumps(result.as_dict() | {"store_stats": None, "seconds": seconds}), flush=True)
+
+
+if __name__ == "__main__":
+    _client(sys.argv[1:])
