@@ -65,8 +65,9 @@ def test_lmcache_instance_reads_chunks_another_instance_stored_on_another_rank(s
     assert stats["cluster_hits"] >= chunks  # ... every hit was served by rank 0
 
 
-def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job):
-    job = serve_job(2, block_bytes=256 << 10, shm="64M")
+@pytest.mark.parametrize("nodes", [1, 2], ids=["1node", "2nodes"])
+def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job, nodes):
+    job = serve_job(2, nodes, block_bytes=256 << 10, shm="64M")
     killed = _client("put-forever", job.socket(0))
     pinned = json.loads(killed.stdout.readline())["pinned"]
     done = 0
@@ -96,8 +97,9 @@ def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job):
         assert len(check) == len(held)  # nothing else (no half-written block) is counted
 
 
-def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job):
-    job = serve_job(2)
+@pytest.mark.parametrize("nodes", [1, 2], ids=["1node", "2nodes"])
+def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job, nodes):
+    job = serve_job(2, nodes)
     waiting = _client("lmcache-wait", job.socket(1), 4, stdin=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == "attached"
     client = cascade.connect(job.socket(1), timeout=300)
