@@ -117,3 +117,10 @@ def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job
     waiting.stdin.flush()
     result = _result(waiting)
     assert (result["hits"], result["misses"]) == (0, 4)  # misses: the engine recomputes
+
+
+def test_ranks_not_started_under_mpi4py_refuse_to_serve(tmp_path):
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2", sys.executable, "-m",
+                           "cascade", "serve", "--socket-dir", str(tmp_path), "--set", "file_bytes=0"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode != 0 and "python -m mpi4py -m cascade serve" in done.stderr, done.stderr

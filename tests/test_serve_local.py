@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 
@@ -154,3 +156,13 @@ def test_a_malformed_request_is_refused_and_a_broken_frame_ends_only_that_client
         assert raw.recv(1) == b""
         raw.close()
         assert good.contains_many(["a" * 32]) == [False]  # other clients carry on
+
+
+def test_cascade_serve_refuses_a_socket_dir_too_long_before_opening_anything(tmp_path):
+    long_dir = "/tmp/" + "s" * 110
+    done = subprocess.run([sys.executable, "-m", "cascade", "serve", "--socket-dir", long_dir, "--block-bytes", "8192",
+                           "--set", "file_bytes=0", "--set", "shm_bytes=1M", "--set", f"shm_dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert done.returncode == 2 and "Unix sockets allow at most 107" in done.stderr, done.stderr
+    assert not os.path.exists(long_dir) and os.listdir(tmp_path) == []  # no directory, no SHM slab

@@ -24,7 +24,7 @@ from ..distributed.agree import agree
 from ..errors import LaunchError
 from ..models import BlockSpec
 from ..store import CascadeStore
-from .paths import default_socket_dir
+from .paths import default_socket_dir, socket_path
 from .server import RankServer
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,13 @@ def serve(config: Config, *, block_spec: BlockSpec | None = None, socket_dir: st
 
     comm = comm if comm is not None else _world()
     info = discover(comm)
+    socket_dir = socket_dir or default_socket_dir()
+    socket_path(socket_dir, info.rank)  # a path too long for a socket fails before the store opens
     store = CascadeStore(config, block_spec=block_spec, comm=comm)
     server: RankServer | None = None
     try:
         try:
-            server = RankServer(store, socket_dir or default_socket_dir(), info.rank, world_size=info.size)
+            server = RankServer(store, socket_dir, info.rank, world_size=info.size)
         finally:  # every rank learns whether every rank listens (else all close now)
             if info.size > 1:
                 agree(comm, server is not None, "serve start")

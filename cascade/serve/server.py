@@ -47,7 +47,8 @@ class RankServer:
 
     def __init__(self, store: CascadeStore, socket_dir: str, rank: int, *, world_size: int = 1) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
-        self.path = socket_path(prepare_socket_dir(socket_dir), rank)
+        self.path = socket_path(socket_dir, rank)  # too long: refused before anything is made
+        prepare_socket_dir(socket_dir)
         if os.path.lexists(self.path):
             if is_listening(self.path):
                 raise ConfigError(f"another process already serves {self.path}; stop it or pass another --socket-dir")
