@@ -5,9 +5,12 @@ Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
 * attach cost, per size: one rank of ``cascade serve`` and, beside it, the same store
   in this process (same config). ``blocks`` blocks are put one by one, then read one by one
   hot (after an untimed pass), then read as one batch (``get_many_into``, one request per
-  staging-full). Reported: per-block put and get latency (p50/p90/p99/max) and batch get
-  GB/s of each, and ``attached / in-process`` of the p50s (the price of the extra copy
-  through the staging region and the socket round trip).
+  staging-full), then put again under new ids as one batch (``put_many``). Reported:
+  per-block put and get latency (p50/p90/p99/max) and batch get / put GB/s of each,
+  ``attached / in-process`` of the p50s (the price of the extra copy through the
+  staging region and the socket round trip), the channel's round trip alone (a one-id
+  lookup) and the machine's load average: on a loaded machine each round trip also
+  waits for the scheduler to run the rank's thread and then the client again.
 * serving, at the first size (``--ranks`` ranks, default 2): one client process per rank
   replays its share (request ``i`` goes to client ``i mod N``) of the built-in
   shared-prefix workload (or ``--trace``; ``requests`` of it) through its rank with
@@ -66,12 +69,18 @@ def _measure(store: Any, pairs: list, ids: list[str]) -> dict[str, Any]:
         store.get_into(ids[i], k_out, v_out)
     get = _timed(lambda i: store.get_into(ids[i], k_out, v_out), len(ids))
     outs = [spec.empty() for _ in ids]
+    store.get_many_into(ids, outs)  # untimed: the reader threads start
     t0 = time.perf_counter()
     hits = store.get_many_into(ids, outs)
-    batch_s = time.perf_counter() - t0
+    batch_get_s = time.perf_counter() - t0
     exact = all(np.array_equal(o[0], p[0]) and np.array_equal(o[1], p[1]) for o, p in zip(outs, pairs))
-    return {"put": summarize(put), "get": summarize(get), "batch_get_gbps": gbps(spec.block_bytes * len(ids), batch_s),
-            "hits": sum(hits), "exact": exact}
+    fresh = [f"{'f' * 8}{block_id[8:]}" for block_id in ids]  # same bytes, new ids: stored again
+    t0 = time.perf_counter()
+    store.put_many(pairs, block_ids=fresh)
+    batch_put_s = time.perf_counter() - t0
+    nbytes = spec.block_bytes * len(ids)
+    return {"put": summarize(put), "get": summarize(get), "batch_get_gbps": gbps(nbytes, batch_get_s),
+            "batch_put_gbps": gbps(nbytes, batch_put_s), "hits": sum(hits), "exact": exact}
 
 
 def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, Any]:
@@ -80,7 +89,7 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
     pairs = [(rng.integers(0, 256, spec.shape, dtype=np.uint8), rng.integers(0, 256, spec.shape, dtype=np.uint8))
              for _ in range(blocks)]
     ids = [f"{seed:08x}{i:024x}" for i in range(blocks)]
-    shm = 2 * blocks * size + (16 << 20)
+    shm = 3 * blocks * size + (16 << 20)  # every block twice (single and batch puts), no eviction
     local_dir = os.path.join(workdir, "local")
     os.makedirs(local_dir)
     with CascadeStore(Config(shm_bytes=shm, file_bytes=0, shm_dir=local_dir, file_dir=local_dir),
@@ -89,8 +98,11 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
     with ServeJob(os.path.join(workdir, "served"), 1, block_bytes=size, shm=str(shm)) as job:
         with connect(job.socket(0), staging_bytes=max(64 << 20, 8 * size)) as client:
             attached = _measure(client, pairs, ids)
+            # the channel alone: a one-id lookup (no block bytes) per round trip
+            attached["lookup_rtt"] = summarize(_timed(lambda i: client.contains(ids[i]), len(ids)))
     ratio = {op: attached[op]["p50"] / in_process[op]["p50"] for op in ("put", "get")}
-    return {"block_bytes": size, "blocks": blocks, "in_process": in_process, "attached": attached,
+    return {"block_bytes": size, "blocks": blocks, "load_average": os.getloadavg(),
+            "in_process": in_process, "attached": attached,
             "attached_over_in_process_p50": ratio,
             "attach_cost_us_p50": {op: 1e6 * (attached[op]["p50"] - in_process[op]["p50"]) for op in ("put", "get")}}
 
@@ -155,15 +167,17 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["size      op   in-process p50/p99 us   attached p50/p99 us   ratio  batch get GB/s in/att"]
+    lines = ["size      op   in-process p50/p99 us   attached p50/p99 us   ratio  batch GB/s in-process/attached"]
     for a in result["attach"]:
         for op in ("put", "get"):
             i, t = a["in_process"][op], a["attached"][op]
             lines.append(f"{a['block_bytes'] >> 10:>6} KiB {op:4} {1e6 * i['p50']:>9.1f} /{1e6 * i['p99']:>9.1f}   "
                          f"{1e6 * t['p50']:>9.1f} /{1e6 * t['p99']:>9.1f}   {a['attached_over_in_process_p50'][op]:5.2f}"
-                         + (f"  {a['in_process']['batch_get_gbps']:.2f} / {a['attached']['batch_get_gbps']:.2f}"
-                            if op == "get" else ""))
+                         + f"  {a['in_process'][f'batch_{op}_gbps']:.2f} / {a['attached'][f'batch_{op}_gbps']:.2f}")
     s = result["serving"]
+    lines.append("channel round trip (one-id lookup) p50: " + ", ".join(
+        f"{1e6 * a['attached']['lookup_rtt']['p50']:.0f} us" for a in result["attach"])
+        + f"; load average {result['attach'][0]['load_average'][0]:.1f}")
     lines.append(f"serving ({s['ranks']} clients over {s['ranks']} ranks, {s['requests']} requests, "
                  f"{s['block_bytes'] >> 10} KiB blocks): hit ratio shared {s['shared']['global']:.1%} "
                  f"(per client {', '.join(f'{x:.1%}' for x in s['shared']['per_client'])}), private "
