@@ -105,14 +105,16 @@ def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job
     job = serve_job(2, nodes)
     waiting = _client("lmcache-wait", job.socket(1), 4, stdin=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == "attached"
-    client = cascade.connect(job.socket(1), timeout=300)
+    client, elsewhere = cascade.connect(job.socket(1), timeout=300), cascade.connect(job.socket(0), timeout=300)
     k, v = client.spec.empty()
     client.put(k, v, block_id="ab" * 16)
-    assert job.stop_rank(1) == 0  # every rank stops cleanly
+    assert job.stop_rank(1) == 0  # every rank stops, cleanly
     with pytest.raises(cascade.RankFailure, match="is gone"):  # EOF, not the 300 s reply timeout
         client.contains("ab" * 16)
     with pytest.raises(cascade.RankFailure, match="is gone"):  # and stays failed
         client.get_into("ab" * 16, k, v)
+    with pytest.raises(cascade.RankFailure, match="is gone"):  # the other rank stopped with it
+        elsewhere.contains("ab" * 16)
     waiting.stdin.write("go\n")
     waiting.stdin.flush()
     result = _result(waiting)

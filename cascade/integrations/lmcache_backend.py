@@ -35,7 +35,7 @@ Without it, each LMCache worker (one per tensor-parallel rank) opens its own loc
 (no MPI); its file-tier files are named by the worker id, so workers of one instance can
 share a ``file_dir`` (separate instances need separate directories). The log says which.
 Tested with LMCache's ``StorageManager`` on CPU (tests/test_lmcache_backend.py,
-tests/test_serve_lmcache.py), not under vLLM.
+tests/test_serve.py, tests/test_serve_lmcache.py), not under vLLM.
 """
 from __future__ import annotations
 
@@ -109,6 +109,7 @@ class CascadeBackend(StoragePluginInterface):
 
             self.store = AttachedStore(str(endpoint), worker=worker, socket_dir=socket_dir)
             if block_bytes is not None and int(block_bytes) != self.store.spec.block_bytes:
+                self.store.close()
                 raise ConfigError(f"cascade.block_bytes={block_bytes} but the rank at {self.store.endpoint} "
                                   f"serves {self.store.spec.block_bytes}-byte blocks")
             self.block_bytes = self.store.spec.block_bytes
