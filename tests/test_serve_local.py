@@ -166,3 +166,18 @@ def test_cascade_serve_refuses_a_socket_dir_too_long_before_opening_anything(tmp
                           env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
     assert done.returncode == 2 and "Unix sockets allow at most 107" in done.stderr, done.stderr
     assert not os.path.exists(long_dir) and os.listdir(tmp_path) == []  # no directory, no SHM slab
+
+
+def test_a_client_stalled_mid_request_does_not_hold_up_another(served):
+    store, server = served
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(server.path)
+    protocol.send(stalled, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
+    protocol.recv(stalled)
+    os.close(socket.recv_fds(stalled, 1, 1)[1][0])
+    stalled.sendall(b"\x40\x00")  # half a length prefix: its thread now waits for the rest
+    with connect(server.path, timeout=30) as other:  # a hang here would be a RankFailure (timeout)
+        (k, v), = _blocks(1)
+        block_id = other.put(k, v)
+        assert other.get(block_id) is not None and other.stats()["serve"]["clients"] == 2
+    stalled.close()

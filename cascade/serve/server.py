@@ -75,7 +75,11 @@ class RankServer:
                 sock, _ = self._listener.accept()
             except OSError:  # closed by close()
                 return
-            pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            try:
+                pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            except OSError:  # it hung up already
+                sock.close()
+                continue
             if uid != os.geteuid():
                 log.warning("refused a client of uid %d (pid %d): only uid %d may attach", uid, pid, os.geteuid())
                 sock.close()
@@ -160,6 +164,9 @@ class RankServer:
             return protocol.error_reply(exc)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             return protocol.error_reply(InvalidBlock(f"malformed {op} request: {exc!r}"))
+        except Exception as exc:  # a bug here must not end the client's connection silently
+            log.exception("rank %d: %s request of client pid %d failed", self.rank, op, session.pid)
+            return protocol.error_reply(CascadeError(f"rank {self.rank} failed the {op} request: {exc!r}"))
 
     def _put(self, s: _Session, a: dict[str, Any]) -> str:
         key, value = s.staging.pair(int(a["slot"]))
