@@ -1264,6 +1264,7 @@ class CascadeStore:
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
         keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()
             found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
