@@ -230,7 +230,6 @@ def test_a_placeholder_goes_with_the_last_child(comm, shared_dir, everywhere):
                           and store.cluster.lookup(("default", tail)) is not None)
         ok = True
         if comm.rank == 1:
-            from cascade import BlockNotFound
             ok = raises(BlockNotFound, store.pin, head)  # a placeholder is not a block
             store.delete(tail)
         assert everywhere(ok)

@@ -151,7 +151,6 @@ def test_concurrent_put_get_delete_serves_no_wrong_bytes(comm, shared_dir, every
     try:
         rng = np.random.default_rng(comm.rank)
         seeds = list(range(200))  # overlapping: every rank puts the same contents
-        from cascade import block_id
         ids = {block_id(*block(store.spec, s)): s for s in seeds}
         acked: dict[str, int] = {}
         outcomes = {"deleted": 0, "not_here": 0, "pinned": 0}
