@@ -70,6 +70,8 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(): only what flush() did counts
 """
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or sys.platform != "linux",
+                    reason="needs Linux posix_fadvise and mincore to see dirty pages")
 def test_flush_puts_every_record_on_the_device_and_a_new_process_reads_them(tmp_path):
     control = tmp_path / "control.bin"
     control.write_bytes(os.urandom(1 << 20))  # written, never synced
