@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from . import manifest
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
@@ -44,6 +45,7 @@ from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
 from .stats import StoreCounters, TierCounters, write_stats_file
 from .tiers.base import BlockKey, Tier
+from .tiers.adoption import adopt_orphans
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
 from .tiers.slab_tier import SlabTier
@@ -94,12 +96,17 @@ class _Slot:
         self.tier_obj.discard(self.handle)
 
 
-def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
+def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
+                layout: manifest.Layout | None = None, world_size: int | None = None) -> list[Tier]:
     """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
     than one rank) is given: the ranks agree that every rank opened its local tiers
     (a rank that failed, e.g. because another job holds its file-tier lock, raises its
     own error and every other rank :class:`~cascade.distributed.agree.PeerStepFailed`),
     then the REMOTE tier allocates its MPI window.
+
+    ``layout``: the block layout the file tier's records must have (checked against the
+    directory's manifest). ``world_size``: the job's size when known; the file tier then
+    adopts the files of ranks at or beyond it (a restart on fewer ranks).
 
     ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
     GPU tier uses cupy and is off, with a log line, when no GPU is usable.
@@ -119,12 +126,12 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
                 log.warning("SHM tier off: %s", exc)
         if config.file_bytes > 0:
-            slow.append(FileTier(
-                config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
-                odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
-                compact_dead_fraction=config.compact_dead_fraction,
-                stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
-            ))
+            if layout is not None:
+                manifest.check(config.file_dir, layout, world_size)
+            slow.append(open_file_tier(config, rank))
+            if world_size is not None:
+                adopted = adopt_orphans(slow[0], world_size, lambda old: open_file_tier(config, old, capacity=1 << 62))
+                slow[0].counters["adopted"] = adopted.blocks
         opened = True
     except BaseException:
         opened = False
@@ -149,6 +156,17 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             tier.close()
         raise
     return fast + [remote] + slow
+
+
+def open_file_tier(config: Config, rank: int, *, capacity: int | None = None) -> FileTier:
+    """Rank ``rank``'s file tier as ``config`` sets it up (``capacity`` overrides
+    ``file_bytes``: adopting another rank's files reads them whatever their size)."""
+    return FileTier(
+        config.file_bytes if capacity is None else capacity, config.file_dir, rank=rank,
+        segment_bytes=config.file_segment_bytes, odirect=config.file_odirect, read_mode=config.file_read_mode,
+        fsync=config.file_fsync, compact_dead_fraction=config.compact_dead_fraction,
+        stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+    )
 
 
 def remote_chunk_bytes(exposed: int) -> int:
@@ -193,8 +211,11 @@ class CascadeStore:
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
+        self.layout = manifest.Layout(tuple(self.spec.shape), str(np.dtype(self.spec.dtype)),
+                                      self.config.block_tokens, self.config.model)
         built = list(tiers) if tiers is not None else build_tiers(
-            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None)
+            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None,
+            layout=self.layout, world_size=comm.Get_size() if comm is not None else None)
         self._built_tiers = built  # all of them, for close(): the REMOTE tier's is collective
         self.tiers: list[Tier] = [t for t in built if t.capacity > 0]
         if not self.tiers:
@@ -231,6 +252,8 @@ class CascadeStore:
         for tier in self.tiers:
             if hasattr(tier, "expiry_of"):  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._wall_expiry
+            if isinstance(tier, FileTier):
+                tier.on_relocate = self._relocated
         self._peers: Solo = Solo()  # the multi-rank layer (cascade/distributed/store_layer.py)
         together = clustered  # whether every rank takes the same way out if this fails
         try:
@@ -245,6 +268,9 @@ class CascadeStore:
                 self._peers = Joined(cluster, self.tiers, rank)
             try:
                 self._recover()
+                if rank == 0 and tiers is None and any(isinstance(t, FileTier) for t in self.tiers):
+                    manifest.write(self.config.file_dir, self.layout, world_size=comm.Get_size() if comm else 1,
+                                   nodes=self._peers.cluster.nodes if clustered else 1)
             except BaseException:
                 if clustered:  # the others learn it, and no rank waits for us forever
                     together = False
@@ -325,6 +351,15 @@ class CascadeStore:
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
+
+    def _relocated(self, keys: list[BlockKey]) -> None:
+        """Under the lock (compaction runs inside tier calls the store makes under it):
+        blocks the file tier moved to another of its files get their directory entries
+        pointed at the new place."""
+        for key in keys:
+            meta = self._meta.get(key)
+            if meta is not None and isinstance(self.tiers[meta.tier], FileTier):
+                self._peers.relocated(meta)
 
     def _depth(self, meta: BlockMeta) -> int:
         depth, seen, parent = 0, set(), meta.parent
@@ -1364,6 +1399,9 @@ class CascadeStore:
             try:
                 if keep and self._meta:
                     self._keep_hot_blocks()
+                elif self._meta:  # close(keep=False): nothing outside the file tier is kept
+                    self.counters.lost_at_close += sum(not isinstance(self.tiers[m.tier], FileTier)
+                                                       for m in self._meta.values())
                 if self._meta or self.counters.puts or self.counters.gets:
                     self._maybe_write_stats(force=True)
             except BaseException as exc:  # still take part in the collective end below
@@ -1390,27 +1428,31 @@ class CascadeStore:
                 raise error
 
     def _keep_hot_blocks(self) -> None:
-        """Demote GPU/SHM blocks to the file tier while it has room (no eviction)."""
+        """Demote every block outside the file tier (GPU, SHM, and REMOTE: those live in
+        other ranks' DRAM, readable until every rank has entered close) to the file tier
+        while it has room (no eviction); count the rest as lost."""
         slow = next((t for t, tier in enumerate(self.tiers) if isinstance(tier, FileTier)), None)
-        if slow is None:
-            return
         kept = lost = 0
         for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first
-            if self.tiers[meta.tier].name not in ("gpu", "shm"):
+            if meta.tier == slow:
                 continue
-            try:
-                if not self.tiers[slow].fits(meta.nbytes):
-                    raise TierFull("file tier full")
-                self._run_move(self._begin_move(meta, slow))
-            except (_Busy, _MoveFailed, OSError):  # TierFull included; _Busy: pinned elsewhere
-                pass
+            if slow is not None:
+                try:
+                    if not self.tiers[slow].fits(meta.nbytes):
+                        raise TierFull("file tier full")
+                    self._run_move(self._begin_move(meta, slow))
+                except (_Busy, _MoveFailed, OSError):  # TierFull included; _Busy: pinned elsewhere
+                    pass
             if meta.tier == slow and self._meta.get(meta.key) is meta:
                 kept += 1
             else:
                 lost += 1
         if kept:
             self.tiers[slow].sync()
-        log.info("close: kept %d hot blocks in the file tier, %d lost", kept, lost)
+        self.counters.kept_at_close += kept
+        self.counters.lost_at_close += lost
+        log.info("close: kept %d blocks of the GPU, SHM and REMOTE tiers in the file tier, %d lost%s",
+                 kept, lost, "" if slow is not None else " (no file tier)")
 
     def __enter__(self) -> "CascadeStore":
         return self
