@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import manifest
+from .async_ops import AsyncCalls
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
@@ -55,6 +56,8 @@ from .validate import check_priority, check_ttl
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
+#: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
+ASYNC_CLOSE_SECONDS = 60.0
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
@@ -245,6 +248,7 @@ class CascadeStore:
         self._hasher: ThreadPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None  # batch calls (get_many, put_many)
         self._io_workers = 0
+        self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._closing = False  # close() has begun (or ended): new calls raise StoreClosed
         # Blocks found on disk at open, not yet confirmed by a put of the same bytes: a
         # put never dedups onto one of them unseen (see _confirmed).
@@ -388,6 +392,14 @@ class CascadeStore:
         self.spec.check(value, "value")
         return [key, value]
 
+    @staticmethod
+    def _check_put_options(namespace: str, parent: str | None, priority: int,
+                           ttl: float | None) -> tuple[int, float | None]:
+        check_namespace(namespace)
+        if parent is not None:
+            check_id(parent)
+        return check_priority(priority), None if ttl is None else check_ttl(ttl)
+
     def _key(self, block_id: str, namespace: str) -> BlockKey:
         self._check_open()
         return (check_namespace(namespace), check_id(block_id))
@@ -418,11 +430,7 @@ class CascadeStore:
         lock: puts from several threads copy in parallel.
         """
         parts = self._check_pair(key, value)
-        check_namespace(namespace)
-        if parent is not None:
-            check_id(parent)
-        priority = check_priority(priority)  # all checks before anything is stored
-        ttl = None if ttl is None else check_ttl(ttl)
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         started = time.perf_counter()
         slot: _Slot | None = None  # room taken in some tier, filled outside the lock
         if block_id is None or verify:
@@ -950,6 +958,7 @@ class CascadeStore:
         """A get: metadata under the lock, the copy outside it (the block's tier lease and
         reader count keep its bytes in place meanwhile), bookkeeping under the lock."""
         bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
         started = time.perf_counter()
         with self._lock:
             self._check_open()
@@ -1130,6 +1139,57 @@ class CascadeStore:
             self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- scheduler hints --------------------------------------------------------------------
+    # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
+    def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                  block_id: str | None = None, verify: bool = False, ttl: float | None = None,
+                  priority: int = 0) -> Future:
+        """:meth:`put` without waiting: returns a future of the block's id at once. Bad
+        input raises here; TierFull and other errors of the put come from
+        ``future.result()``. ``key`` and ``value`` must stay unchanged until it is done."""
+        self._check_pair(key, value)
+        self._check_put_options(namespace, parent, priority, ttl)
+        puts = [self._key(block_id, namespace)] if block_id is not None else []
+        return self._async.submit(lambda: self.put(key, value, parent=parent, namespace=namespace, block_id=block_id,
+                                                   verify=verify, ttl=ttl, priority=priority), puts=puts)
+
+    def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                       **options: Any) -> Future:
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
+        checked here; they must stay unchanged until the future is done."""
+        pairs = list(pairs)
+        for key, value in pairs:
+            self._check_pair(key, value)
+        if block_ids is not None and len(block_ids) != len(pairs):
+            raise InvalidBlock(f"put_many_async: {len(pairs)} pairs but {len(block_ids)} block_ids")
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)
+        puts = [self._key(b, namespace) for b in block_ids] if block_ids is not None else []
+        return self._async.submit(lambda: self.put_many(pairs, block_ids=block_ids, **options), puts=puts)
+
+    def get_into_async(self, block_id: str, key_out: Any, value_out: Any, *,
+                       namespace: str = DEFAULT_NAMESPACE) -> Future:
+        """:meth:`get_into` without waiting: a future of True (hit) or False (miss). The
+        outputs hold the block only once the future is done with True."""
+        self._check_outs(key_out, value_out)
+        bkey = self._key(block_id, namespace)
+        return self._async.submit(lambda: self.get_into(block_id, key_out, value_out, namespace=namespace),
+                                  after=[bkey])
+
+    def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                            namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
+        """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:
+            self._check_outs(key_out, value_out)
+        keys = [self._key(b, namespace) for b in block_ids]
+        return self._async.submit(
+            lambda: self.get_many_into(block_ids, outs, namespace=namespace, max_workers=max_workers), after=keys)
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a ``put_async`` of this id has not finished yet. Local."""
+        return self._async.pending(self._key(block_id, namespace))
+
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
         fastest tier (best effort) and keep it from eviction until a :meth:`get` /
@@ -1239,8 +1299,10 @@ class CascadeStore:
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Make every completed put durable in the persistent tiers (fsync). Local."""
+        """Wait for every non-blocking call submitted before it, then make every
+        completed put durable in the persistent tiers (fsync). Local."""
         self._check_open()
+        self._async.wait_all()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -1388,7 +1450,13 @@ class CascadeStore:
         has stopped reading them), and a close that fails on one rank (e.g. its file tier's
         fsync) raises that error there and ``PeerStepFailed`` on the others, after every
         rank has released its tiers. Calls of other threads still moving data finish
-        first; later calls raise :class:`StoreClosed`."""
+        first, and so do the non-blocking calls submitted before it (at most
+        :data:`ASYNC_CLOSE_SECONDS`; those not started by then are cancelled); later calls
+        raise :class:`StoreClosed`."""
+        unfinished = self._async.close(ASYNC_CLOSE_SECONDS)
+        if unfinished:
+            log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
+                        unfinished, ASYNC_CLOSE_SECONDS)
         with self._lock:
             if self._closing:
                 return
