@@ -663,10 +663,9 @@ class CascadeStore:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
         after every item finished."""
+        self._check_open()
         items = list(items)
         workers = min(max_workers or self.config.io_threads, len(items))
-        if workers <= 1:
-            return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
@@ -678,15 +677,19 @@ class CascadeStore:
                 except BaseException as exc:  # raised in the caller's thread below
                     errors.append(exc)
 
-        pool = self._io_pool(workers)
-        for fut in [pool.submit(drain) for _ in range(workers)]:
-            fut.result()
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
         if errors:
             raise errors[0]
         return results
 
     def _io_pool(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
+            self._check_open()  # a closed store starts no pool (close shut the last one down)
             if self._io is None or self._io_workers < workers:
                 if self._io is not None:
                     self._io.shutdown(wait=False)

@@ -111,12 +111,9 @@ def test_put_many_with_the_wrong_number_of_ids_stores_nothing(store):
     assert counts(store) == (0, 0, 0, 0)
 
 
-SERIAL_STOPS = pytest.mark.xfail(strict=True, reason=(
-    "store bug (cascade/store.py _parallel): with one worker the batch stops at the first error, "
-    "though put_many/get_many_into promise that the other items still complete"))
 
 
-@pytest.mark.parametrize("workers", [pytest.param(1, marks=SERIAL_STOPS), 4])
+@pytest.mark.parametrize("workers", [1, 4])
 def test_put_many_stores_the_good_blocks_and_raises_the_bad_ones_error(store, workers):
     pairs = [make_block(store.spec, i) for i in range(4)]
     pairs.insert(2, (np.zeros((1, 2), store.spec.dtype), pairs[0][1]))  # the wrong shape
@@ -186,7 +183,7 @@ def test_a_bad_output_among_good_ones_reads_nothing(store):
     assert all((k == 7).all() and (v == 7).all() for k, v in outs[:2])
 
 
-@pytest.mark.parametrize("workers", [pytest.param(1, marks=SERIAL_STOPS), 4])
+@pytest.mark.parametrize("workers", [1, 4])
 def test_get_many_into_reads_the_good_ids_and_raises_the_bad_ones_error(store, workers):
     ids = [store.put(*make_block(store.spec, i)) for i in range(3)]
     asked = [ids[0], "not-an-id", ids[1], ids[2]]
@@ -265,9 +262,7 @@ def test_close_keep_false_drops_the_fast_tiers_and_leaves_no_slab(config, tmp_pa
 @pytest.mark.parametrize("call", [
     lambda s, b, o: s.hint([b]), lambda s, b, o: s.unhint([b]), lambda s, b, o: s.contains_many([b]),
     lambda s, b, o: s.get_many_into([b], [o]),
-    pytest.param(lambda s, b, o: s.get_many_into([b, b], [o, s.spec.empty()]), marks=pytest.mark.xfail(
-        strict=True, reason="store bug (cascade/store.py _io_pool): a batch call on a closed store starts "
-                            "a new cascade-io thread pool (never shut down) before raising StoreClosed")),
+    lambda s, b, o: s.get_many_into([b, b], [o, s.spec.empty()]),
     lambda s, b, o: s.get(b), lambda s, b, o: s.put(*make_block(s.spec, 9)), lambda s, b, o: s.pin(b),
     lambda s, b, o: s.stats(), lambda s, b, o: s.flush(), lambda s, b, o: s.clear(),
 ], ids=["hint", "unhint", "contains_many", "get_many_into", "get_many_into_2", "get", "put", "pin", "stats",
