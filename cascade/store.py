@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,8 +34,10 @@ from typing import Any
 import numpy as np
 
 from . import manifest
+from .async_ops import AsyncCalls
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
+from .distributed.directory import DirectoryFull
 from .distributed.store_layer import Joined, Solo
 from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, RankFailure, StoreClosed,
                      TierFull)
@@ -55,6 +57,8 @@ from .validate import check_priority, check_ttl
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
+#: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
+ASYNC_CLOSE_SECONDS = 60.0
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
@@ -245,6 +249,7 @@ class CascadeStore:
         self._hasher: ThreadPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None  # batch calls (get_many, put_many)
         self._io_workers = 0
+        self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._closing = False  # close() has begun (or ended): new calls raise StoreClosed
         # Blocks found on disk at open, not yet confirmed by a put of the same bytes: a
         # put never dedups onto one of them unseen (see _confirmed).
@@ -340,14 +345,22 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
-        for meta in list(self._meta.values()):
+        unlisted = 0
+        for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first: prefixes survive
             try:
                 kept = self._peers.recovered(meta)
             except CorruptBlock as exc:
                 log.warning("%s", exc)
                 kept = False
-            if not kept:  # corrupt, or another rank's copy won
+            except DirectoryFull:  # serve what fits: the rest could not be found by other ranks
+                unlisted += 1
+                kept = False
+            if not kept:  # corrupt, no directory slot, or another rank's copy won
                 self._drop(meta)
+        if unlisted:
+            self.counters.dropped_at_restart += unlisted
+            log.warning("warm restart: the directory had no slot for %d blocks (directory_slots=%d per rank): "
+                        "dropped; raise directory_slots to keep them", unlisted, self.config.directory_slots)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
@@ -388,6 +401,14 @@ class CascadeStore:
         self.spec.check(value, "value")
         return [key, value]
 
+    @staticmethod
+    def _check_put_options(namespace: str, parent: str | None, priority: int,
+                           ttl: float | None) -> tuple[int, float | None]:
+        check_namespace(namespace)
+        if parent is not None:
+            check_id(parent)
+        return check_priority(priority), None if ttl is None else check_ttl(ttl)
+
     def _key(self, block_id: str, namespace: str) -> BlockKey:
         self._check_open()
         return (check_namespace(namespace), check_id(block_id))
@@ -418,11 +439,7 @@ class CascadeStore:
         lock: puts from several threads copy in parallel.
         """
         parts = self._check_pair(key, value)
-        check_namespace(namespace)
-        if parent is not None:
-            check_id(parent)
-        priority = check_priority(priority)  # all checks before anything is stored
-        ttl = None if ttl is None else check_ttl(ttl)
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         started = time.perf_counter()
         slot: _Slot | None = None  # room taken in some tier, filled outside the lock
         if block_id is None or verify:
@@ -655,10 +672,9 @@ class CascadeStore:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
         after every item finished."""
+        self._check_open()
         items = list(items)
         workers = min(max_workers or self.config.io_threads, len(items))
-        if workers <= 1:
-            return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
@@ -670,15 +686,19 @@ class CascadeStore:
                 except BaseException as exc:  # raised in the caller's thread below
                     errors.append(exc)
 
-        pool = self._io_pool(workers)
-        for fut in [pool.submit(drain) for _ in range(workers)]:
-            fut.result()
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
         if errors:
             raise errors[0]
         return results
 
     def _io_pool(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
+            self._check_open()  # a closed store starts no pool (close shut the last one down)
             if self._io is None or self._io_workers < workers:
                 if self._io is not None:
                     self._io.shutdown(wait=False)
@@ -950,6 +970,7 @@ class CascadeStore:
         """A get: metadata under the lock, the copy outside it (the block's tier lease and
         reader count keep its bytes in place meanwhile), bookkeeping under the lock."""
         bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
         started = time.perf_counter()
         with self._lock:
             self._check_open()
@@ -1130,6 +1151,57 @@ class CascadeStore:
             self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- scheduler hints --------------------------------------------------------------------
+    # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
+    def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                  block_id: str | None = None, verify: bool = False, ttl: float | None = None,
+                  priority: int = 0) -> Future:
+        """:meth:`put` without waiting: returns a future of the block's id at once. Bad
+        input raises here; TierFull and other errors of the put come from
+        ``future.result()``. ``key`` and ``value`` must stay unchanged until it is done."""
+        self._check_pair(key, value)
+        self._check_put_options(namespace, parent, priority, ttl)
+        puts = [self._key(block_id, namespace)] if block_id is not None else []
+        return self._async.submit(lambda: self.put(key, value, parent=parent, namespace=namespace, block_id=block_id,
+                                                   verify=verify, ttl=ttl, priority=priority), puts=puts)
+
+    def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                       **options: Any) -> Future:
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
+        checked here; they must stay unchanged until the future is done."""
+        pairs = list(pairs)
+        for key, value in pairs:
+            self._check_pair(key, value)
+        if block_ids is not None and len(block_ids) != len(pairs):
+            raise InvalidBlock(f"put_many_async: {len(pairs)} pairs but {len(block_ids)} block_ids")
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)
+        puts = [self._key(b, namespace) for b in block_ids] if block_ids is not None else []
+        return self._async.submit(lambda: self.put_many(pairs, block_ids=block_ids, **options), puts=puts)
+
+    def get_into_async(self, block_id: str, key_out: Any, value_out: Any, *,
+                       namespace: str = DEFAULT_NAMESPACE) -> Future:
+        """:meth:`get_into` without waiting: a future of True (hit) or False (miss). The
+        outputs hold the block only once the future is done with True."""
+        self._check_outs(key_out, value_out)
+        bkey = self._key(block_id, namespace)
+        return self._async.submit(lambda: self.get_into(block_id, key_out, value_out, namespace=namespace),
+                                  after=[bkey])
+
+    def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                            namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
+        """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:
+            self._check_outs(key_out, value_out)
+        keys = [self._key(b, namespace) for b in block_ids]
+        return self._async.submit(
+            lambda: self.get_many_into(block_ids, outs, namespace=namespace, max_workers=max_workers), after=keys)
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a ``put_async`` of this id has not finished yet. Local."""
+        return self._async.pending(self._key(block_id, namespace))
+
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
         fastest tier (best effort) and keep it from eviction until a :meth:`get` /
@@ -1204,6 +1276,7 @@ class CascadeStore:
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
         keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()
             found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
@@ -1239,8 +1312,10 @@ class CascadeStore:
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Make every completed put durable in the persistent tiers (fsync). Local."""
+        """Wait for every non-blocking call submitted before it, then make every
+        completed put durable in the persistent tiers (fsync). Local."""
         self._check_open()
+        self._async.wait_all()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -1388,7 +1463,13 @@ class CascadeStore:
         has stopped reading them), and a close that fails on one rank (e.g. its file tier's
         fsync) raises that error there and ``PeerStepFailed`` on the others, after every
         rank has released its tiers. Calls of other threads still moving data finish
-        first; later calls raise :class:`StoreClosed`."""
+        first, and so do the non-blocking calls submitted before it (at most
+        :data:`ASYNC_CLOSE_SECONDS`; those not started by then are cancelled); later calls
+        raise :class:`StoreClosed`."""
+        unfinished = self._async.close(ASYNC_CLOSE_SECONDS)
+        if unfinished:
+            log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
+                        unfinished, ASYNC_CLOSE_SECONDS)
         with self._lock:
             if self._closing:
                 return

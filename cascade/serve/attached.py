@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from ..errors import BlockNotFound, RankFailure
+from ..errors import BlockNotFound, CascadeError, RankFailure
 from ..models import BlockSpec
 from ..store import DEFAULT_NAMESPACE
 from .client import CascadeClient, connect
@@ -91,6 +93,14 @@ class AttachedStore:
         return self._run(lambda: False, "get_into", block_id, self._as_rank(key_out), self._as_rank(value_out),
                          namespace=namespace)
 
+    def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                      namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        for key_out, value_out in outs:
+            self.spec.check(key_out, "key_out")
+            self.spec.check(value_out, "value_out")
+        return self._run(lambda: [False] * len(block_ids), "get_many_into", list(block_ids),
+                         [(self._as_rank(k), self._as_rank(v)) for k, v in outs], namespace=namespace)
+
     def put(self, key: Any, value: Any, **kwargs: Any) -> str:
         self.spec.check(key, "key")
         self.spec.check(value, "value")
@@ -98,6 +108,23 @@ class AttachedStore:
         def gone() -> str:
             raise RankFailure(f"no Cascade rank at {self.endpoint}: block not stored")
         return self._run(gone, "put", self._as_rank(key), self._as_rank(value), **kwargs)
+
+    def put_async(self, key: Any, value: Any, **kwargs: Any) -> Future:
+        """:meth:`put`, done before it returns (the bytes must be in the staging region
+        before the caller may reuse its buffer): a completed future of its id or error.
+        Bad input raises at once, as the store's."""
+        self.spec.check(key, "key")
+        self.spec.check(value, "value")
+        done: Future = Future()
+        try:
+            done.set_result(self.put(key, value, **kwargs))
+        except CascadeError as exc:
+            done.set_exception(exc)
+        return done
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Always False: an attached put is done when :meth:`put_async` returns."""
+        return False
 
     def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         self._run(lambda: _not_found(block_id), "pin", block_id, namespace=namespace)
