@@ -28,7 +28,8 @@ How chunks map onto Cascade:
 * never stalling the engine: ``batched_submit_put_task`` copies each chunk into a block
   buffer and returns; the store's ``put_async`` writes it in the background
   (``exists_in_put_tasks`` says which are still in flight, LMCache's completion callback
-  runs when one lands, a lookup or get of a chunk sees its pending put). LMCache's
+  runs when one lands, a lookup or get of a chunk sees its pending put; attached to a
+  rank, a put is done when it returns: its bytes are then in the rank's store). LMCache's
   asynchronous entry points (``enable_async_loading``: ``batched_async_contains``,
   ``batched_get_non_blocking``, ``get_non_blocking``) run the lookups and batched reads
   on worker threads, never on LMCache's event loop.
