@@ -7,6 +7,7 @@ everything by PID in teardown.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -23,6 +24,8 @@ from cascade.testing.serve_job import ROOT, ServeJob
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
+needs_lmcache = pytest.mark.skipif(importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("torch") is None,
+                                   reason="LMCache and torch are not installed (third_party/install.sh)")
 
 
 @pytest.fixture
@@ -50,6 +53,7 @@ def _result(proc: subprocess.Popen, timeout: float = 60) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@needs_lmcache
 @pytest.mark.parametrize("ranks,nodes", [(2, 1), (4, 1), (4, 2)], ids=["2ranks", "4ranks", "4ranks-2nodes"])
 def test_lmcache_instance_reads_chunks_another_instance_stored_on_another_rank(serve_job, ranks, nodes):
     job = serve_job(ranks, nodes)
@@ -100,6 +104,7 @@ def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job, node
         assert len(check) == len(held)  # nothing else (no half-written block) is counted
 
 
+@needs_lmcache
 @pytest.mark.parametrize("nodes", [1, 2], ids=["1node", "2nodes"])
 def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job, nodes):
     job = serve_job(2, nodes)
