@@ -3,8 +3,8 @@
 Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
 
 * attach cost, per size: one rank of ``cascade serve`` and, beside it, the same store
-  in this process (same config). ``blocks`` blocks are put one by one, then read one by one
-  hot (after an untimed pass), then read as one batch (``get_many_into``, one request per
+  in this process (same config, SHM tier in /dev/shm). ``blocks`` blocks are put one by one, then read one by one
+  hot (after an untimed pass), the two taking turns block by block, then read as one batch (``get_many_into``, one request per
   staging-full), then put again under new ids as one batch (``put_many``). Reported:
   per-block put and get latency (p50/p90/p99/max) and batch get / put GB/s of each,
   ``attached / in-process`` of the p50s (the price of the extra copy through the
@@ -52,22 +52,22 @@ REQUESTS = 300
 SERVING_CAPACITY = 4096  # blocks per rank (and per private store) in the serving part
 
 
-def _timed(fn, n: int) -> list[float]:
-    samples = []
+def _interleaved(stores: dict[str, Any], op, n: int) -> dict[str, list[float]]:
+    """Seconds of ``op(name, store, i)`` for ``i`` in ``range(n)``, the stores taking turns
+    block by block (so a change of the machine's load hits both alike)."""
+    samples: dict[str, list[float]] = {name: [] for name in stores}
     for i in range(n):
-        t0 = time.perf_counter()
-        fn(i)
-        samples.append(time.perf_counter() - t0)
+        for name, store in stores.items():
+            t0 = time.perf_counter()
+            op(name, store, i)
+            samples[name].append(time.perf_counter() - t0)
     return samples
 
 
-def _measure(store: Any, pairs: list, ids: list[str]) -> dict[str, Any]:
+def _batch(store: Any, pairs: list, ids: list[str]) -> dict[str, Any]:
+    """Batch get and put GB/s of one store (after an untimed batch get), and whether the
+    batch read back every block byte-exact."""
     spec = store.spec
-    k_out, v_out = spec.empty()
-    put = _timed(lambda i: store.put(*pairs[i], block_id=ids[i]), len(ids))
-    for i in range(len(ids)):  # untimed: the first read of each block
-        store.get_into(ids[i], k_out, v_out)
-    get = _timed(lambda i: store.get_into(ids[i], k_out, v_out), len(ids))
     outs = [spec.empty() for _ in ids]
     store.get_many_into(ids, outs)  # untimed: the reader threads start
     t0 = time.perf_counter()
@@ -79,8 +79,8 @@ def _measure(store: Any, pairs: list, ids: list[str]) -> dict[str, Any]:
     store.put_many(pairs, block_ids=fresh)
     batch_put_s = time.perf_counter() - t0
     nbytes = spec.block_bytes * len(ids)
-    return {"put": summarize(put), "get": summarize(get), "batch_get_gbps": gbps(nbytes, batch_get_s),
-            "batch_put_gbps": gbps(nbytes, batch_put_s), "hits": sum(hits), "exact": exact}
+    return {"batch_get_gbps": gbps(nbytes, batch_get_s), "batch_put_gbps": gbps(nbytes, batch_put_s),
+            "hits": sum(hits), "exact": exact}
 
 
 def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, Any]:
@@ -92,14 +92,20 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
     shm = 3 * blocks * size + (16 << 20)  # every block twice (single and batch puts), no eviction
     local_dir = os.path.join(workdir, "local")
     os.makedirs(local_dir)
-    with CascadeStore(Config(shm_bytes=shm, file_bytes=0, shm_dir=local_dir, file_dir=local_dir),
-                      block_spec=spec) as store:
-        in_process = _measure(store, pairs, ids)
-    with ServeJob(os.path.join(workdir, "served"), 1, block_bytes=size, shm=str(shm)) as job:
-        with connect(job.socket(0), staging_bytes=max(64 << 20, 8 * size)) as client:
-            attached = _measure(client, pairs, ids)
-            # the channel alone: a one-id lookup (no block bytes) per round trip
-            attached["lookup_rtt"] = summarize(_timed(lambda i: client.contains(ids[i]), len(ids)))
+    with CascadeStore(Config(shm_bytes=shm, file_bytes=0, file_dir=local_dir), block_spec=spec) as store, \
+            ServeJob(os.path.join(workdir, "served"), 1, block_bytes=size, shm=str(shm), shm_dir="/dev/shm") as job, \
+            connect(job.socket(0), staging_bytes=max(64 << 20, 8 * size)) as client:
+        stores = {"in_process": store, "attached": client}
+        outs = {name: s.spec.empty() for name, s in stores.items()}
+        put = _interleaved(stores, lambda name, s, i: s.put(*pairs[i], block_id=ids[i]), blocks)
+        _interleaved(stores, lambda name, s, i: s.get_into(ids[i], *outs[name]), blocks)  # untimed: first reads
+        get = _interleaved(stores, lambda name, s, i: s.get_into(ids[i], *outs[name]), blocks)
+        result = {name: {"put": summarize(put[name]), "get": summarize(get[name]), **_batch(s, pairs, ids)}
+                  for name, s in stores.items()}
+        # the channel alone: a one-id lookup (no block bytes) per round trip
+        lookups = _interleaved({"attached": client}, lambda name, s, i: s.contains(ids[i]), blocks)
+        result["attached"]["lookup_rtt"] = summarize(lookups["attached"])
+    in_process, attached = result["in_process"], result["attached"]
     ratio = {op: attached[op]["p50"] / in_process[op]["p50"] for op in ("put", "get")}
     return {"block_bytes": size, "blocks": blocks, "load_average": os.getloadavg(),
             "in_process": in_process, "attached": attached,
@@ -119,7 +125,7 @@ def serving(size: int, ranks: int, options: dict[str, Any], workdir: str) -> dic
     tpb = 512 if options.get("trace") else WorkloadParams().tokens_per_block
     shm = SERVING_CAPACITY * size
     clients = []
-    with ServeJob(os.path.join(workdir, "serving"), ranks, block_bytes=size, shm=str(shm)) as job:
+    with ServeJob(os.path.join(workdir, "serving"), ranks, block_bytes=size, shm=str(shm), shm_dir="/dev/shm") as job:
         env = {**os.environ, "PYTHONPATH": ROOT}
         procs = [subprocess.Popen([sys.executable, "-m", "benchmark.workloads.cluster_serving", job.socket(r),
                                    str(r), str(ranks), str(len(requests)), options.get("trace") or "", str(tpb),
@@ -138,7 +144,7 @@ def serving(size: int, ranks: int, options: dict[str, Any], workdir: str) -> dic
     private = []
     for r in range(ranks):
         pdir = tempfile.mkdtemp(dir=workdir)
-        with CascadeStore(Config(shm_bytes=shm, file_bytes=0, shm_dir=pdir, file_dir=pdir),
+        with CascadeStore(Config(shm_bytes=shm, file_bytes=0, file_dir=pdir),
                           block_spec=BlockSpec.flat(size)) as store:
             private.append(replay(store, requests[r::ranks], tokens_per_block=tpb).as_dict() | {"store_stats": None})
 

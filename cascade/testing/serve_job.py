@@ -21,15 +21,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class ServeJob:
     """``ranks`` ranks (as ``nodes`` emulated nodes: MPICH's ``MPIR_CVAR_NUM_CLIQUES``)
     of ``cascade serve --block-bytes block_bytes`` with an SHM tier of ``shm`` per rank in
-    ``workdir``, no file tier; ``settings`` are further ``--set KEY=VALUE``. Returns once
+    ``shm_dir`` (default: under ``workdir``), no file tier; ``settings`` are further ``--set KEY=VALUE``. Returns once
     every rank listens (AssertionError with the job's output if not within ``wait``)."""
 
     def __init__(self, workdir: str, ranks: int, nodes: int = 1, *, block_bytes: int = 8192, shm: str = "16M",
-                 settings: Sequence[str] = (), wait: float = 90) -> None:
+                 shm_dir: str | None = None, settings: Sequence[str] = (), wait: float = 90) -> None:
         self.ranks = ranks
         self.socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")  # short: sun_path holds 107 bytes
-        shm_dir = os.path.join(workdir, "shm")
-        os.makedirs(shm_dir, exist_ok=True)
+        if shm_dir is None:
+            shm_dir = os.path.join(workdir, "shm")
+            os.makedirs(shm_dir, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": ROOT}
         if nodes > 1:
             env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
