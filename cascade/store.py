@@ -1030,21 +1030,27 @@ class CascadeStore:
             self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- scheduler hints --------------------------------------------------------------------
-    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+             position: float | None = None) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
-        fastest tier (best effort) and keep it from eviction until a :meth:`get` /
-        :meth:`get_into` of it (one get uses up one hint) or :meth:`unhint`. Hints count:
-        a block hinted for two queued requests stays protected until both read it.
+        fastest tier (best effort) and evict it only after every unhinted block, until a
+        :meth:`get` / :meth:`get_into` of it (one get uses up its soonest hint) or
+        :meth:`unhint`. Hints count: a block hinted for two queued requests stays hinted
+        until both read it. ``position`` is the request's place in the queue (e.g. its
+        arrival number; default: after every earlier hint): among hinted blocks the one
+        whose next hinted use comes last goes first.
 
-        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes,
-        so hints cannot starve puts: a hint that would go past the cap, and a hint of a
-        block not cached on this rank, is ignored. Returns how many hints were taken.
-        Local (other ranks' blocks are not hinted); thread-safe.
+        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes:
+        a hint that would go past the cap, and a hint of a block not cached on this
+        rank, is ignored. Returns how many hints were taken. :class:`ConfigError` for a
+        position that is not a finite number. Local (other ranks' blocks are not
+        hinted); thread-safe.
         """
         keys = [self._key(b, namespace) for b in block_ids]
         cap = self.config.hint_fraction * self.tiers[0].capacity
         taken = 0
         with self._lock:
+            at = self.policy.hint_position(position)
             for bkey in keys:
                 meta = self._meta.get(bkey)
                 if meta is None:
@@ -1055,30 +1061,32 @@ class CascadeStore:
                     self._hinted_bytes += meta.nbytes
                 meta.hints += 1
                 taken += 1
-                self.policy.changed(meta)
+                self.policy.hinted(meta, at)
                 if meta.tier > 0:
                     self._promote_cached(meta)
             self.counters.hints += taken
         return taken
 
-    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Withdraw one hint of each id (its request left the queue unserved); ids
-        without a hint are skipped. Returns how many hints were withdrawn. Local."""
+    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+               position: float | None = None) -> int:
+        """Withdraw one hint of each id (its request left the queue unserved): the one
+        given at ``position``, else the soonest; ids without a hint are skipped. Returns
+        how many hints were withdrawn. Local."""
         keys = [self._key(b, namespace) for b in block_ids]
         withdrawn = 0
         with self._lock:
             for bkey in keys:
                 meta = self._meta.get(bkey)
                 if meta is not None and meta.hints:
-                    self._release_hint(meta)
+                    self._release_hint(meta, position)
                     withdrawn += 1
         return withdrawn
 
-    def _release_hint(self, meta: BlockMeta) -> None:
+    def _release_hint(self, meta: BlockMeta, position: float | None = None) -> None:
         meta.hints -= 1
         if meta.hints == 0:
             self._hinted_bytes -= meta.nbytes
-        self.policy.changed(meta)
+        self.policy.hint_released(meta, position)
 
     def _promote_cached(self, meta: BlockMeta) -> None:
         """Read a block from its slower tier and promote it (for a hint). Best effort:
