@@ -37,6 +37,7 @@ from .config import Config
 from .distributed.store_layer import Joined, Solo
 from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
+from .buffers import host_bytes
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
@@ -823,10 +824,8 @@ class CascadeStore:
         return self._read(block_id, namespace, [key_out, value_out])
 
     def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        self.spec.check(key_out, "key_out")
-        self.spec.check(value_out, "value_out")
-        if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
-            raise InvalidBlock("key_out and value_out must be writable")
+        self.spec.check(key_out, "key_out", writable=True)
+        self.spec.check(value_out, "value_out", writable=True)
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
@@ -1239,8 +1238,7 @@ class CascadeStore:
             self.tiers[meta.tier].read_into(meta.key, stored)
         except (CorruptBlock, OSError):
             return False
-        incoming = np.concatenate([np.frombuffer(memoryview(np.ascontiguousarray(p)).cast("B"), np.uint8)
-                                   for p in parts])
+        incoming = np.concatenate([host_bytes(p, "block part") for p in parts])
         if not np.array_equal(stored, incoming):
             self.counters.replaced_unconfirmed += 1
             return False
