@@ -50,7 +50,10 @@ class HostMemoryCopier:
     def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int, direction: Direction) -> None:
         if self.fail is not None:
             error, self.fail = self.fail, None
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # no frame -> exception -> traceback -> frame cycle keeping buffers alive
         ctypes.memmove(dst, src, nbytes)
         self.calls.append((direction, nbytes, stream))
 
