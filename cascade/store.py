@@ -37,7 +37,7 @@ from .config import Config
 from .distributed.store_layer import Joined, Solo
 from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
 from .identity import block_id as compute_block_id, check_id, check_namespace
-from .buffers import host_bytes
+from .buffers import host_bytes, host_outputs
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
@@ -878,9 +878,15 @@ class CascadeStore:
 
     @staticmethod
     def _copy_out(tier: Tier, lease: Any, outs: list[Any]) -> CorruptBlock | None:
-        """The leased block's bytes into ``outs``; a verification failure is returned."""
+        """The leased block's bytes into ``outs``; a verification failure is returned.
+        Slab tiers copy into any buffer; the others (file reads, MPI) fill host memory,
+        so device outputs get host stand-ins (see :func:`cascade.buffers.host_outputs`)."""
         try:
-            tier.read_leased(lease, outs)
+            if isinstance(tier, SlabTier):
+                tier.read_leased(lease, outs)
+            else:
+                with host_outputs(outs) as hosts:
+                    tier.read_leased(lease, hosts)
         except CorruptBlock as exc:
             return exc
         return None

@@ -236,7 +236,7 @@ def test_bad_inputs_and_outputs_store_and_hold_nothing(tier, tmp_path):
     store.close()  # returns: no read or reservation was left held
 
 
-@pytest.mark.parametrize("tier", ["shm", "gpu"])
+@pytest.mark.parametrize("tier", TIERS)
 def test_device_interface_buffers_through_the_store(tier, tmp_path, copier):
     """Put from and read into __cuda_array_interface__ buffers: every copy goes through the
     device copier, on the buffers' streams."""
