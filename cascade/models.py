@@ -113,14 +113,14 @@ class BlockSpec:
         value = raw[stride:stride + half].view(self.np_dtype).reshape(self.shape)
         return key, value
 
-    def check(self, array: Any, what: str, *, writable: bool = False) -> buffers.ByteView:
+    def check(self, array: Any, what: str, *, writable: bool = False) -> None:
         """Raise :class:`InvalidBlock` (naming the fix) unless ``array`` (numpy, torch,
         cupy, or any object with the buffer protocol, ``__cuda_array_interface__`` or
         ``__dlpack__``) has this shape and dtype and is C-contiguous, and, with
-        ``writable``, can be written. Returns its byte view (no copy)."""
+        ``writable``, can be written."""
         shape, dtype = buffers.shape_and_dtype(array, what)
         if shape != self.shape:
             raise InvalidBlock(f"{what} has shape {shape}, expected {self.shape}")
         if dtype != self.np_dtype:
             raise InvalidBlock(f"{what} has dtype {dtype.name}, expected {self.dtype}")
-        return buffers.view(array, what, writable=writable)
+        buffers.check_layout(array, what, writable=writable)

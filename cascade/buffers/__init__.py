@@ -10,10 +10,11 @@ only when the caller's object is one of theirs (or a device copy needs cupy).
 from .copy import (CupyCopier, DeviceCopier, copy, device_copier, host_bytes, host_outputs,
                    use_device_copier)
 from .dtypes import as_dtype, dtype_name
-from .views import ByteView, DeviceView, as_byte_view, host_view, nbytes, shape_and_dtype, view
+from .views import (ByteView, DeviceView, as_byte_view, check_layout, host_view, nbytes, shape_and_dtype,
+                    view)
 
 __all__ = [
-    "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "as_byte_view", "as_dtype", "copy",
+    "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "as_byte_view", "as_dtype", "check_layout", "copy",
     "device_copier", "dtype_name", "host_bytes", "host_outputs", "host_view", "nbytes",
     "shape_and_dtype", "use_device_copier", "view",
 ]

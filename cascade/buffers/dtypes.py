@@ -19,6 +19,8 @@ def as_dtype(dtype: Any) -> np.dtype:
     """The numpy dtype named by ``dtype``: a numpy/cupy dtype or scalar type, a string
     (``"float16"``, ``"bfloat16"``, ``"float8_e4m3fn"``), an ml_dtypes type or a torch
     dtype. :class:`InvalidBlock` when it names no dtype numpy knows."""
+    if isinstance(dtype, np.dtype):
+        return dtype
     if type(dtype).__module__ == "torch":
         dtype = str(dtype).removeprefix("torch.")
     try:

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InvalidBlock
 from .dtypes import as_dtype
 
+_U8 = np.dtype(np.uint8)
 # DLPack device types (dlpack.h)
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 
@@ -79,6 +80,15 @@ def view(obj: Any, what: str = "buffer", *, writable: bool = False) -> ByteView:
                        "cupy array, or an object with the buffer protocol, __cuda_array_interface__ or __dlpack__")
 
 
+def check_layout(obj: Any, what: str = "buffer", *, writable: bool = False) -> None:
+    """Raise what :func:`view` would raise for ``obj``, without making the view (cheaper
+    for numpy arrays: a validation on the hot path)."""
+    if isinstance(obj, np.ndarray):
+        _check_numpy(obj, what, writable)
+    else:
+        view(obj, what, writable=writable)
+
+
 def host_view(obj: Any, what: str = "buffer", *, writable: bool = False) -> np.ndarray:
     """:func:`view` of host memory; device memory is refused with :class:`InvalidBlock`
     (use :func:`cascade.buffers.copy` to move it)."""
@@ -105,6 +115,8 @@ def nbytes(obj: Any, what: str = "buffer") -> int:
 def shape_and_dtype(obj: Any, what: str = "buffer") -> tuple[tuple[int, ...], np.dtype]:
     """``obj``'s element shape and dtype, read from its attributes or protocols.
     :class:`InvalidBlock` when it has none (or an element type numpy cannot name)."""
+    if isinstance(obj, np.ndarray):
+        return obj.shape, obj.dtype
     shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
     if shape is None or dtype is None:
         try:
@@ -130,13 +142,24 @@ def shape_and_dtype(obj: Any, what: str = "buffer") -> tuple[tuple[int, ...], np
 
 # -- one function per kind of object ------------------------------------------------------
 def _numpy(arr: np.ndarray, what: str, writable: bool) -> np.ndarray:
-    if not arr.flags.c_contiguous:
-        raise InvalidBlock(f"{what} is not C-contiguous: pass numpy.ascontiguousarray({what})")
-    if writable and not arr.flags.writeable:
-        raise InvalidBlock(f"{what} is read-only: pass a writable array")
-    if arr.dtype.hasobject:
-        raise InvalidBlock(f"{what} holds Python objects, not bytes")
+    if _check_numpy(arr, what, writable):
+        return arr
     return arr.reshape(-1).view(np.uint8)
+
+
+def _check_numpy(arr: np.ndarray, what: str, writable: bool) -> bool:
+    """Raise unless ``arr`` is usable; True when it is already a flat byte array."""
+    flags = arr.flags
+    if not flags.c_contiguous:
+        raise InvalidBlock(f"{what} is not C-contiguous: pass numpy.ascontiguousarray({what})")
+    if writable and not flags.writeable:
+        raise InvalidBlock(f"{what} is read-only: pass a writable array")
+    dtype = arr.dtype
+    if dtype is _U8:
+        return arr.ndim == 1
+    if dtype.hasobject:
+        raise InvalidBlock(f"{what} holds Python objects, not bytes")
+    return False
 
 
 def _torch(t: Any, what: str, writable: bool) -> ByteView:
