@@ -29,12 +29,14 @@ _PER_THREAD_STREAM = 2  # cudaStreamPerThread
 
 
 class DeviceCopier(Protocol):
-    """Moves bytes when at least one end is device memory (pointers are plain ints)."""
+    """Moves bytes when at least one end is device memory (pointers are plain ints).
+    ``device`` is the GPU the stream belongs to (None: the current one)."""
 
-    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int, direction: Direction) -> None:
+    def memcpy_async(self, dst: int, src: int, nbytes: int, direction: Direction, stream: int,
+                     device: int | None) -> None:
         """Enqueue a copy of ``nbytes`` on the CUDA stream handle ``stream``."""
 
-    def synchronize(self, stream: int) -> None:
+    def synchronize(self, stream: int, device: int | None) -> None:
         """Wait until everything enqueued on ``stream`` is done."""
 
 
@@ -48,13 +50,18 @@ class CupyCopier:
             from cupy.cuda import runtime
         except ImportError:
             raise InvalidBlock("a device buffer needs cupy to be copied: pip install 'cascade-kv[gpu]'") from None
-        self._runtime = runtime
+        from cupy.cuda import Device
 
-    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int, direction: Direction) -> None:
-        self._runtime.memcpyAsync(dst, src, nbytes, self._runtime.memcpyDefault, stream)
+        self._runtime, self._device = runtime, Device
 
-    def synchronize(self, stream: int) -> None:
-        self._runtime.streamSynchronize(stream)
+    def memcpy_async(self, dst: int, src: int, nbytes: int, direction: Direction, stream: int,
+                     device: int | None) -> None:
+        with self._device(device):  # a stream, the default one included, belongs to a device
+            self._runtime.memcpyAsync(dst, src, nbytes, self._runtime.memcpyDefault, stream)
+
+    def synchronize(self, stream: int, device: int | None) -> None:
+        with self._device(device):
+            self._runtime.streamSynchronize(stream)
 
 
 _copier: DeviceCopier | None = None
@@ -104,14 +111,14 @@ def _device_copy(d: ByteView, s: ByteView) -> int:
         return 0
     copier = device_copier()
     if isinstance(d, DeviceView):
-        stream = _handle(d.stream)
-        if isinstance(s, DeviceView) and s.stream is not None and _handle(s.stream) != stream:
-            copier.synchronize(_handle(s.stream))  # the input is ready on its own stream
-        copier.memcpy_async(d.ptr, _ptr(s), n, stream, "d2d" if isinstance(s, DeviceView) else "h2d")
+        stream, device = _handle(d.stream), d.device
+        if isinstance(s, DeviceView) and s.stream is not None and (_handle(s.stream), s.device) != (stream, device):
+            copier.synchronize(_handle(s.stream), s.device)  # the input is ready on its own stream
+        copier.memcpy_async(d.ptr, _ptr(s), n, "d2d" if isinstance(s, DeviceView) else "h2d", stream, device)
     else:
-        stream = _handle(s.stream)
-        copier.memcpy_async(_ptr(d), s.ptr, n, stream, "d2h")
-    copier.synchronize(stream)
+        stream, device = _handle(s.stream), s.device
+        copier.memcpy_async(_ptr(d), s.ptr, n, "d2h", stream, device)
+    copier.synchronize(stream, device)
     return n
 
 

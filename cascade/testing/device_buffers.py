@@ -47,7 +47,8 @@ class HostMemoryCopier:
         self.synced: list[int] = []
         self.fail: BaseException | None = None
 
-    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int, direction: Direction) -> None:
+    def memcpy_async(self, dst: int, src: int, nbytes: int, direction: Direction, stream: int,
+                     device: int | None) -> None:
         if self.fail is not None:
             error, self.fail = self.fail, None
             try:
@@ -57,5 +58,5 @@ class HostMemoryCopier:
         ctypes.memmove(dst, src, nbytes)
         self.calls.append((direction, nbytes, stream))
 
-    def synchronize(self, stream: int) -> None:
+    def synchronize(self, stream: int, device: int | None) -> None:
         self.synced.append(stream)
