@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -261,6 +262,23 @@ def test_failed_device_copy_in_a_put_stores_nothing_and_store_keeps_serving(tmp_
         assert store.stats()["blocks"] == 0 and store.tiers[0].used == 0
         bid = store.put(HostCudaArray(key), HostCudaArray(key), block_id="ab" * 16)
         assert store.get(bid)[0].tobytes() == key.tobytes()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 18 item 2 (h-layers): a read whose copy raises leaves its "
+                   "in-flight count and tier lease held, so close() waits forever")
+@pytest.mark.parametrize("tier", TIERS)
+def test_failed_device_copy_in_a_read_leaves_nothing_held(tier, tmp_path, copier):
+    key = np.ones(SHAPE, np.float16)
+    store = _store(tier, tmp_path, np.float16)
+    bid = store.put(key, key)
+    copier.fail = RuntimeError("cudaErrorIllegalAddress (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        store.get_into(bid, HostCudaArray(np.empty_like(key)), HostCudaArray(np.empty_like(key)))
+    assert store.get(bid)[0].tobytes() == key.tobytes()  # still serving
+    closing = threading.Thread(target=store.close, daemon=True)
+    closing.start()
+    closing.join(3)
+    assert not closing.is_alive(), "close() is still waiting for the failed read"
 
 
 def test_numpy_callers_never_import_torch_or_cupy(tmp_path):

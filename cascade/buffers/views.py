@@ -40,12 +40,6 @@ class DeviceView:
     readonly: bool
     owner: Any
 
-    def sub(self, offset: int, nbytes: int) -> "DeviceView":
-        """The ``nbytes`` starting ``offset`` bytes in (same device, stream and owner)."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise InvalidBlock(f"range [{offset}, {offset + nbytes}) outside a device buffer of {self.nbytes} bytes")
-        return DeviceView(self.ptr + offset, nbytes, self.device, self.stream, self.readonly, self.owner)
-
 
 ByteView = np.ndarray | DeviceView
 
