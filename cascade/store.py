@@ -37,11 +37,12 @@ from . import manifest
 from .async_ops import AsyncCalls
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
+from .distributed.directory import DirectoryFull
+from .buffers import host_bytes, host_outputs
 from .distributed.store_layer import Joined, Solo
 from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, RankFailure, StoreClosed,
                      TierFull)
 from .identity import block_id as compute_block_id, check_id, check_namespace
-from .buffers import host_bytes, host_outputs
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
@@ -345,14 +346,22 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
-        for meta in list(self._meta.values()):
+        unlisted = 0
+        for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first: prefixes survive
             try:
                 kept = self._peers.recovered(meta)
             except CorruptBlock as exc:
                 log.warning("%s", exc)
                 kept = False
-            if not kept:  # corrupt, or another rank's copy won
+            except DirectoryFull:  # serve what fits: the rest could not be found by other ranks
+                unlisted += 1
+                kept = False
+            if not kept:  # corrupt, no directory slot, or another rank's copy won
                 self._drop(meta)
+        if unlisted:
+            self.counters.dropped_at_restart += unlisted
+            log.warning("warm restart: the directory had no slot for %d blocks (directory_slots=%d per rank): "
+                        "dropped; raise directory_slots to keep them", unlisted, self.config.directory_slots)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
@@ -664,10 +673,9 @@ class CascadeStore:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
         after every item finished."""
+        self._check_open()
         items = list(items)
         workers = min(max_workers or self.config.io_threads, len(items))
-        if workers <= 1:
-            return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
@@ -679,15 +687,19 @@ class CascadeStore:
                 except BaseException as exc:  # raised in the caller's thread below
                     errors.append(exc)
 
-        pool = self._io_pool(workers)
-        for fut in [pool.submit(drain) for _ in range(workers)]:
-            fut.result()
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
         if errors:
             raise errors[0]
         return results
 
     def _io_pool(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
+            self._check_open()  # a closed store starts no pool (close shut the last one down)
             if self._io is None or self._io_workers < workers:
                 if self._io is not None:
                     self._io.shutdown(wait=False)
@@ -1269,6 +1281,7 @@ class CascadeStore:
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
         keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()
             found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
