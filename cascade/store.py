@@ -35,10 +35,10 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
+from .buffers import host_bytes, host_outputs
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.directory import DirectoryFull
-from .buffers import host_bytes, host_outputs
 from .distributed.store_layer import Joined, Solo
 from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, RankFailure, StoreClosed,
                      TierFull)
