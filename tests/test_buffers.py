@@ -313,21 +313,57 @@ def _cupy_with_gpu():
     pytest.skip("cupy sees no usable GPU")
 
 
+def _gpu_kinds(cupy) -> dict:
+    """Makers of an input (from a numpy array) and of an empty output, per array kind."""
+    kinds = {"numpy": (np.copy, lambda: np.empty(SHAPE, np.float16)),
+             "torch_cpu": (lambda a: torch.from_numpy(a.copy()), lambda: torch.empty(SHAPE, dtype=torch.float16)),
+             "cupy": (cupy.asarray, lambda: cupy.empty(SHAPE, cupy.float16))}
+    if torch.cuda.is_available():
+        kinds["torch_cuda"] = (lambda a: torch.from_numpy(a.copy()).cuda(),
+                               lambda: torch.empty(SHAPE, dtype=torch.float16, device="cuda"))
+    return kinds
+
+
+def _to_numpy(obj) -> np.ndarray:
+    """An independent check of what a buffer holds (not through cascade.buffers)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu().numpy()
+    return obj.get() if hasattr(obj, "get") else np.asarray(obj)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tier", ["gpu", "shm"])
-def test_cupy_and_torch_cuda_arrays_round_trip_on_a_real_gpu(tier, tmp_path):
+@pytest.mark.parametrize("tier", TIERS)
+def test_every_array_kind_in_and_out_of_every_tier_on_a_real_gpu(tier, tmp_path):
     cupy = _cupy_with_gpu()
-    sizes = {"shm_bytes": 0, "file_bytes": 0, "gpu_bytes": 0, f"{tier}_bytes": 1 << 20}
-    cfg = Config(model="tiny", file_dir=str(tmp_path), **sizes)
+    kinds = _gpu_kinds(cupy)
+    sizes = {"shm_bytes": 0, "file_bytes": 0, "gpu_bytes": 0, f"{tier}_bytes": 4 << 20}
+    cfg = Config(model="tiny", file_dir=str(tmp_path), file_segment_bytes=1 << 20, **sizes)
+    rng = np.random.default_rng(5)
     with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, "float16")) as store:
-        key = cupy.random.standard_normal(SHAPE).astype(cupy.float16)
-        value = cupy.random.standard_normal(SHAPE).astype(cupy.float16)
-        bid = store.put(key, value)
-        k_out, v_out = cupy.empty_like(key), cupy.empty_like(value)
-        assert store.get_into(bid, k_out, v_out)
-        assert bool((k_out == key).all()) and bool((v_out == value).all())
-        if torch.cuda.is_available():
-            t_out = torch.empty(SHAPE, dtype=torch.float16, device="cuda")
-            assert store.get_into(bid, t_out, torch.empty_like(t_out))
-            torch.cuda.synchronize()
-            assert t_out.cpu().numpy().tobytes() == key.get().tobytes()
+        for in_kind, (make, _) in kinds.items():
+            key, value = rng.standard_normal((2, *SHAPE)).astype(np.float16)
+            bid = store.put(make(key), make(value))
+            _only_tier_holds_one_block(store, tier)
+            for out_kind, (_, empty) in kinds.items():
+                k_out, v_out = empty(), empty()
+                assert store.get_into(bid, k_out, v_out), (in_kind, out_kind)
+                if out_kind in ("cupy", "torch_cuda"):
+                    cupy.cuda.runtime.deviceSynchronize()
+                assert _to_numpy(k_out).tobytes() == key.tobytes(), (in_kind, out_kind)
+                assert _to_numpy(v_out).tobytes() == value.tobytes(), (in_kind, out_kind)
+            store.delete(bid)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tier", TIERS)
+def test_batches_of_cupy_arrays_on_a_real_gpu(tier, tmp_path):
+    cupy = _cupy_with_gpu()
+    sizes = {"shm_bytes": 0, "file_bytes": 0, "gpu_bytes": 0, f"{tier}_bytes": 8 << 20}
+    cfg = Config(model="tiny", file_dir=str(tmp_path), file_segment_bytes=1 << 20, **sizes)
+    with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, "float16")) as store:
+        pairs = [(cupy.full(SHAPE, i, cupy.float16), cupy.full(SHAPE, -i, cupy.float16)) for i in range(64)]
+        ids = store.put_many(pairs)
+        outs = [(cupy.empty(SHAPE, cupy.float16), cupy.empty(SHAPE, cupy.float16)) for _ in ids]
+        assert all(store.get_many_into(ids, outs))
+        cupy.cuda.runtime.deviceSynchronize()
+        assert all(bool((k == pk).all()) and bool((v == pv).all()) for (k, v), (pk, pv) in zip(outs, pairs))
