@@ -123,8 +123,8 @@ def _device_copy(d: ByteView, s: ByteView) -> int:
 
 
 def host_bytes(obj: Any, what: str = "buffer") -> np.ndarray:
-    """``obj``'s bytes in host memory: a view when they are there, else a fresh host copy
-    (for hashing, checksums, file and MPI writes of device buffers)."""
+    """``obj``'s bytes in host memory: a view when they are there, else a fresh (pageable)
+    host copy, for hashing, checksums, file and MPI writes of device buffers."""
     v = view(obj, what)
     if isinstance(v, np.ndarray):
         return v
@@ -136,8 +136,8 @@ def host_bytes(obj: Any, what: str = "buffer") -> np.ndarray:
 @contextlib.contextmanager
 def host_outputs(outs: Sequence[Any], what: str = "output buffer") -> Iterator[list[np.ndarray]]:
     """Writable host views of ``outs`` for a reader that fills host memory (MPI, files,
-    mapped slabs). A device output gets a host stand-in, copied to it when the block
-    ends without an exception."""
+    mapped slabs). A device output gets a fresh (pageable) host stand-in, copied to it
+    when the block ends without an exception. Host outputs cost nothing extra."""
     views = [view(o, what, writable=True) for o in outs]
     hosts = [v if isinstance(v, np.ndarray) else np.empty(v.nbytes, dtype=np.uint8) for v in views]
     yield hosts
