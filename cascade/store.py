@@ -35,6 +35,7 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
+from .buffers import host_bytes, host_outputs
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.directory import DirectoryFull
@@ -943,10 +944,8 @@ class CascadeStore:
         return self._read(block_id, namespace, [key_out, value_out])
 
     def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        self.spec.check(key_out, "key_out")
-        self.spec.check(value_out, "value_out")
-        if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
-            raise InvalidBlock("key_out and value_out must be writable")
+        self.spec.check(key_out, "key_out", writable=True)
+        self.spec.check(value_out, "value_out", writable=True)
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
@@ -1000,9 +999,15 @@ class CascadeStore:
 
     @staticmethod
     def _copy_out(tier: Tier, lease: Any, outs: list[Any]) -> CorruptBlock | None:
-        """The leased block's bytes into ``outs``; a verification failure is returned."""
+        """The leased block's bytes into ``outs``; a verification failure is returned.
+        Slab tiers copy into any buffer; the others (file reads, MPI) fill host memory,
+        so device outputs get host stand-ins (see :func:`cascade.buffers.host_outputs`)."""
         try:
-            tier.read_leased(lease, outs)
+            if isinstance(tier, SlabTier):
+                tier.read_leased(lease, outs)
+            else:
+                with host_outputs(outs) as hosts:
+                    tier.read_leased(lease, hosts)
         except CorruptBlock as exc:
             return exc
         return None
@@ -1202,21 +1207,27 @@ class CascadeStore:
         """Whether a ``put_async`` of this id has not finished yet. Local."""
         return self._async.pending(self._key(block_id, namespace))
 
-    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+             position: float | None = None) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
-        fastest tier (best effort) and keep it from eviction until a :meth:`get` /
-        :meth:`get_into` of it (one get uses up one hint) or :meth:`unhint`. Hints count:
-        a block hinted for two queued requests stays protected until both read it.
+        fastest tier (best effort) and evict it only after every unhinted block, until a
+        :meth:`get` / :meth:`get_into` of it (one get uses up its soonest hint) or
+        :meth:`unhint`. Hints count: a block hinted for two queued requests stays hinted
+        until both read it. ``position`` is the request's place in the queue (e.g. its
+        arrival number; default: after every earlier hint): among hinted blocks the one
+        whose next hinted use comes last goes first.
 
-        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes,
-        so hints cannot starve puts: a hint that would go past the cap, and a hint of a
-        block not cached on this rank, is ignored. Returns how many hints were taken.
-        Local (other ranks' blocks are not hinted); thread-safe.
+        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes:
+        a hint that would go past the cap, and a hint of a block not cached on this
+        rank, is ignored. Returns how many hints were taken. :class:`ConfigError` for a
+        position that is not a finite number. Local (other ranks' blocks are not
+        hinted); thread-safe.
         """
         keys = [self._key(b, namespace) for b in block_ids]
         cap = self.config.hint_fraction * self.tiers[0].capacity
         taken = 0
         with self._lock:
+            at = self.policy.hint_position(position)
             for bkey in keys:
                 meta = self._meta.get(bkey)
                 if meta is None:
@@ -1227,30 +1238,32 @@ class CascadeStore:
                     self._hinted_bytes += meta.nbytes
                 meta.hints += 1
                 taken += 1
-                self.policy.changed(meta)
+                self.policy.hinted(meta, at)
                 if meta.tier > 0:
                     self._promote_cached(meta)
             self.counters.hints += taken
         return taken
 
-    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Withdraw one hint of each id (its request left the queue unserved); ids
-        without a hint are skipped. Returns how many hints were withdrawn. Local."""
+    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+               position: float | None = None) -> int:
+        """Withdraw one hint of each id (its request left the queue unserved): the one
+        given at ``position``, else the soonest; ids without a hint are skipped. Returns
+        how many hints were withdrawn. Local."""
         keys = [self._key(b, namespace) for b in block_ids]
         withdrawn = 0
         with self._lock:
             for bkey in keys:
                 meta = self._meta.get(bkey)
                 if meta is not None and meta.hints:
-                    self._release_hint(meta)
+                    self._release_hint(meta, position)
                     withdrawn += 1
         return withdrawn
 
-    def _release_hint(self, meta: BlockMeta) -> None:
+    def _release_hint(self, meta: BlockMeta, position: float | None = None) -> None:
         meta.hints -= 1
         if meta.hints == 0:
             self._hinted_bytes -= meta.nbytes
-        self.policy.changed(meta)
+        self.policy.hint_released(meta, position)
 
     def _promote_cached(self, meta: BlockMeta) -> None:
         """Read a block from its slower tier and promote it (for a hint). Best effort:
@@ -1414,8 +1427,7 @@ class CascadeStore:
             self.tiers[meta.tier].read_into(meta.key, stored)
         except (CorruptBlock, OSError):
             return False
-        incoming = np.concatenate([np.frombuffer(memoryview(np.ascontiguousarray(p)).cast("B"), np.uint8)
-                                   for p in parts])
+        incoming = np.concatenate([host_bytes(p, "block part") for p in parts])
         if not np.array_equal(stored, incoming):
             self.counters.replaced_unconfirmed += 1
             return False
