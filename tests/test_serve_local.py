@@ -181,3 +181,27 @@ def test_a_client_stalled_mid_request_does_not_hold_up_another(served):
         block_id = other.put(k, v)
         assert other.get(block_id) is not None and other.stats()["serve"]["clients"] == 2
     stalled.close()
+
+
+def test_torch_bfloat16_tensors_go_through_the_client_like_through_the_store(tmp_path):
+    torch = pytest.importorskip("torch")
+    spec = BlockSpec((2, 2, 4, 8), "bfloat16")
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=spec)
+    server = RankServer(store, socket_dir, 0)
+    try:
+        with connect(server.path) as client:
+            assert client.spec == spec
+            key = torch.randn(spec.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+            value = torch.randn(spec.shape, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+            block_id = client.put(key, value)
+            k_out, v_out = torch.empty(spec.shape, dtype=torch.bfloat16), torch.empty(spec.shape, dtype=torch.bfloat16)
+            assert client.get_into(block_id, k_out, v_out)
+            assert torch.equal(k_out.view(torch.int16), key.view(torch.int16))
+            assert torch.equal(v_out.view(torch.int16), value.view(torch.int16))
+            with pytest.raises(InvalidBlock, match="dtype"):  # the store's check, in the client
+                client.put(key.to(torch.float16), value)
+    finally:
+        server.close()
+        store.close()
+        os.rmdir(socket_dir)

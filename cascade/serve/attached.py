@@ -71,7 +71,7 @@ class AttachedStore:
         client.close()
 
     def _as_rank(self, half: Any) -> Any:
-        return np.asarray(half).view(self.rank_spec.dtype).reshape(self.rank_spec.shape)
+        return np.asarray(half).view(self.rank_spec.np_dtype).reshape(self.rank_spec.shape)
 
     def _run(self, miss: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         client = self._current()

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from ..errors import CascadeError, InvalidBlock, RankFailure, StoreClosed
 from ..store import DEFAULT_NAMESPACE
 from ..models import BlockSpec
@@ -49,7 +50,8 @@ class CascadeClient:
     """The store of the rank listening at ``path``, seen from another process.
 
     ``spec`` is the rank's block spec; ``rank``/``world_size`` where it sits. Calls take
-    and return numpy arrays of ``spec`` and raise what the store raises. Thread-safe: one
+    what the store takes (numpy arrays, torch or cupy tensors of ``spec``'s shape and dtype,
+    through :mod:`cascade.buffers`), return numpy arrays, and raise what the store raises. Thread-safe: one
     request at a time per client (open one client per thread for parallel requests).
     """
 
@@ -167,8 +169,8 @@ class CascadeClient:
 
     def _fill(self, slot: int, key: Any, value: Any) -> None:
         k, v = self._staging.pair(slot)
-        np.copyto(k, key, casting="no")
-        np.copyto(v, value, casting="no")
+        buffers.copy(k, key, what="staging slot")
+        buffers.copy(v, value, what="staging slot")
 
     # -- get ------------------------------------------------------------------------------
     def get(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[np.ndarray, np.ndarray] | None:
@@ -195,11 +197,9 @@ class CascadeClient:
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
-        for key_out, value_out in outs:
-            self.spec.check(key_out, "key_out")
-            self.spec.check(value_out, "value_out")
-            if not (getattr(key_out, "flags", None) is None or (key_out.flags.writeable and value_out.flags.writeable)):
-                raise InvalidBlock("key_out and value_out must be writable")
+        for key_out, value_out in outs:  # all checked before anything is read
+            self.spec.check(key_out, "key_out", writable=True)
+            self.spec.check(value_out, "value_out", writable=True)
         hits: list[bool] = []
         with self._lock:
             for batch in self._batches(len(block_ids)):
@@ -208,8 +208,8 @@ class CascadeClient:
                 for slot, (i, hit) in enumerate(zip(batch, got)):
                     if hit:
                         k, v = self._staging.pair(slot)
-                        np.copyto(outs[i][0], k)
-                        np.copyto(outs[i][1], v)
+                        buffers.copy(outs[i][0], k, what="key_out")
+                        buffers.copy(outs[i][1], v, what="value_out")
                 hits += got
         return hits
 

@@ -68,8 +68,8 @@ class Staging:
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} outside 0..{self.slots - 1}")
         half, start = self.spec.half_bytes, slot * self.stride
-        key = self._raw[start:start + half].view(self.spec.dtype).reshape(self.spec.shape)
-        value = self._raw[start + half:start + 2 * half].view(self.spec.dtype).reshape(self.spec.shape)
+        key = self._raw[start:start + half].view(self.spec.np_dtype).reshape(self.spec.shape)
+        value = self._raw[start + half:start + 2 * half].view(self.spec.np_dtype).reshape(self.spec.shape)
         return key, value
 
     def pairs(self, slots: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:

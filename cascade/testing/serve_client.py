@@ -28,8 +28,8 @@ BATCH = 16
 def block_of(index: int, spec) -> tuple[str, np.ndarray, np.ndarray]:
     """Block number ``index`` of ``put-forever``: its id and its (key, value) bytes."""
     rng = np.random.default_rng(index)
-    key = rng.integers(0, 256, spec.shape, dtype=np.uint8).view(spec.dtype)
-    value = rng.integers(0, 256, spec.shape, dtype=np.uint8).view(spec.dtype)
+    key = rng.integers(0, 256, spec.shape, dtype=np.uint8).view(spec.np_dtype)
+    value = rng.integers(0, 256, spec.shape, dtype=np.uint8).view(spec.np_dtype)
     return blake3.blake3(b"put-forever/%d" % index).hexdigest()[:32], key, value
 
 
