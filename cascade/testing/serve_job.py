@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+_READY = re.compile(r"cascade serve: rank (\d+)/\d+ \(pid (\d+)\) on node (\d+) serves")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,12 +56,13 @@ class ServeJob:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
-            if line.startswith("cascade serve: rank "):
-                rank = int(line.split()[3].split("/")[0])
-                self.pids[rank] = int(line.split("(pid ")[1].split(")")[0])
-                self.nodes[rank] = int(line.split(" on node ")[1].split()[0])
-                if len(self.pids) == self.ranks:
-                    self._ready.set()
+            # mpiexec interleaves the ranks' output: one rank's newline may come after the
+            # next rank's line, so the ready lines are matched in the text without newlines
+            for m in _READY.finditer("".join(self.lines).replace("\n", "")):
+                rank = int(m.group(1))
+                self.pids[rank], self.nodes[rank] = int(m.group(2)), int(m.group(3))
+            if len(self.pids) == self.ranks:
+                self._ready.set()
         self._ready.set()
 
     def socket(self, rank: int) -> str:
