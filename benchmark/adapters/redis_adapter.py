@@ -5,7 +5,10 @@ The adapter starts its own server on a free loopback port with no persistence
 server's own ``used_memory`` (measured at start) and
 ``allkeys-lru`` (so Redis evicts on its own: ``has_eviction``), and stops it by PID at
 :meth:`close`. The server's launch options live in ``third_party/redis/redis.conf``;
-the port, memory limit and directory are given on the command line.
+the port, memory limit and directory are given on the command line. With
+``unix_socket=True`` (the registry's ``redis_unix``) the client talks to the server over a
+Unix socket in the adapter's work directory, which Redis documents as faster than TCP
+loopback; the server still listens on loopback TCP, used only to see it come up.
 
 Block layout: one string key per block, ``<prefix><id>``, whose value is
 ``uint32 key length || key bytes || value bytes``: Redis' LRU evicts whole blocks (two
