@@ -452,7 +452,8 @@ def test_thread_scaling_table_and_numbers_from_a_real_run(thread_suite, tmp_path
     at = " at " + re.escape(size(TS_BLOCK))  # every number says its block size
     for name, value in defined.items():
         if name not in ("ThrTop", "ThrBlock", "ThrAutoMode"):
-            assert re.fullmatch(r"[0-9.]+( \([0-9.]+--[0-9.]+\))?(\\,GB/s|\\,\\%)?" + at, value), (name, value)
+            unit = r"(\\,GB/s|\\,\\%|\$\\times\$)?"
+            assert re.fullmatch(r"[0-9.]+( \([0-9.]+--[0-9.]+\))?" + unit + at, value), (name, value)
 
 
 def test_thread_scaling_missing_field_names_file_and_field(thread_suite, tmp_path):

@@ -53,14 +53,13 @@ MACROS = ("SysRefBlock", "SysQuotedBlocks", "SysCascadePutGBps", "SysCascadeGetG
           "SysRedisBest", "SysGetVsMooncake", "SysGetVsHdf", "SysHdfBestHot", "SysLatVsLmcacheCpu", "SysFileColdGetGBps",
           "SysFileReadMode", "SysFilePctRawRead", "SysFileRawKind", "SysFileColdVsLmcacheDisk", "SysLmcacheDiskBestCold",
           "SysFileColdVsHdf", "SysHdfBestCold", "SysBestPeerGet", "SysNotRun", "SysCascadePutHashing")
-GBPS, MS, PCT = r"\,GB/s", r"\,ms", r"\,\%"
+GBPS, MS, PCT, TIMES = r"\,GB/s", r"\,ms", r"\,\%", r"$\times$"
 #: What each read mode means for a cold row (``read_mode``) and the raw read it is compared with.
 READ_MODES = {
-    "buffered": (r"buffered, through the page cache: its \texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre",
+    "buffered": (r"through the page cache (its \texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre)",
                  "raw buffered cold read"),
-    "direct": (r"\texttt{O\_DIRECT}", r"raw \texttt{O\_DIRECT} read with the tier's request size and depth"),
-    None: ("read mode not recorded by this run",
-           r"better of the raw \texttt{O\_DIRECT} and buffered cold reads"),
+    "direct": (r"with \texttt{O\_DIRECT}", r"raw \texttt{O\_DIRECT} read with the tier's request size and depth"),
+    None: ("in a mode this run did not record", r"better of the raw \texttt{O\_DIRECT} and buffered cold reads"),
 }
 
 
@@ -313,28 +312,30 @@ def _macros(m: MacroBook, runs: dict[str, Run], ref: int, sizes: list[int], not_
     _each(m, "SysCascadePNinetyNineMs", lat, "cascade", sizes, "hot",
           lambda s: (lambda g: g and (1e3 * g[0], g[1]))(_row_value(lat, "cascade", s, "hot", ("latency_s", "p99"))),
           unit=MS)
-    _each(m, "SysPutVsLmcacheCpu", put, "cascade", sizes, "put", _vs_best(put, "cascade", "put", "lmcache_cpu"))
-    _each(m, "SysGetVsLmcacheCpu", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "lmcache_cpu"))
-    _each(m, "SysGetVsRedis", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "redis"))
+    _each(m, "SysPutVsLmcacheCpu", put, "cascade", sizes, "put", _vs_best(put, "cascade", "put", "lmcache_cpu"), unit=TIMES)
+    _each(m, "SysGetVsLmcacheCpu", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "lmcache_cpu"), unit=TIMES)
+    _each(m, "SysGetVsRedis", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "redis"), unit=TIMES)
     m.add("SysRedisBest", *_variant_phrase(get, "redis", sizes, "hot"))
-    _each(m, "SysGetVsMooncake", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "mooncake"))
-    _each(m, "SysGetVsHdf", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "hdf5"))
+    _each(m, "SysGetVsMooncake", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "mooncake"), unit=TIMES)
+    _each(m, "SysGetVsHdf", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "hdf5"), unit=TIMES)
     m.add("SysHdfBestHot", *_variant_phrase(get, "hdf5", sizes, "hot"))
-    _each(m, "SysLatVsLmcacheCpu", lat, "cascade", sizes, "hot", _vs_best(lat, "cascade", "hot", "lmcache_cpu"))
+    _each(m, "SysLatVsLmcacheCpu", lat, "cascade", sizes, "hot", _vs_best(lat, "cascade", "hot", "lmcache_cpu"),
+          unit=TIMES)
     _each(m, "SysFileColdGetGBps", get, "cascade_file", sizes, "cold", value(get, "cascade_file", "cold", "get_gbps"),
           unit=GBPS)
     same = {s: _same_mode(get, s, "cold") for s in sizes}
     modes = {v[0] for v in same.values() if v is not None}
     where = "; ".join(f"{get.rf.name}: rows[cascade_file/cold/{s}].read_mode" for s in sizes)
     mode = modes.pop() if len(modes) == 1 else None
-    m.add("SysFileReadMode", READ_MODES[mode][0] if not modes else "read modes differ by size", where)
+    m.add("SysFileReadMode", READ_MODES[mode][0] if not modes else "in modes that differ by size", where)
     m.add("SysFileRawKind", READ_MODES[mode][1] if not modes else "raw read of each size's mode", where)
     _each(m, "SysFilePctRawRead", get, "cascade_file", sizes, "cold",
           lambda s: same[s] and (same[s][1], same[s][2]), fmt=lambda v: pct(v, 0), unit=PCT)
     _each(m, "SysFileColdVsLmcacheDisk", get, "cascade_file", sizes, "cold",
-          _vs_best(get, "cascade_file", "cold", "lmcache_disk"))
+          _vs_best(get, "cascade_file", "cold", "lmcache_disk"), unit=TIMES)
     m.add("SysLmcacheDiskBestCold", *_variant_phrase(get, "lmcache_disk", sizes, "cold"))
-    _each(m, "SysFileColdVsHdf", get, "cascade_file", sizes, "cold", _vs_best(get, "cascade_file", "cold", "hdf5"))
+    _each(m, "SysFileColdVsHdf", get, "cascade_file", sizes, "cold", _vs_best(get, "cascade_file", "cold", "hdf5"),
+          unit=TIMES)
     m.add("SysHdfBestCold", *_variant_phrase(get, "hdf5", sizes, "cold"))
     best, sources = [], []
     for s in sizes:

@@ -48,11 +48,11 @@ TABLE_CAPTION = (r"Tier bandwidth in GB/s per block size (medians of per-block t
 
 #: How each read mode reads (the tier's ``read_mode`` as recorded, cascade/tiers/file_tier.py).
 READ_MODES = {
-    "buffered": (r"buffered: through the page cache, one \texttt{preadv} of header and payload per record, "
-                 r"since the tier's \texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre",
-                 r"raw buffered cold read, one request per block after the page cache was dropped"),
-    "direct": (r"\texttt{O\_DIRECT}, the tier's own request size and requests in flight",
-               r"raw \texttt{O\_DIRECT} read with the tier's request size and requests in flight"),
+    "buffered": (r"through the page cache (one \texttt{preadv} of header and payload per record; the tier's "
+                 r"\texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre)",
+                 r"raw buffered cold read (one request per block, page cache dropped)"),
+    "direct": (r"with \texttt{O\_DIRECT} (the tier's request size and requests in flight)",
+               r"raw \texttt{O\_DIRECT} read (the tier's request size and requests in flight)"),
 }
 _RAW_KEY = {"buffered": "buffered_cold_read_gbps", "direct": "read_gbps"}
 
@@ -201,8 +201,8 @@ def _macros(ctx: Context, rf: ResultsFile, rows: list[dict]) -> None:
     modes = {str(all_rows[i]["lustre"]["read_mode"]) for _, i in quoted}
     mode = sorted(modes)[0]
     where = "; ".join(rf.source("rows", i, "lustre", "read_mode") for _, i in quoted)
-    m.add("TbwLustreReadMode", READ_MODES[mode][0] if len(modes) == 1 else "read modes differ by size: "
-          + ", ".join(sorted(modes)), where)
+    m.add("TbwLustreReadMode", READ_MODES[mode][0] if len(modes) == 1 else "in modes that differ by size ("
+          + ", ".join(sorted(modes)) + ")", where)
     m.add("TbwRawReadKind", READ_MODES[mode][1] if len(modes) == 1 else "raw read of each size's mode", where)
     each("TbwHashedPutGBps", sig, GBPS, "store_put_hashed", "put_gbps")
     each("TbwHashedPutPctMemcpy", lambda v: pct(v, 0), PCT, "ratios", "store_put_hashed_vs_memcpy")
