@@ -40,6 +40,7 @@ from ..errors import BlockNotFound, CorruptBlock
 from ..tiers.base import BlockKey
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
+from .agree import agree
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory
 from .progress_check import check_progress
 from .shared_fs import file_share_groups
@@ -240,6 +241,14 @@ class Cluster:
                                                         location=location, expect=old, unpinned=True)
         return entry if updated else None
 
+    def relocate(self, key: BlockKey, old: DirectoryEntry, location: int) -> DirectoryEntry | None:
+        """Point the entry at the block's new place within the same tier (file-tier
+        compaction), pinned or not: the block stays where its pins want it. Returns the
+        new entry, or None when the entry is no longer ours."""
+        updated, entry = self.directory.update_location(key[0], key[1], tier=old.tier, rank=old.rank,
+                                                        location=location, expect=old)
+        return entry if updated else None
+
     def withdraw(self, key: BlockKey, old: DirectoryEntry, parent: str | None, *, leaf_only: bool) -> Removal:
         """Remove our entry before freeing the bytes. Anything but REMOVED/ABSENT/MISMATCH
         (pinned elsewhere, or children cached elsewhere) means: keep the block."""
@@ -272,9 +281,11 @@ class Cluster:
         except (BlockNotFound, PinUnderflow):
             pass  # the parent is not cached (or was re-inserted): nothing to count
 
-    def drain(self) -> None:
-        """Collective: return once every rank has stopped reading (entered close)."""
-        self.comm.Barrier()
+    def drain(self, ok: bool = True) -> None:
+        """Collective: return once every rank has stopped reading (entered close) and
+        agreed that every rank's close went well (``ok``: ours did); see
+        :func:`~.agree.agree` for what it raises."""
+        agree(self.comm, ok, "closing the store")
 
     def close(self) -> None:
         """Collective: free the directory and slab windows."""

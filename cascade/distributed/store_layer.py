@@ -79,6 +79,9 @@ class Solo:
     def republish(self, meta: BlockMeta, t: int) -> bool:
         return True
 
+    def relocated(self, meta: BlockMeta) -> None:
+        pass
+
     def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
         return True
 
@@ -103,7 +106,7 @@ class Solo:
             return BlockNotFound(f"no block {key[1]} in namespace {key[0]!r}")
         return BlockPinned(f"block {key[1]} is not pinned")
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         pass
 
 
@@ -183,6 +186,17 @@ class Joined(Solo):
         return True
 
     @_serialized
+    def relocated(self, meta: BlockMeta) -> None:
+        """Our copy moved within its tier (file-tier compaction): point our entry at it,
+        so readers of the old place retry at the new one instead of missing."""
+        if meta.entry is None:
+            return
+        _, _, location = self._placement(meta)
+        entry = self.cluster.relocate(meta.key, meta.entry, location)
+        if entry is not None:
+            meta.entry = entry
+
+    @_serialized
     def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
         """Remove our directory entry before the bytes go. False while another rank
         pins the block (or, with ``leaf_only``, caches a child of it)."""
@@ -244,8 +258,18 @@ class Joined(Solo):
                            "(pins are per rank: unpin on the rank that pinned it)")
 
     @_serialized
-    def close(self) -> None:
-        """Collective: wait until every rank has stopped reading (entered close), then
-        free the windows. Before the store closes its tiers."""
-        self.cluster.drain()
+    def close(self, ok: bool = True) -> None:
+        """Collective: agree with every rank on how its close went (``ok``: ours went
+        well), which also waits until every rank has stopped reading (entered close),
+        then free the windows. Before the store closes its tiers. Raises
+        :class:`~.agree.PeerStepFailed` (windows freed) when another rank's close failed,
+        :class:`~cascade.errors.RankFailure` (windows kept: freeing them would hang) when
+        some rank never arrived."""
+        from .agree import PeerStepFailed
+
+        try:
+            self.cluster.drain(ok)
+        except PeerStepFailed:
+            self.cluster.close()
+            raise
         self.cluster.close()
