@@ -174,3 +174,35 @@ def test_flush_fsyncs_every_aggregated_file(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
         s.flush()
     assert files >= 2 and len(synced) == files
+
+
+def _on_disk(directory: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(directory, "agg_rank000_*.bin")))
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.9])
+def test_disk_use_stays_within_the_documented_multiple_of_file_bytes(tmp_path, fraction):
+    """Churn (puts that evict, deletes, re-puts) on an 80 KiB file tier: the files on disk
+    never exceed file_bytes / (1 - compact_dead_fraction) + max(seal bytes, one record),
+    seal bytes = min(file_segment_bytes, file_bytes / 4) (cascade/tiers/file_tier.py)."""
+    record = 8192  # a tiny-model block (4 KiB) with its header page
+    cfg = Config(model="tiny", shm_bytes=0, file_bytes=10 * record, file_dir=str(tmp_path / "agg"),
+                 file_segment_bytes=1 << 30, compact_dead_fraction=fraction)
+    seal = max(min(cfg.file_segment_bytes, cfg.file_bytes // 4), 2 * 4096)
+    bound = int(cfg.file_bytes / (1 - cfg.compact_dead_fraction)) + max(seal, record)
+    rng = np.random.default_rng(5)
+    peak = 0
+    with CascadeStore(cfg) as s:
+        data = blocks(s.spec, 64)
+        ids = []
+        for step in range(600):
+            n = int(rng.integers(0, len(data)))
+            if ids and rng.random() < 0.3:
+                bid = ids[int(rng.integers(0, len(ids)))]
+                if s.contains(bid):
+                    s.delete(bid)
+            else:
+                ids.append(s.put(*data[n]))
+            peak = max(peak, _on_disk(cfg.file_dir))
+        assert s.stats()["tiers"]["lustre"]["evictions"] > 0 and s.stats()["deletes"] > 0
+    assert peak <= bound, f"{peak} bytes on disk for a {cfg.file_bytes}-byte tier (bound {bound})"
