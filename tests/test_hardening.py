@@ -164,6 +164,11 @@ def test_bad_ttl_stores_nothing(tiny_config, ttl):
     ({"stats_interval": float("nan")}, "stats_interval"), ({"stats_interval": -1}, "stats_interval"),
     ({"stats_interval": 0}, "stats_interval"), ({"default_ttl": float("nan")}, "default_ttl"),
     ({"default_ttl": "inf"}, "default_ttl"), ({"compact_dead_fraction": float("nan")}, "compact_dead_fraction"),
+    # values that used to fail late (OOM, offsets past 40 bits, lfs refusing) or bound nothing
+    ({"compact_dead_fraction": 1.0}, "compact_dead_fraction"), ({"directory_slots": int(2e8)}, "directory_slots"),
+    ({"file_segment_bytes": "2T"}, "file_segment_bytes"), ({"lustre_stripe_size": 0}, "lustre_stripe_size"),
+    ({"lustre_stripe_size": "100K"}, "lustre_stripe_size"), ({"lustre_stripe_size": "4G"}, "lustre_stripe_size"),
+    ({"lustre_stripe_count": 5000}, "lustre_stripe_count"),
 ])
 def test_bad_config_values_are_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):

@@ -53,6 +53,7 @@ import numpy as np
 import xxhash
 
 from ..checksum import checksum
+from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
 from ..identity import as_byte_view
 from .base import BlockKey, Tier
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 READ_MODES = ("auto", "direct", "buffered")
-MAX_DEAD_FRACTION = 0.9  # compact_dead_fraction above this would make the disk bound 10x capacity and more
 _RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
 # Never follow a symlink planted in place of one of our files; close-on-exec as usual.
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -152,6 +152,8 @@ class FileTier(Tier):
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
+        if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ConfigError(f"segment_bytes must be in 1 .. {MAX_SEGMENT_BYTES} (40-bit offsets), got {segment_bytes}")
         # Seal files relative to the capacity, so the dead space they carry stays bounded by it.
         self.seal_bytes = max(min(segment_bytes, capacity // 4), 2 * PAGE)
         self._next_id = 1  # above every file name seen, ours or not
