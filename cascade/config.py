@@ -15,7 +15,7 @@ gpu_bytes                   0                GPU tier capacity per rank (0 = off
 shm_bytes                   1 GiB            /dev/shm tier capacity per rank
 remote_bytes                0                DRAM each rank exposes to others (MPI window)
 file_bytes                  16 GiB           file (Lustre) tier capacity per rank (0 = off)
-shm_dir                     ``"/dev/shm"``   directory of the SHM slab
+shm_dir                     see below        directory of the SHM slab (private, like ``file_dir``)
 file_dir                    see below        aggregated-file directory
 file_segment_bytes          1 GiB            roll to a new aggregated file at this size (1 MiB .. 1 TiB; see below)
 file_odirect                True             allow O_DIRECT file-tier reads (False: always buffered)
@@ -40,6 +40,8 @@ stats_interval              10.0             seconds between stats-file refreshe
 
 ``file_dir`` defaults to ``$SCRATCH/cascade`` when ``SCRATCH`` is set (Lustre on
 Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMPDIR).
+``shm_dir`` defaults to ``/dev/shm/cascade-<uid>``. Both are created 0700 and refused
+(:class:`~cascade.errors.ConfigError`) when another user owns them or can write to them.
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
 max(seal, one record)`` with ``seal = min(file_segment_bytes, file_bytes / 4)``: 2.25x
@@ -84,6 +86,11 @@ def _default_file_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"cascade-{os.getuid()}")
 
 
+def default_shm_dir() -> str:
+    """``/dev/shm/cascade-<uid>``: a directory of this user's own inside ``/dev/shm``."""
+    return f"/dev/shm/cascade-{os.getuid()}"
+
+
 def parse_size(value: Any, key: str = "size") -> int:
     """Bytes from an int or a string such as ``"4M"``, ``"1.5GiB"`` (binary units)."""
     if isinstance(value, bool):
@@ -113,7 +120,7 @@ class Config:
     shm_bytes: int = 1 << 30
     remote_bytes: int = 0
     file_bytes: int = 16 << 30
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = field(default_factory=default_shm_dir)
     file_dir: str = field(default_factory=_default_file_dir)
     file_segment_bytes: int = 1 << 30
     file_odirect: bool = True

@@ -72,15 +72,20 @@ def test_full_file_tier_keeps_serving_and_recovers_when_space_returns(tmp_path):
 
 @root_only
 def test_full_dev_shm_runs_on_the_other_tiers(tmp_path, caplog):
+    """A 64 KiB tmpfs under a 1 MiB SHM tier: the tier opens (memory is committed lazily),
+    says the file system is too small, and puts that it cannot back go to the file tier
+    (TierFull at reserve, never SIGBUS at copy)."""
     with small_tmpfs(tmp_path / "shm", "64k") as shm:
-        cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shm), file_bytes=16 << 20,
+        cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shm / "slabs"), file_bytes=16 << 20,
                      file_dir=str(tmp_path / "agg"))
         with CascadeStore(cfg) as s:
-            assert [t.name for t in s.tiers] == ["lustre"]
-            assert "SHM tier off" in caplog.text
-            bid = s.put(*block(s.spec, 1))
-            assert same(s.get(bid), block(s.spec, 1))
-        assert os.listdir(shm) == []  # nothing half-made left behind
+            assert [t.name for t in s.tiers] == ["shm", "lustre"]
+            assert "less than the tier's" in caplog.text
+            data = {s.put(*block(s.spec, i)): i for i in range(40)}  # 160 KiB: more than the tmpfs holds
+            st = s.stats()["tiers"]
+            assert st["shm"]["blocks"] > 0 and st["lustre"]["blocks"] > 0 and s.stats()["rejected"] == 0
+            assert all(same(s.get(bid), block(s.spec, i)) for bid, i in data.items())
+        assert os.listdir(shm / "slabs") == []  # nothing half-made left behind
 
 
 def test_bit_flip_in_shm_slab_is_detected_with_verification(tmp_path):
