@@ -914,6 +914,8 @@ class CascadeStore:
             if meta.hints:  # the queued request it was hinted for has come
                 self._release_hint(meta)
             self.policy.touched(meta, time.monotonic())
+            if meta.ttl and self.config.ttl_mode == "last_use":  # the read moved its expiry
+                self._persist_ttl(meta, batched=True)
             if meta.tier > 0 and self.config.promote_on_hit:
                 slot = self._claim_promotion(meta)
                 promotion = None if slot is None else (meta.tier, slot)
@@ -1220,11 +1222,13 @@ class CascadeStore:
             return 0.0
         return time.time() + (self.policy.expires_at(meta) - time.monotonic())
 
-    def _persist_ttl(self, meta: BlockMeta) -> None:
+    def _persist_ttl(self, meta: BlockMeta, *, batched: bool = False) -> None:
+        """Record ``meta``'s expiry in a persistent tier; ``batched`` (a read's refresh):
+        written with others later, see :meth:`FileTier.set_expiry`."""
         set_expiry = getattr(self.tiers[meta.tier], "set_expiry", None)
         if set_expiry is not None:
             try:
-                set_expiry(meta.key, self._wall_expiry(meta.key))
+                set_expiry(meta.key, self._wall_expiry(meta.key), batched=batched)
             except OSError as exc:  # the block still expires in this process
                 log.warning("cannot record the TTL of %s: %s", meta.key[1], exc)
 

@@ -265,6 +265,24 @@ def test_ttl_survives_demotion_to_the_file_tier(tmp_path):
 
 
 
+def test_reads_keep_a_last_use_ttl_alive_across_a_restart(tmp_path):
+    """ttl_mode=last_use: the expiry a read moves is written to disk (in batches, not
+    once per read), so a restart keeps a block that reads kept alive."""
+    cfg = _file_only(tmp_path)
+    assert cfg.ttl_mode == "last_use"
+    with CascadeStore(cfg) as store:
+        bid = store.put(*_block(store, 1), ttl=3.0)
+        time.sleep(2.0)
+        assert store.get(bid) is not None  # expires 3 s from now, no longer 1 s from now
+        before = store.stats()["tiers"]["lustre"]["expiry_writes"]
+        for _ in range(100):
+            assert store.get(bid) is not None
+        assert store.stats()["tiers"]["lustre"]["expiry_writes"] - before <= 10  # not one write per read
+    time.sleep(1.5)  # past the expiry the put wrote (3 s after it), before the refreshed one (5 s)
+    with CascadeStore(cfg) as store:
+        assert store.get(bid) is not None
+
+
 # -- issue 21: shared /dev/shm, planted names, lazy SHM ------------------------------------
 def _invisible_pid() -> int:
     """A PID no process of this namespace has (as a store in another container looks)."""

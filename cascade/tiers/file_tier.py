@@ -29,6 +29,11 @@ aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere t
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
 records of 8 MiB and more are read as chunks with several reads in flight.
 
+Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
+its header rewritten in batches (``set_expiry(batched=True)``: at most every
+``EXPIRY_FLUSH_S`` seconds or ``EXPIRY_BATCH`` blocks, and at sync and close), so a restart
+keeps blocks that reads kept alive; a crash can make them expire up to that window early.
+
 Writes and reads run outside the store's lock in two phases (see :mod:`.base`): a write
 reserves its record's range at the end of the active file, then ``pwritev``s it; a read
 leases the record, then ``preadv``s it. A file with reads or writes in flight is not
@@ -44,6 +49,7 @@ import os
 import re
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +71,8 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 READ_MODES = ("auto", "direct", "buffered")
+EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
+EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
 _RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
 # Never follow a symlink planted in place of one of our files; close-on-exec as usual.
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -149,7 +157,8 @@ class FileTier(Tier):
         self._bounces: list[mmap.mmap] = []  # spare page-aligned buffers for O_DIRECT reads
         self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
-                         "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0}
+                         "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
+                         "expiry_writes": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
@@ -163,6 +172,8 @@ class FileTier(Tier):
         self._retry_at = 0
         self._retry_step = 16
         self._disk_full = False  # a write found the disk full since the last compaction
+        self._dirty_expiries: set[BlockKey] = set()  # refreshed expiries not yet written (set_expiry)
+        self._expiries_flushed = time.monotonic()
         # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
         # so a block demoted here keeps its TTL across restarts.
         self.expiry_of: Callable[[BlockKey], float] | None = None
@@ -562,18 +573,52 @@ class FileTier(Tier):
         """The wall-clock expiry recorded with ``key`` (0 = none; survives restarts)."""
         return self._loc(key).expires
 
-    def set_expiry(self, key: BlockKey, expires: float) -> None:
+    def set_expiry(self, key: BlockKey, expires: float, *, batched: bool = False) -> None:
         """Record a new wall-clock expiry for ``key`` by rewriting its header in place
-        (one page; a torn write fails the header CRC and loses only this block)."""
+        (one page; a torn write fails the header CRC and loses only this block).
+
+        ``batched`` (reads refreshing a last-use TTL): only noted now; the header is
+        written, once per block however often it was refreshed, when
+        ``EXPIRY_BATCH`` blocks are waiting or ``EXPIRY_FLUSH_S`` seconds have passed
+        since the last batch (checked at each call and change), and at :meth:`sync` and
+        :meth:`close`. A crash loses at most that window of refreshes: such blocks then
+        expire up to ``EXPIRY_FLUSH_S`` seconds early (never late)."""
         loc = self._loc(key)
         if loc.expires == expires:
             return
+        loc.expires = expires
+        if batched:
+            self._dirty_expiries.add(key)
+            self._maybe_flush_expiries()
+            return
+        self._dirty_expiries.discard(key)
+        self._write_header(key, loc)
+
+    def _write_header(self, key: BlockKey, loc: _Loc) -> None:
         f = self._files[loc.file_id]
-        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=expires)
+        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
         os.pwrite(f.fd, header.pack(), loc.offset)
         if self._fsync:
             os.fsync(f.fd)
-        loc.expires = expires
+        self.counters["expiry_writes"] += 1
+
+    def _maybe_flush_expiries(self) -> None:
+        if self._dirty_expiries and (len(self._dirty_expiries) >= EXPIRY_BATCH
+                                     or time.monotonic() - self._expiries_flushed >= EXPIRY_FLUSH_S):
+            self._flush_expiries()
+
+    def _flush_expiries(self) -> None:
+        """Write the refreshed expiries noted since the last batch (best effort: a block
+        whose header cannot be written keeps its older, earlier expiry on disk)."""
+        dirty, self._dirty_expiries = self._dirty_expiries, set()
+        self._expiries_flushed = time.monotonic()
+        for key in dirty:
+            loc = self._index.get(key)
+            if loc is not None and loc.file_id in self._files:
+                try:
+                    self._write_header(key, loc)
+                except OSError as exc:
+                    log.debug("%s: cannot refresh the expiry of %s: %s", self.name, key[1], exc)
 
     # -- compaction -----------------------------------------------------------------------
     def _needed_tombstones(self, f: _File) -> list[tuple[BlockKey, int, int]]:
@@ -584,6 +629,7 @@ class FileTier(Tier):
         Never raises: a compaction that cannot run now is counted and retried later."""
         self._changes += 1
         self._retry_kills()
+        self._maybe_flush_expiries()
         if self._compacting or self._changes < self._retry_at:
             return
         for f in self._due():
@@ -695,10 +741,13 @@ class FileTier(Tier):
         """fsync every file of this rank. Also what an O_DIRECT read of freshly written
         records would otherwise do implicitly (the kernel writes dirty pages back first)."""
         self._retry_kills()
+        self._flush_expiries()
         for f in self._files.values():
             os.fsync(f.fd)
 
     def close(self) -> None:
+        if self._files:
+            self._flush_expiries()
         self._retry_kills()
         if self._pending_kills:
             log.warning("%s: %d deletes could not be written to %s: a restart may serve those blocks again",
