@@ -34,8 +34,10 @@ from typing import Any
 import numpy as np
 
 from .config import Config
+from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
-from .errors import BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, StoreClosed, TierFull
+from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, RankFailure, StoreClosed,
+                     TierFull)
 from .identity import block_id as compute_block_id, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
@@ -94,37 +96,59 @@ class _Slot:
 
 def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
     """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
-    than one rank) is given: the REMOTE tier allocates its MPI window then.
+    than one rank) is given: the ranks agree that every rank opened its local tiers
+    (a rank that failed, e.g. because another job holds its file-tier lock, raises its
+    own error and every other rank :class:`~cascade.distributed.agree.PeerStepFailed`),
+    then the REMOTE tier allocates its MPI window.
 
     ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
     GPU tier uses cupy and is off, with a log line, when no GPU is usable.
     """
-    tiers: list[Tier] = []
-    if config.gpu_bytes > 0:
-        xp = array_module if array_module is not None else cupy_module()
-        if xp is not None:
-            tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
-    for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
-        log.info("removed stale SHM slab %s (its process is gone)", path)
-    if config.shm_bytes > 0:
-        try:
-            tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
-        except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
-            log.warning("SHM tier off: %s", exc)
-    if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
+    fast: list[Tier] = []
+    slow: list[Tier] = []
+    try:
+        if config.gpu_bytes > 0:
+            xp = array_module if array_module is not None else cupy_module()
+            if xp is not None:
+                fast.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
+        for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
+            log.info("removed stale SHM slab %s (its process is gone)", path)
+        if config.shm_bytes > 0:
+            try:
+                fast.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+            except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
+                log.warning("SHM tier off: %s", exc)
+        if config.file_bytes > 0:
+            slow.append(FileTier(
+                config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
+                odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
+                compact_dead_fraction=config.compact_dead_fraction,
+                stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+            ))
+        opened = True
+    except BaseException:
+        opened = False
+        for tier in fast + slow:
+            tier.close()
+        if comm is None:
+            raise
+        agree(comm, False, "opening the local tiers")
+        raise
+    if comm is None:
+        return fast + slow
+    try:
+        agree(comm, opened, "opening the local tiers")
         from .tiers.remote import RemoteTier
 
-        # always verified: its reads cross ranks (the end-to-end check, like peers' reads)
-        tiers.append(RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
-                                verify=True))
-    if config.file_bytes > 0:
-        tiers.append(FileTier(
-            config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
-            odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
-            compact_dead_fraction=config.compact_dead_fraction,
-            stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
-        ))
-    return tiers
+        # every rank takes part in the window, even one exposing 0 bytes; always
+        # verified: its reads cross ranks (the end-to-end check, like peers' reads)
+        remote = RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
+                            verify=True)
+    except BaseException:
+        for tier in fast + slow:
+            tier.close()
+        raise
+    return fast + [remote] + slow
 
 
 def remote_chunk_bytes(exposed: int) -> int:
@@ -144,7 +168,13 @@ class CascadeStore:
 
     ``comm`` (an mpi4py communicator) joins the ranks of ``comm`` into one cache: a global
     directory sharded over them, the REMOTE tier over their DRAM windows, cross-rank
-    dedup, reads and pins. Then the constructor and :meth:`close` are collective. Without
+    dedup, reads and pins. Then the constructor and :meth:`close` are collective: the
+    constructor returns on a rank only once every rank has republished the blocks its file
+    tier kept (so the first read anywhere sees every rank's warm-restart blocks), and an
+    open or close that fails on one rank raises there and raises
+    :class:`~cascade.distributed.agree.PeerStepFailed` (a :class:`RankFailure`) naming it
+    on every other rank, instead of leaving them waiting; a rank that never arrives makes
+    the others raise :class:`RankFailure` after ``agree.DEFAULT_TIMEOUT`` seconds. Without
     ``comm`` (or with one rank) the store is purely local and needs no MPI.
     """
 
@@ -202,6 +232,7 @@ class CascadeStore:
             if hasattr(tier, "expiry_of"):  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._wall_expiry
         self._peers: Solo = Solo()  # the multi-rank layer (cascade/distributed/store_layer.py)
+        together = clustered  # whether every rank takes the same way out if this fails
         try:
             if clustered:
                 from .distributed.cluster import Cluster
@@ -212,11 +243,45 @@ class CascadeStore:
                                   shm_buffer=getattr(shm, "mapping", None),
                                   remote=remote, directory_slots=self.config.directory_slots)
                 self._peers = Joined(cluster, self.tiers, rank)
-            self._recover()
-        except BaseException:
-            for tier in built:
-                tier.close()
+            try:
+                self._recover()
+            except BaseException:
+                if clustered:  # the others learn it, and no rank waits for us forever
+                    together = False
+                    agree(comm, False, "warm restart")
+                    together = True
+                raise
+            if clustered:
+                # Ready only when every rank's republished blocks are visible: a rank
+                # leaving before the others finish republishing misses their blocks.
+                together = False
+                agree(comm, True, "warm restart")
+        except PeerStepFailed:  # the agreement itself completed: every rank is failing
+            self._abandon(collective=True)
             raise
+        except BaseException:
+            self._abandon(collective=together)
+            raise
+
+    def _abandon(self, *, collective: bool) -> None:
+        """A failed open: release what the constructor took. ``collective``: every rank
+        is here too (it failed, or learnt that a rank failed), so windows can be freed."""
+        peers, self._peers = self._peers, Solo()
+        try:
+            if collective:
+                peers.close(ok=False)
+        except PeerStepFailed:
+            pass  # we know: this open is failing everywhere
+        finally:
+            self._release_tiers(collective=collective)
+
+    def _release_tiers(self, *, collective: bool) -> None:
+        """Close every tier built (a REMOTE tier's window only when ``collective``: every
+        rank is closing too) and forget every block."""
+        for tier in self._built_tiers:
+            if collective or not tier.collective:
+                tier.close()
+        self._meta.clear()
 
     # -- construction -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -1289,7 +1354,9 @@ class CascadeStore:
         tier, as far as it has room without evicting anything (the rest are lost, as are
         REMOTE-tier blocks, which live in other ranks' DRAM). Collective in multi-rank
         runs: SHM slabs and windows go only after every rank has entered ``close`` (so
-        has stopped reading them). Calls of other threads still moving data finish
+        has stopped reading them), and a close that fails on one rank (e.g. its file tier's
+        fsync) raises that error there and ``PeerStepFailed`` on the others, after every
+        rank has released its tiers. Calls of other threads still moving data finish
         first; later calls raise :class:`StoreClosed`."""
         with self._lock:
             if self._closing:
@@ -1297,21 +1364,34 @@ class CascadeStore:
             self._closing = True
             while self._inflight:
                 self._idle.wait()
-            if keep and self._meta:
-                self._keep_hot_blocks()
-            if self._meta or self.counters.puts or self.counters.gets:
-                self._maybe_write_stats(force=True)
-            # first (collective): no rank reads our slab or windows after this, and the
-            # slab window maps the SHM tier's slab
-            self._peers.close()
-            self._peers = Solo()
-            for tier in self._built_tiers:
-                tier.close()
-            self._meta.clear()
-            for pool in (self._hasher, self._io):
-                if pool is not None:
-                    pool.shutdown(wait=False)
-            self._hasher = self._io = None
+            error: BaseException | None = None
+            try:
+                if keep and self._meta:
+                    self._keep_hot_blocks()
+                if self._meta or self.counters.puts or self.counters.gets:
+                    self._maybe_write_stats(force=True)
+            except BaseException as exc:  # still take part in the collective end below
+                error = exc
+            # first (collective): every rank learns whether every rank's close went well,
+            # no rank reads our slab or windows after this, and the slab window maps the
+            # SHM tier's slab
+            peers, self._peers = self._peers, Solo()
+            together = True
+            try:
+                peers.close(ok=error is None)
+            except PeerStepFailed as exc:  # every rank took part: the windows are free
+                error = error or exc
+            except RankFailure:  # some rank never arrived: freeing MPI windows would hang
+                together = False
+                raise
+            finally:
+                self._release_tiers(collective=together)
+                for pool in (self._hasher, self._io):
+                    if pool is not None:
+                        pool.shutdown(wait=False)
+                self._hasher = self._io = None
+            if error is not None:
+                raise error
 
     def _keep_hot_blocks(self) -> None:
         """Demote GPU/SHM blocks to the file tier while it has room (no eviction)."""

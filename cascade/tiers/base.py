@@ -43,6 +43,7 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
 
     name: str = "tier"
     concurrent: bool = False  # read_leased / fill may run outside the store's lock
+    collective: bool = False  # opening and closing it takes every rank (MPI windows)
 
     @property
     @abstractmethod

@@ -65,6 +65,7 @@ class RemoteTier(Tier):
     checksum per block and checks whole-block reads (:class:`CorruptBlock` on mismatch)."""
 
     name = "remote"
+    collective = True
 
     def __init__(self, comm: MPI.Comm | None = None, exposed_bytes: int = 0, *,
                  chunk_bytes: int = CHUNK_BYTES, verify: bool = False) -> None:
