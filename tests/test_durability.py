@@ -206,3 +206,32 @@ def test_disk_use_stays_within_the_documented_multiple_of_file_bytes(tmp_path, f
             peak = max(peak, _on_disk(cfg.file_dir))
         assert s.stats()["tiers"]["lustre"]["evictions"] > 0 and s.stats()["deletes"] > 0
     assert peak <= bound, f"{peak} bytes on disk for a {cfg.file_bytes}-byte tier (bound {bound})"
+
+
+def test_a_copy_left_by_a_crash_mid_compaction_does_not_bring_a_deleted_block_back(tmp_path):
+    """A crash after compaction copied a file's records but before it unlinked the file
+    leaves every record twice. Deleting such a block and compacting the copy away must
+    not let the older copy come back at the next restart."""
+    from cascade.tiers.file_tier import FileTier
+
+    d = str(tmp_path / "agg")
+    keys = [("ns", f"{i:032x}") for i in range(3)]
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    for i, key in enumerate(keys):
+        tier.put(key, [bytes([i + 1]) * 4096])
+    tier.close()
+    with open(os.path.join(d, "agg_rank000_000001.bin"), "rb") as src:  # the first record was copied
+        first = src.read(8192)
+    with open(os.path.join(d, "agg_rank000_000009.bin"), "wb") as dst:
+        dst.write(first)
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    assert sorted(tier) == sorted(keys)
+    del tier[keys[0]]  # nothing live is left in file 9: compaction drops it
+    assert not os.path.exists(os.path.join(d, "agg_rank000_000009.bin"))
+    tier.close()
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    try:
+        assert sorted(tier) == sorted(keys[1:])
+        assert [tier[k] for k in keys[1:]] == [bytes([2]) * 4096, bytes([3]) * 4096]
+    finally:
+        tier.close()

@@ -278,6 +278,10 @@ class FileTier(Tier):
                     self._forget(key)
             else:
                 loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
+                old = self._index.get(key)
+                if old is not None:  # an older copy (e.g. a crash mid-compaction): kill it for good
+                    self._forget(key)
+                    self._write_kill(key, old.file_id, old.offset, old.length)
                 self._remember(key, loc)
                 last = (key, loc)
             offset += header.record_bytes
@@ -353,6 +357,8 @@ class FileTier(Tier):
     def commit(self, key: BlockKey, reservation: _Reservation) -> None:
         header, f = reservation.header, reservation.file
         self._unreserve(reservation)
+        if key in self._index:  # replaced: the old record must not come back at a restart
+            self._kill(key)
         self._remember(key, _Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
                                  header.parent, header.expires))
         self._after_change()
@@ -693,6 +699,8 @@ class FileTier(Tier):
         for key, loc, new_file, new_offset in moved:
             if self._index.get(key) is loc:
                 self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
+            else:  # (not expected: the store's lock is held) a copy nobody maps must not come back
+                self._kill_record(key, new_file, new_offset, loc.length)
         for copy_id, tomb in carried:
             self._files[copy_id].tombstones.append(tomb)
         self._drop_file(f)
