@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import stat
+import time
 import weakref
 from typing import Any
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^\.?cascade-(\d+)-[0-9a-f]{32}(?:\.init)?$")
 _BACKING_STEP = 4 << 20  # posix_fallocate the slab in steps of this (or to its end)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_STAGING_GRACE_S = 60.0  # a slab still under its staging name is left alone this long
 
 
 def remove_stale_slabs(directory: str) -> list[str]:
@@ -53,7 +55,7 @@ def remove_stale_slabs(directory: str) -> list[str]:
         return removed
     for name in names:
         m = _NAME_RE.match(name)
-        if not m:
+        if not m or _pid_alive(int(m.group(1))):  # (checked first: a slab being made is not locked yet)
             continue
         path = os.path.join(directory, name)
         try:
@@ -64,11 +66,11 @@ def remove_stale_slabs(directory: str) -> list[str]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 continue
+            if name.endswith(".init") and time.time() - st.st_mtime < _STAGING_GRACE_S:
+                continue  # being made right now, maybe not locked yet (by a process we cannot see)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # held: its owner is alive, wherever it runs
-                continue
-            if _pid_alive(int(m.group(1))):
                 continue
             os.unlink(path)
             removed.append(path)
@@ -119,7 +121,7 @@ class ShmTier(SlabTier):
         staging = os.path.join(directory, f".{name}.init")
         fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # before the final name: never seen unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)  # before the final name (a cleaner may hold it for a moment)
             os.ftruncate(fd, capacity)  # sparse: no memory yet
             os.rename(staging, self.path)
         except BaseException:
