@@ -26,13 +26,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import manifest
+from .async_ops import AsyncCalls
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
@@ -45,6 +47,7 @@ from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
 from .stats import StoreCounters, TierCounters, write_stats_file
 from .tiers.base import BlockKey, Tier
+from .tiers.adoption import adopt_orphans
 from .tiers.file_tier import FileTier
 from .tiers.gpu import GpuTier, cupy_module
 from .tiers.slab_tier import SlabTier
@@ -54,6 +57,8 @@ from .validate import check_priority, check_ttl
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
+#: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
+ASYNC_CLOSE_SECONDS = 60.0
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
 
@@ -95,12 +100,17 @@ class _Slot:
         self.tier_obj.discard(self.handle)
 
 
-def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
+def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
+                layout: manifest.Layout | None = None, world_size: int | None = None) -> list[Tier]:
     """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
     than one rank) is given: the ranks agree that every rank opened its local tiers
     (a rank that failed, e.g. because another job holds its file-tier lock, raises its
     own error and every other rank :class:`~cascade.distributed.agree.PeerStepFailed`),
     then the REMOTE tier allocates its MPI window.
+
+    ``layout``: the block layout the file tier's records must have (checked against the
+    directory's manifest). ``world_size``: the job's size when known; the file tier then
+    adopts the files of ranks at or beyond it (a restart on fewer ranks).
 
     ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
     GPU tier uses cupy and is off, with a log line, when no GPU is usable.
@@ -120,12 +130,12 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
                 log.warning("SHM tier off: %s", exc)
         if config.file_bytes > 0:
-            slow.append(FileTier(
-                config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
-                odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
-                compact_dead_fraction=config.compact_dead_fraction,
-                stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
-            ))
+            if layout is not None:
+                manifest.check(config.file_dir, layout, world_size)
+            slow.append(open_file_tier(config, rank))
+            if world_size is not None:
+                adopted = adopt_orphans(slow[0], world_size, lambda old: open_file_tier(config, old, capacity=1 << 62))
+                slow[0].counters["adopted"] = adopted.blocks
         opened = True
     except BaseException:
         opened = False
@@ -150,6 +160,17 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
             tier.close()
         raise
     return fast + [remote] + slow
+
+
+def open_file_tier(config: Config, rank: int, *, capacity: int | None = None) -> FileTier:
+    """Rank ``rank``'s file tier as ``config`` sets it up (``capacity`` overrides
+    ``file_bytes``: adopting another rank's files reads them whatever their size)."""
+    return FileTier(
+        config.file_bytes if capacity is None else capacity, config.file_dir, rank=rank,
+        segment_bytes=config.file_segment_bytes, odirect=config.file_odirect, read_mode=config.file_read_mode,
+        fsync=config.file_fsync, compact_dead_fraction=config.compact_dead_fraction,
+        stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+    )
 
 
 def remote_chunk_bytes(exposed: int) -> int:
@@ -194,8 +215,11 @@ class CascadeStore:
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
+        self.layout = manifest.Layout(tuple(self.spec.shape), str(np.dtype(self.spec.dtype)),
+                                      self.config.block_tokens, self.config.model)
         built = list(tiers) if tiers is not None else build_tiers(
-            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None)
+            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None,
+            layout=self.layout, world_size=comm.Get_size() if comm is not None else None)
         self._built_tiers = built  # all of them, for close(): the REMOTE tier's is collective
         self.tiers: list[Tier] = [t for t in built if t.capacity > 0]
         if not self.tiers:
@@ -226,6 +250,7 @@ class CascadeStore:
         self._hasher: ThreadPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None  # batch calls (get_many, put_many)
         self._io_workers = 0
+        self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._closing = False  # close() has begun (or ended): new calls raise StoreClosed
         # Blocks found on disk at open, not yet confirmed by a put of the same bytes: a
         # put never dedups onto one of them unseen (see _confirmed).
@@ -233,6 +258,8 @@ class CascadeStore:
         for tier in self.tiers:
             if hasattr(tier, "expiry_of"):  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._wall_expiry
+            if isinstance(tier, FileTier):
+                tier.on_relocate = self._relocated
         self._peers: Solo = Solo()  # the multi-rank layer (cascade/distributed/store_layer.py)
         together = clustered  # whether every rank takes the same way out if this fails
         try:
@@ -247,6 +274,9 @@ class CascadeStore:
                 self._peers = Joined(cluster, self.tiers, rank)
             try:
                 self._recover()
+                if rank == 0 and tiers is None and any(isinstance(t, FileTier) for t in self.tiers):
+                    manifest.write(self.config.file_dir, self.layout, world_size=comm.Get_size() if comm else 1,
+                                   nodes=self._peers.cluster.nodes if clustered else 1)
             except BaseException:
                 if clustered:  # the others learn it, and no rank waits for us forever
                     together = False
@@ -328,6 +358,15 @@ class CascadeStore:
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
 
+    def _relocated(self, keys: list[BlockKey]) -> None:
+        """Under the lock (compaction runs inside tier calls the store makes under it):
+        blocks the file tier moved to another of its files get their directory entries
+        pointed at the new place."""
+        for key in keys:
+            meta = self._meta.get(key)
+            if meta is not None and isinstance(self.tiers[meta.tier], FileTier):
+                self._peers.relocated(meta)
+
     def _depth(self, meta: BlockMeta) -> int:
         depth, seen, parent = 0, set(), meta.parent
         while parent is not None and parent not in seen:
@@ -354,6 +393,14 @@ class CascadeStore:
         self.spec.check(key, "key")
         self.spec.check(value, "value")
         return [key, value]
+
+    @staticmethod
+    def _check_put_options(namespace: str, parent: str | None, priority: int,
+                           ttl: float | None) -> tuple[int, float | None]:
+        check_namespace(namespace)
+        if parent is not None:
+            check_id(parent)
+        return check_priority(priority), None if ttl is None else check_ttl(ttl)
 
     def _key(self, block_id: str, namespace: str) -> BlockKey:
         self._check_open()
@@ -385,11 +432,7 @@ class CascadeStore:
         lock: puts from several threads copy in parallel.
         """
         parts = self._check_pair(key, value)
-        check_namespace(namespace)
-        if parent is not None:
-            check_id(parent)
-        priority = check_priority(priority)  # all checks before anything is stored
-        ttl = None if ttl is None else check_ttl(ttl)
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         started = time.perf_counter()
         slot: _Slot | None = None  # room taken in some tier, filled outside the lock
         if block_id is None or verify:
@@ -622,10 +665,9 @@ class CascadeStore:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
         after every item finished."""
+        self._check_open()
         items = list(items)
         workers = min(max_workers or self.config.io_threads, len(items))
-        if workers <= 1:
-            return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
@@ -637,15 +679,19 @@ class CascadeStore:
                 except BaseException as exc:  # raised in the caller's thread below
                     errors.append(exc)
 
-        pool = self._io_pool(workers)
-        for fut in [pool.submit(drain) for _ in range(workers)]:
-            fut.result()
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
         if errors:
             raise errors[0]
         return results
 
     def _io_pool(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
+            self._check_open()  # a closed store starts no pool (close shut the last one down)
             if self._io is None or self._io_workers < workers:
                 if self._io is not None:
                     self._io.shutdown(wait=False)
@@ -921,6 +967,7 @@ class CascadeStore:
         """A get: metadata under the lock, the copy outside it (the block's tier lease and
         reader count keep its bytes in place meanwhile), bookkeeping under the lock."""
         bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
         started = time.perf_counter()
         with self._lock:
             self._check_open()
@@ -1103,6 +1150,57 @@ class CascadeStore:
             self.tier_counters[0].bytes_written += meta.nbytes
 
     # -- scheduler hints --------------------------------------------------------------------
+    # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
+    def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                  block_id: str | None = None, verify: bool = False, ttl: float | None = None,
+                  priority: int = 0) -> Future:
+        """:meth:`put` without waiting: returns a future of the block's id at once. Bad
+        input raises here; TierFull and other errors of the put come from
+        ``future.result()``. ``key`` and ``value`` must stay unchanged until it is done."""
+        self._check_pair(key, value)
+        self._check_put_options(namespace, parent, priority, ttl)
+        puts = [self._key(block_id, namespace)] if block_id is not None else []
+        return self._async.submit(lambda: self.put(key, value, parent=parent, namespace=namespace, block_id=block_id,
+                                                   verify=verify, ttl=ttl, priority=priority), puts=puts)
+
+    def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                       **options: Any) -> Future:
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
+        checked here; they must stay unchanged until the future is done."""
+        pairs = list(pairs)
+        for key, value in pairs:
+            self._check_pair(key, value)
+        if block_ids is not None and len(block_ids) != len(pairs):
+            raise InvalidBlock(f"put_many_async: {len(pairs)} pairs but {len(block_ids)} block_ids")
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)
+        puts = [self._key(b, namespace) for b in block_ids] if block_ids is not None else []
+        return self._async.submit(lambda: self.put_many(pairs, block_ids=block_ids, **options), puts=puts)
+
+    def get_into_async(self, block_id: str, key_out: Any, value_out: Any, *,
+                       namespace: str = DEFAULT_NAMESPACE) -> Future:
+        """:meth:`get_into` without waiting: a future of True (hit) or False (miss). The
+        outputs hold the block only once the future is done with True."""
+        self._check_outs(key_out, value_out)
+        bkey = self._key(block_id, namespace)
+        return self._async.submit(lambda: self.get_into(block_id, key_out, value_out, namespace=namespace),
+                                  after=[bkey])
+
+    def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                            namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
+        """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:
+            self._check_outs(key_out, value_out)
+        keys = [self._key(b, namespace) for b in block_ids]
+        return self._async.submit(
+            lambda: self.get_many_into(block_ids, outs, namespace=namespace, max_workers=max_workers), after=keys)
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a ``put_async`` of this id has not finished yet. Local."""
+        return self._async.pending(self._key(block_id, namespace))
+
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
         fastest tier (best effort) and keep it from eviction until a :meth:`get` /
@@ -1177,6 +1275,7 @@ class CascadeStore:
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
         keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()
             found = [(m := self._meta.get(k)) is not None and not self._expired(m, now) for k in keys]
@@ -1212,8 +1311,10 @@ class CascadeStore:
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Make every completed put durable in the persistent tiers (fsync). Local."""
+        """Wait for every non-blocking call submitted before it, then make every
+        completed put durable in the persistent tiers (fsync). Local."""
         self._check_open()
+        self._async.wait_all()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -1363,7 +1464,13 @@ class CascadeStore:
         has stopped reading them), and a close that fails on one rank (e.g. its file tier's
         fsync) raises that error there and ``PeerStepFailed`` on the others, after every
         rank has released its tiers. Calls of other threads still moving data finish
-        first; later calls raise :class:`StoreClosed`."""
+        first, and so do the non-blocking calls submitted before it (at most
+        :data:`ASYNC_CLOSE_SECONDS`; those not started by then are cancelled); later calls
+        raise :class:`StoreClosed`."""
+        unfinished = self._async.close(ASYNC_CLOSE_SECONDS)
+        if unfinished:
+            log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
+                        unfinished, ASYNC_CLOSE_SECONDS)
         with self._lock:
             if self._closing:
                 return
@@ -1374,6 +1481,9 @@ class CascadeStore:
             try:
                 if keep and self._meta:
                     self._keep_hot_blocks()
+                elif self._meta:  # close(keep=False): nothing outside the file tier is kept
+                    self.counters.lost_at_close += sum(not isinstance(self.tiers[m.tier], FileTier)
+                                                       for m in self._meta.values())
                 if self._meta or self.counters.puts or self.counters.gets:
                     self._maybe_write_stats(force=True)
             except BaseException as exc:  # still take part in the collective end below
@@ -1400,27 +1510,31 @@ class CascadeStore:
                 raise error
 
     def _keep_hot_blocks(self) -> None:
-        """Demote GPU/SHM blocks to the file tier while it has room (no eviction)."""
+        """Demote every block outside the file tier (GPU, SHM, and REMOTE: those live in
+        other ranks' DRAM, readable until every rank has entered close) to the file tier
+        while it has room (no eviction); count the rest as lost."""
         slow = next((t for t, tier in enumerate(self.tiers) if isinstance(tier, FileTier)), None)
-        if slow is None:
-            return
         kept = lost = 0
         for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first
-            if self.tiers[meta.tier].name not in ("gpu", "shm"):
+            if meta.tier == slow:
                 continue
-            try:
-                if not self.tiers[slow].fits(meta.nbytes):
-                    raise TierFull("file tier full")
-                self._run_move(self._begin_move(meta, slow))
-            except (_Busy, _MoveFailed, OSError):  # TierFull included; _Busy: pinned elsewhere
-                pass
+            if slow is not None:
+                try:
+                    if not self.tiers[slow].fits(meta.nbytes):
+                        raise TierFull("file tier full")
+                    self._run_move(self._begin_move(meta, slow))
+                except (_Busy, _MoveFailed, OSError):  # TierFull included; _Busy: pinned elsewhere
+                    pass
             if meta.tier == slow and self._meta.get(meta.key) is meta:
                 kept += 1
             else:
                 lost += 1
         if kept:
             self.tiers[slow].sync()
-        log.info("close: kept %d hot blocks in the file tier, %d lost", kept, lost)
+        self.counters.kept_at_close += kept
+        self.counters.lost_at_close += lost
+        log.info("close: kept %d blocks of the GPU, SHM and REMOTE tiers in the file tier, %d lost%s",
+                 kept, lost, "" if slow is not None else " (no file tier)")
 
     def __enter__(self) -> "CascadeStore":
         return self

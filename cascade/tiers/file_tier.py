@@ -158,7 +158,7 @@ class FileTier(Tier):
         self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
-                         "expiry_writes": 0}
+                         "expiry_writes": 0, "adopted": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
@@ -177,6 +177,9 @@ class FileTier(Tier):
         # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
         # so a block demoted here keeps its TTL across restarts.
         self.expiry_of: Callable[[BlockKey], float] | None = None
+        # Set by the store: told which blocks compaction moved to another file (before
+        # the old file goes), so that other ranks' readers learn their new locations.
+        self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         if read_mode not in READ_MODES:
@@ -696,11 +699,15 @@ class FileTier(Tier):
             return False
         finally:
             self._compacting = False
+        relocated = []
         for key, loc, new_file, new_offset in moved:
             if self._index.get(key) is loc:
                 self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
+                relocated.append(key)
             else:  # (not expected: the store's lock is held) a copy nobody maps must not come back
                 self._kill_record(key, new_file, new_offset, loc.length)
+        if relocated and self.on_relocate is not None:  # other ranks' readers learn the new places
+            self.on_relocate(relocated)
         for copy_id, tomb in carried:
             self._files[copy_id].tombstones.append(tomb)
         self._drop_file(f)
@@ -720,6 +727,18 @@ class FileTier(Tier):
         except OSError:  # the copies stay as dead bytes (later records win at a restart)
             return
         active.size = size
+
+    def remove_files(self) -> None:
+        """Unlink every file of this tier: its blocks are gone (after another rank adopted
+        them, see :mod:`.adoption`). Local."""
+        for f in list(self._files.values()):
+            self._drop_file(f)
+        self._index.clear()
+        self._live_bytes = self._payload_bytes = 0
+        try:
+            os.unlink(os.path.join(self.directory, f"agg_rank{self.rank:03d}.lock"))
+        except FileNotFoundError:
+            pass
 
     def _drop_file(self, f: _File) -> None:
         for fd in (f.fd, f.direct_fd):
