@@ -14,8 +14,9 @@ Memory is committed lazily: the file is sparse, and room is reserved with
 ``_BACKING_STEP``), so an empty tier costs no memory and opens in microseconds (measured
 here: a 2 GiB tier opened in 0.2 ms, against 8-11 s when the whole slab was reserved and
 prefaulted at open). The kernel zeroes each page once either way: a put that crosses a
-step pays for that step (a few ms). Pages are faulted in by the first copy into them. A tmpfs that is full raises
-:class:`TierFull` at reserve time (never SIGBUS at copy time): the put goes to a slower tier.
+step pays for that step (a few ms). Pages are faulted in by the first copy into them. A
+tmpfs that is full raises :class:`TierFull` at reserve time (never SIGBUS at copy time):
+the put goes to a slower tier.
 """
 from __future__ import annotations
 
