@@ -37,6 +37,7 @@ from . import manifest
 from .async_ops import AsyncCalls
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
+from .distributed.directory import DirectoryFull
 from .distributed.store_layer import Joined, Solo
 from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, InvalidBlock, RankFailure, StoreClosed,
                      TierFull)
@@ -346,14 +347,22 @@ class CascadeStore:
             self.policy.admitted(meta, now)
         for meta in self._meta.values():
             self._link_child(meta)
-        for meta in list(self._meta.values()):
+        unlisted = 0
+        for meta in sorted(self._meta.values(), key=lambda m: m.depth):  # heads first: prefixes survive
             try:
                 kept = self._peers.recovered(meta)
             except CorruptBlock as exc:
                 log.warning("%s", exc)
                 kept = False
-            if not kept:  # corrupt, or another rank's copy won
+            except DirectoryFull:  # serve what fits: the rest could not be found by other ranks
+                unlisted += 1
+                kept = False
+            if not kept:  # corrupt, no directory slot, or another rank's copy won
                 self._drop(meta)
+        if unlisted:
+            self.counters.dropped_at_restart += unlisted
+            log.warning("warm restart: the directory had no slot for %d blocks (directory_slots=%d per rank): "
+                        "dropped; raise directory_slots to keep them", unlisted, self.config.directory_slots)
         for t, tier in enumerate(self.tiers):  # a smaller capacity than last time: shed blocks
             while tier.free < 0 and (victim := self.policy.victim(t)) is not None:
                 self._demote(victim)
