@@ -267,3 +267,30 @@ def test_compaction_on_a_full_disk_forgets_nothing_and_is_retried(tmp_path):
         tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
         assert sorted(tier) == sorted(kept)  # no deleted record came back
         tier.close()
+
+
+def test_a_delete_that_cannot_be_written_is_kept_pending_and_said(tmp_path, monkeypatch, caplog):
+    """An I/O error while killing a record in place: the delete still takes effect now,
+    is reported (a warning, ``pending_deletes``), and is written by a later change, so a
+    restart does not serve the block again."""
+    d = str(tmp_path / "agg")
+    keys = [("ns", f"{i:032x}") for i in range(3)]
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    for key in keys:
+        tier.put(key, [bytes(4096)])
+    real_pwrite = os.pwrite
+
+    def failing_pwrite(fd, data, offset):
+        raise OSError(5, os.strerror(5))
+
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    del tier[keys[0]]
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert keys[0] not in tier and tier.stats()["pending_deletes"] == 1
+    assert "cannot record a delete" in caplog.text
+    del tier[keys[1]]  # a later change writes the pending one too
+    assert tier.stats()["pending_deletes"] == 0
+    tier.close()
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    assert sorted(tier) == [keys[2]]
+    tier.close()
