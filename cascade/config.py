@@ -40,8 +40,10 @@ stats_interval              10.0             seconds between stats-file refreshe
 
 ``file_dir`` defaults to ``$SCRATCH/cascade`` when ``SCRATCH`` is set (Lustre on
 Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMPDIR).
-``shm_dir`` defaults to ``/dev/shm/cascade-<uid>``. Both are created 0700 and refused
-(:class:`~cascade.errors.ConfigError`) when another user owns them or can write to them.
+``shm_dir`` defaults to ``/dev/shm/cascade-<uid>`` (a shared sticky directory such as
+``/dev/shm`` given as ``shm_dir`` stands for its ``cascade-<uid>``). Both are created 0700
+and refused (:class:`~cascade.errors.ConfigError`) when another user owns them or can
+write to them.
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
 max(seal, one record)`` with ``seal = min(file_segment_bytes, file_bytes / 4)``: 2.25x

@@ -354,6 +354,20 @@ def test_shm_dir_gets_the_same_privacy_checks_as_file_dir(tmp_path, kind):
     assert os.listdir(target) == []
 
 
+def test_a_shared_sticky_shm_dir_stands_for_a_private_subdirectory(tmp_path):
+    """shm_dir = /dev/shm (the old default, sticky and writable by all): the slab goes to
+    /dev/shm-like/cascade-<uid>, created 0700, never into the shared directory itself."""
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shared), file_bytes=0)
+    with CascadeStore(cfg) as store:
+        private = shared / f"cascade-{os.getuid()}"
+        assert os.path.dirname(store.tiers[0].path) == str(private)
+        assert private.stat().st_mode & 0o777 == 0o700
+        assert [p.name for p in shared.iterdir()] == [private.name]
+
+
 def test_shm_tier_commits_memory_lazily(tmp_path):
     capacity = 256 << 20
     (tmp_path / "shm").mkdir(mode=0o700)

@@ -2,7 +2,8 @@
 
 The slab is one file, mode 0600, named ``cascade-<pid>-<128 random bits>`` in a private
 directory (``shm_dir``, default ``/dev/shm/cascade-<uid>``, checked like ``file_dir``:
-see :mod:`.private_dir`). Its owner holds an exclusive ``flock`` on it for as long as it
+see :mod:`.private_dir`; a shared sticky directory such as ``/dev/shm`` itself stands for
+its subdirectory ``cascade-<uid>``). Its owner holds an exclusive ``flock`` on it for as long as it
 is open; the lock is taken before the file gets its final name. A slab nobody holds a
 lock on (its process died, e.g. SIGKILL) is removed by the next tier opened in the same
 directory. Locks cross PID namespaces: a store in another container sharing the directory
@@ -45,10 +46,23 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _STAGING_GRACE_S = 60.0  # a slab still under its staging name is left alone this long
 
 
+def slab_dir(directory: str) -> str:
+    """Where slabs of ``shm_dir`` = ``directory`` go: the directory itself, or, for a
+    shared sticky directory such as ``/dev/shm`` or ``/tmp``, its ``cascade-<uid>``."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return directory
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH:
+        return os.path.join(directory, f"cascade-{os.getuid()}")
+    return directory
+
+
 def remove_stale_slabs(directory: str) -> list[str]:
-    """Delete this user's slab files in ``directory`` that no process holds a lock on
-    (and whose PID, for slabs of older versions that took no lock, is not alive here);
-    return their paths. A slab held by a process of another PID namespace is kept."""
+    """Delete this user's slab files in ``slab_dir(directory)`` that no process holds a
+    lock on (and whose PID, for slabs of older versions that took no lock, is not alive
+    here); return their paths. A slab held by a process of another PID namespace is kept."""
+    directory = slab_dir(directory)
     removed = []
     try:
         names = os.listdir(directory)
@@ -100,8 +114,8 @@ def _unlink_quietly(path: str) -> None:
 
 
 class ShmTier(SlabTier):
-    """A ``capacity``-byte mmap'd slab in ``directory`` (default :func:`default_shm_dir`;
-    created 0700 if missing, refused with a :class:`ConfigError` if another user owns it
+    """A ``capacity``-byte mmap'd slab in :func:`slab_dir` of ``directory`` (default
+    :func:`default_shm_dir`; created 0700 if missing, refused with a :class:`ConfigError` if another user owns it
     or can write to it). Memory is committed as ranges are first handed out (see the
     module docstring); :class:`TierFull` when the file system cannot back a range."""
 
@@ -109,7 +123,7 @@ class ShmTier(SlabTier):
 
     def __init__(self, capacity: int, directory: str | None = None, *, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)
-        directory = ensure_private_dir(directory or default_shm_dir(), "shm_dir")
+        directory = ensure_private_dir(slab_dir(directory or default_shm_dir()), "shm_dir")
         name = f"cascade-{os.getpid()}-{secrets.token_hex(16)}"
         self.path = os.path.join(directory, name)
         self._mmap: mmap.mmap | None = None
