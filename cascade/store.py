@@ -35,6 +35,7 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
+from .buffers import host_bytes, host_outputs
 from .config import Config
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.directory import DirectoryFull
@@ -949,10 +950,8 @@ class CascadeStore:
         return self._read(block_id, namespace, [key_out, value_out])
 
     def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        self.spec.check(key_out, "key_out")
-        self.spec.check(value_out, "value_out")
-        if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
-            raise InvalidBlock("key_out and value_out must be writable")
+        self.spec.check(key_out, "key_out", writable=True)
+        self.spec.check(value_out, "value_out", writable=True)
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
@@ -1006,9 +1005,15 @@ class CascadeStore:
 
     @staticmethod
     def _copy_out(tier: Tier, lease: Any, outs: list[Any]) -> CorruptBlock | None:
-        """The leased block's bytes into ``outs``; a verification failure is returned."""
+        """The leased block's bytes into ``outs``; a verification failure is returned.
+        Slab tiers copy into any buffer; the others (file reads, MPI) fill host memory,
+        so device outputs get host stand-ins (see :func:`cascade.buffers.host_outputs`)."""
         try:
-            tier.read_leased(lease, outs)
+            if isinstance(tier, SlabTier):
+                tier.read_leased(lease, outs)
+            else:
+                with host_outputs(outs) as hosts:
+                    tier.read_leased(lease, hosts)
         except CorruptBlock as exc:
             return exc
         return None
@@ -1424,8 +1429,7 @@ class CascadeStore:
             self.tiers[meta.tier].read_into(meta.key, stored)
         except (CorruptBlock, OSError):
             return False
-        incoming = np.concatenate([np.frombuffer(memoryview(np.ascontiguousarray(p)).cast("B"), np.uint8)
-                                   for p in parts])
+        incoming = np.concatenate([host_bytes(p, "block part") for p in parts])
         if not np.array_equal(stored, incoming):
             self.counters.replaced_unconfirmed += 1
             return False

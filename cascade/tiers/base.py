@@ -24,7 +24,7 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 from ..errors import BlockNotFound, CorruptBlock, TierFull
-from ..identity import as_byte_view
+from ..buffers import as_byte_view
 
 BlockKey = tuple[str, str]  # (namespace, block id)
 

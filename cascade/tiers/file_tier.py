@@ -59,9 +59,9 @@ import numpy as np
 import xxhash
 
 from ..checksum import checksum
+from ..buffers import as_byte_view, host_bytes
 from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
-from ..identity import as_byte_view
 from .base import BlockKey, Tier
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
@@ -329,7 +329,7 @@ class FileTier(Tier):
         return HEADER_BYTES + pad(nbytes) <= self.free
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
-        views = [as_byte_view(p) for p in parts]
+        views = [memoryview(host_bytes(p, "block part")) for p in parts]
         self._put_in_two_phases(key, views, sum(v.nbytes for v in views), parent)
 
     def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reservation:
@@ -349,7 +349,7 @@ class FileTier(Tier):
     def fill(self, reservation: _Reservation, parts: Sequence[Any]) -> None:
         """Checksum and write the record (one ``pwritev``, fsync if configured). Writes
         only its own range: safe beside any other call. :class:`TierFull` on a full disk."""
-        views = [as_byte_view(p) for p in parts]
+        views = [memoryview(host_bytes(p, "block part")) for p in parts]
         header = reservation.header
         if sum(v.nbytes for v in views) != header.payload_len:
             raise ValueError(f"{self.name}: parts hold {sum(v.nbytes for v in views)} bytes, reserved {header.payload_len}")

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from ..config import default_shm_dir
 from ..errors import BlockNotFound, TierFull
 from .private_dir import ensure_private_dir
@@ -181,13 +182,10 @@ class ShmTier(SlabTier):
     # numpy copies release the GIL (memoryview slice assignment does not), so a put's
     # copy overlaps the content hashing running in another thread.
     def _copy_in(self, offset: int, part: Any) -> int:
-        src = _flat_bytes(part)
-        np.copyto(self._bytes[offset:offset + src.size], src)
-        return src.size
+        return buffers.copy(self._bytes[offset:offset + buffers.nbytes(part, "block part")], part)
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        dst = _flat_bytes(out)
-        np.copyto(dst, self._bytes[offset:offset + dst.size])
+        buffers.copy(out, self._bytes[offset:offset + buffers.nbytes(out, "output buffer")])
 
     def _slab_view(self, offset: int, length: int) -> Any:
         return self._view[offset:offset + length]
@@ -226,13 +224,6 @@ def _free_bytes(directory: str) -> int | None:
 
 
 
-def _flat_bytes(buf: Any) -> np.ndarray:
-    """A flat uint8 array over a C-contiguous buffer (no copy)."""
-    if isinstance(buf, np.ndarray):
-        return buf.reshape(-1).view(np.uint8)
-    return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
-
-
 class ShmPeerSlabs:
     """Read-only maps of other ranks' SHM slabs on this node (node-local reads, no MPI).
 
@@ -247,11 +238,11 @@ class ShmPeerSlabs:
         """Copy the bytes at ``offset`` of the slab ``path`` into ``outs`` (in order).
         :class:`BlockNotFound` (a miss) when the slab is gone or shorter than that."""
         view = self._view(path)
-        if offset < 0 or offset + sum(memoryview(o).nbytes for o in outs) > view.nbytes:
+        if offset < 0 or offset + sum(buffers.nbytes(o, "output buffer") for o in outs) > view.nbytes:
             raise BlockNotFound(f"shm slab {path} holds no such range (its owner closed or restarted)")
         pos = offset
         for out in outs:
-            dst = memoryview(out).cast("B")
+            dst = buffers.as_byte_view(out, "output buffer", writable=True)
             dst[:] = view[pos:pos + dst.nbytes]
             pos += dst.nbytes
 
