@@ -44,6 +44,7 @@ from .errors import (BlockNotFound, BlockPinned, ConfigError, CorruptBlock, Inva
                      TierFull)
 from .identity import block_id as compute_block_id, check_id, check_namespace
 from .models import BlockSpec
+from .namespace_victims import NamespaceVictims
 from .policy import BlockMeta, Policy
 from .histogram import LatencyHistogram
 from .stats import StoreCounters, TierCounters, write_stats_file
@@ -228,7 +229,8 @@ class CascadeStore:
                 tier.close()
             raise TierFull("no tier has capacity: set shm_bytes, gpu_bytes or file_bytes above 0")
         capacity_blocks = sum(t.capacity for t in self.tiers) // max(self.spec.block_bytes, 1)
-        self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode,
+        policy = NamespaceVictims if self.config.namespace_share > 0 else Policy  # per-namespace order
+        self.policy = policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode,
                              history=_HISTORY_PER_BLOCK * capacity_blocks)
         self.counters = StoreCounters()
         self.tier_counters = [TierCounters() for _ in self.tiers]
@@ -748,21 +750,25 @@ class CascadeStore:
     def _keep_share(self, t: int, nbytes: int, namespace: str) -> None:
         """Move ``namespace``'s own blocks out of tier ``t`` until ``nbytes`` more stay
         within its share; :class:`TierFull` when its movable blocks do not suffice.
-        Costs a scan of the namespace's blocks in the tier per victim."""
+        Costs O(log n) per victim (the policy keeps each namespace's victim order)."""
         share = self.config.namespace_share * self.tiers[t].capacity
-        skipped: set[BlockKey] = set()
-        while self._ns_bytes[t].get(namespace, 0) + nbytes > share:
-            own = [m for m in self._meta.values()
-                   if m.tier == t and m.key[0] == namespace and m.key not in skipped and self.policy.eligible(m)]
-            if not own:
-                self.tier_counters[t].full_events += 1
-                raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
-                               f"({self.config.namespace_share:g} of the tier) and none of its blocks there can move")
-            victim = min(own, key=self.policy.score)
-            try:
-                self._demote(victim)
-            except _Busy:
-                skipped.add(victim.key)
+        set_aside: list[BlockMeta] = []
+        try:
+            while self._ns_bytes[t].get(namespace, 0) + nbytes > share:
+                victim = self.policy.victim_in(t, namespace)
+                if victim is None:
+                    self.tier_counters[t].full_events += 1
+                    raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
+                                   f"({self.config.namespace_share:g} of the tier) and none of its blocks there can move")
+                try:
+                    self._demote(victim)
+                except _Busy:  # another rank pins it: not now
+                    self.policy.set_aside(victim)
+                    set_aside.append(victim)
+        finally:
+            for meta in set_aside:
+                if meta.key in self._meta:
+                    self.policy.changed(meta)
 
     def _demote(self, meta: BlockMeta) -> None:
         """Move ``meta`` to the next slower tier that takes it, or drop it when none
@@ -1040,6 +1046,8 @@ class CascadeStore:
             if meta.hints:  # the queued request it was hinted for has come
                 self._release_hint(meta)
             self.policy.touched(meta, time.monotonic())
+            if meta.ttl and self.config.ttl_mode == "last_use":  # the read moved its expiry
+                self._persist_ttl(meta, batched=True)
             if meta.tier > 0 and self.config.promote_on_hit:
                 slot = self._claim_promotion(meta)
                 promotion = None if slot is None else (meta.tier, slot)
@@ -1408,11 +1416,13 @@ class CascadeStore:
             return 0.0
         return time.time() + (self.policy.expires_at(meta) - time.monotonic())
 
-    def _persist_ttl(self, meta: BlockMeta) -> None:
+    def _persist_ttl(self, meta: BlockMeta, *, batched: bool = False) -> None:
+        """Record ``meta``'s expiry in a persistent tier; ``batched`` (a read's refresh):
+        written with others later, see :meth:`FileTier.set_expiry`."""
         set_expiry = getattr(self.tiers[meta.tier], "set_expiry", None)
         if set_expiry is not None:
             try:
-                set_expiry(meta.key, self._wall_expiry(meta.key))
+                set_expiry(meta.key, self._wall_expiry(meta.key), batched=batched)
             except OSError as exc:  # the block still expires in this process
                 log.warning("cannot record the TTL of %s: %s", meta.key[1], exc)
 
