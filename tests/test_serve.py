@@ -83,7 +83,7 @@ def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job, node
         done = json.loads(line)["done"]
     with cascade.connect(job.socket(0)) as check:
         serve = check.stats()["serve"]
-        for _ in range(100):  # the rank notices the hang-up when its thread next reads
+        for _ in range(600):  # the rank notices the hang-up when its thread next runs
             if serve["clients"] == 1:
                 break
             threading.Event().wait(0.05)

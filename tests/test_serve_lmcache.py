@@ -88,7 +88,7 @@ def test_a_block_size_other_than_the_ranks_is_refused(rank, caplog):
         sm.close()
 
 
-def _eventually(check, tries: int = 200) -> bool:
+def _eventually(check, tries: int = 1000) -> bool:
     for _ in range(tries):
         if check():
             return True

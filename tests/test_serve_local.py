@@ -36,7 +36,7 @@ def served(tmp_path):
     os.rmdir(socket_dir)
 
 
-def _eventually(check, tries: int = 200) -> bool:
+def _eventually(check, tries: int = 1000) -> bool:
     """Whether ``check()`` holds within ``tries`` polls (the rank's thread acts on its own)."""
     for _ in range(tries):
         if check():
