@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tiers.base import BlockKey
+from .identity import BlockKey
 
 
 @dataclass(slots=True, eq=False)

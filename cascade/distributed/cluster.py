@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
-from ..tiers.base import BlockKey
+from ..identity import BlockKey
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory

@@ -33,7 +33,8 @@ from ..errors import BlockNotFound, BlockPinned
 
 if TYPE_CHECKING:
     from ..policy import BlockMeta
-    from ..tiers.base import BlockKey, Tier
+    from ..identity import BlockKey
+    from ..tiers.base import Tier
     from .cluster import Cluster
     from .directory import DirectoryEntry
 

@@ -40,7 +40,7 @@ import xxhash
 from ..checksum import checksum
 from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
 from ..identity import as_byte_view
-from .base import BlockKey, Tier
+from .base import BlockKey, Memory, Tier, TierKind
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_header
@@ -102,7 +102,11 @@ class FileTier(Tier):
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
     name = "lustre"
+    kind = TierKind.FILE
+    memory = Memory.DISK
     concurrent = True
+    persistent = True
+    records_ttl = True
 
     def __init__(
         self,

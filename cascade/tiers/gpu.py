@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .base import Memory, TierKind
 from .slab_tier import SlabTier, _nbytes
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class GpuTier(SlabTier):
     """A ``capacity``-byte slab allocated with ``xp`` (cupy on a GPU, numpy in tests)."""
 
     name = "gpu"
+    kind = TierKind.GPU
+    memory = Memory.DEVICE
 
     def __init__(self, capacity: int, xp: ModuleType, *, device: int = 0, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)

@@ -31,7 +31,7 @@ from ..distributed.rma import load_mpi
 from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from ..identity import as_byte_view
-from .base import BlockKey, Tier
+from .base import BlockKey, Memory, Tier, TierKind
 from .slab import SlabAllocator
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ class RemoteTier(Tier):
     checksum per block and checks whole-block reads (:class:`CorruptBlock` on mismatch)."""
 
     name = "remote"
+    kind = TierKind.REMOTE
+    memory = Memory.PEER
 
     def __init__(self, comm: MPI.Comm | None = None, exposed_bytes: int = 0, *,
                  chunk_bytes: int = CHUNK_BYTES, verify: bool = False) -> None:

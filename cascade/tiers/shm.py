@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TierFull
+from .base import TierKind
 from .slab_tier import SlabTier
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class ShmTier(SlabTier):
     """
 
     name = "shm"
+    kind = TierKind.SHM
 
     def __init__(self, capacity: int, directory: str = "/dev/shm", *, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)

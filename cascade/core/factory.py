@@ -1,0 +1,57 @@
+"""The tiers a configuration asks for, built fastest first."""
+from __future__ import annotations
+
+import logging
+
+from ..config import Config
+from ..errors import TierFull
+from ..tiers.base import Tier
+from ..tiers.file_tier import FileTier
+from ..tiers.gpu import GpuTier, cupy_module
+from ..tiers.shm import ShmTier, remove_stale_slabs
+
+log = logging.getLogger(__name__)
+
+
+def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
+    """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
+    than one rank) is given: the REMOTE tier allocates its MPI window then.
+
+    ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
+    GPU tier uses cupy and is off, with a log line, when no GPU is usable.
+    """
+    tiers: list[Tier] = []
+    if config.gpu_bytes > 0:
+        xp = array_module if array_module is not None else cupy_module()
+        if xp is not None:
+            tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
+    for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
+        log.info("removed stale SHM slab %s (its process is gone)", path)
+    if config.shm_bytes > 0:
+        try:
+            tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+        except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
+            log.warning("SHM tier off: %s", exc)
+    if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
+        from ..tiers.remote import RemoteTier
+
+        # always verified: its reads cross ranks (the end-to-end check, like peers' reads)
+        tiers.append(RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
+                                verify=True))
+    if config.file_bytes > 0:
+        tiers.append(FileTier(
+            config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
+            odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
+            compact_dead_fraction=config.compact_dead_fraction,
+            stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+        ))
+    return tiers
+
+
+def remote_chunk_bytes(exposed: int) -> int:
+    """Lease unit of the REMOTE tier: 16 MiB, smaller for small windows (at least 64
+    chunks per window, so a window is shared fairly among writers)."""
+    chunk = 16 << 20
+    while chunk > 4096 and exposed // chunk < 64:
+        chunk //= 2
+    return chunk
