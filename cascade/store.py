@@ -43,8 +43,9 @@ from .core.pools import Pools
 from .core.reads import ReadPath
 from .core.recovery import adopt_found_blocks, keep_hot_blocks
 from .core.writes import WritePath
+from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
+from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierFull
 from .identity import BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
@@ -65,7 +66,13 @@ class CascadeStore:
 
     ``comm`` (an mpi4py communicator) joins the ranks of ``comm`` into one cache: a global
     directory sharded over them, the REMOTE tier over their DRAM windows, cross-rank
-    dedup, reads and pins. Then the constructor and :meth:`close` are collective. Without
+    dedup, reads and pins. Then the constructor and :meth:`close` are collective: the
+    constructor returns on a rank only once every rank has republished the blocks its file
+    tier kept (so the first read anywhere sees every rank's warm-restart blocks), and an
+    open or close that fails on one rank raises there and raises
+    :class:`~cascade.distributed.agree.PeerStepFailed` (a :class:`RankFailure`) naming it
+    on every other rank, instead of leaving them waiting; a rank that never arrives makes
+    the others raise :class:`RankFailure` after ``agree.DEFAULT_TIMEOUT`` seconds. Without
     ``comm`` (or with one rank) the store is purely local and needs no MPI.
     """
 
@@ -114,6 +121,7 @@ class CascadeStore:
         for tier in self.tiers:
             if tier.records_ttl:  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._index.wall_expiry
+        together = clustered  # whether every rank takes the same way out if this fails
         try:
             if clustered:
                 from .distributed.cluster import Cluster
@@ -124,13 +132,47 @@ class CascadeStore:
                                   shm_buffer=getattr(shm, "mapping", None),
                                   remote=remote, directory_slots=self.config.directory_slots)
                 self._chain.peers = Joined(cluster, self.tiers, rank)
-            with self._lock:
-                adopt_found_blocks(self._chain, block_bytes=nbytes, default_ttl=self.config.default_ttl,
-                                   what=f"{self.config.model}, {self.config.block_tokens} tokens")
-        except BaseException:
-            for tier in built:
-                tier.close()
+            try:
+                with self._lock:
+                    adopt_found_blocks(self._chain, block_bytes=nbytes, default_ttl=self.config.default_ttl,
+                                       what=f"{self.config.model}, {self.config.block_tokens} tokens")
+            except BaseException:
+                if clustered:  # the others learn it, and no rank waits for us forever
+                    together = False
+                    agree(comm, False, "warm restart")
+                    together = True
+                raise
+            if clustered:
+                # Ready only when every rank's republished blocks are visible: a rank
+                # leaving before the others finish republishing misses their blocks.
+                together = False
+                agree(comm, True, "warm restart")
+        except PeerStepFailed:  # the agreement itself completed: every rank is failing
+            self._abandon(collective=True)
             raise
+        except BaseException:
+            self._abandon(collective=together)
+            raise
+
+    def _abandon(self, *, collective: bool) -> None:
+        """A failed open: release what the constructor took. ``collective``: every rank
+        is here too (it failed, or learnt that a rank failed), so windows can be freed."""
+        peers, self._chain.peers = self._chain.peers, Solo()
+        try:
+            if collective:
+                peers.close(ok=False)
+        except PeerStepFailed:
+            pass  # we know: this open is failing everywhere
+        finally:
+            self._release_tiers(collective=collective)
+
+    def _release_tiers(self, *, collective: bool) -> None:
+        """Close every tier built (a REMOTE tier's window only when ``collective``: every
+        rank is closing too) and forget every block."""
+        for tier in self._built_tiers:
+            if collective or not tier.collective:
+                tier.close()
+        self._index.clear()
 
     # -- what the layers hold, for reports and tests ------------------------------------------
     @property
@@ -459,7 +501,9 @@ class CascadeStore:
         tier, as far as it has room without evicting anything (the rest are lost, as are
         REMOTE-tier blocks, which live in other ranks' DRAM). Collective in multi-rank
         runs: SHM slabs and windows go only after every rank has entered ``close`` (so
-        has stopped reading them). Later calls raise :class:`StoreClosed`; calls of
+        has stopped reading them), and a close that fails on one rank (e.g. its file tier's
+        fsync) raises that error there and ``PeerStepFailed`` on the others, after every
+        rank has released its tiers. Later calls raise :class:`StoreClosed`; calls of
         other threads still moving data get up to ``timeout`` seconds to finish (the
         wait gives the store's lock up), after which :class:`CloseTimeout` names what
         they hold and the tiers stay open (call ``close()`` again)."""
@@ -469,19 +513,32 @@ class CascadeStore:
             self._inflight.closing = True
             self._inflight.drain(timeout)
             self._closed = True
-            if keep and len(self._index):
-                keep_hot_blocks(self._chain)
-            if len(self._index) or self.counters.puts or self.counters.gets:
-                self.metrics.maybe_write(self.config.stats_dir, self.config.stats_interval, self.rank,
-                                         self._stats, force=True)
-            # first (collective): no rank reads our slab or windows after this, and the
-            # slab window maps the SHM tier's slab
-            self._chain.peers.close()
-            self._chain.peers = Solo()
-            for tier in self._built_tiers:
-                tier.close()
-            self._index.clear()
-            self._pools.shutdown()
+            error: BaseException | None = None
+            try:
+                if keep and len(self._index):
+                    keep_hot_blocks(self._chain)
+                if len(self._index) or self.counters.puts or self.counters.gets:
+                    self.metrics.maybe_write(self.config.stats_dir, self.config.stats_interval, self.rank,
+                                             self._stats, force=True)
+            except BaseException as exc:  # still take part in the collective end below
+                error = exc
+            # first (collective): every rank learns whether every rank's close went well,
+            # no rank reads our slab or windows after this, and the slab window maps the
+            # SHM tier's slab
+            peers, self._chain.peers = self._chain.peers, Solo()
+            together = True
+            try:
+                peers.close(ok=error is None)
+            except PeerStepFailed as exc:  # every rank took part: the windows are free
+                error = error or exc
+            except RankFailure:  # some rank never arrived: freeing MPI windows would hang
+                together = False
+                raise
+            finally:
+                self._release_tiers(collective=together)
+                self._pools.shutdown()
+            if error is not None:
+                raise error
 
     def __enter__(self) -> "CascadeStore":
         return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from ..config import Config
+from ..distributed.agree import agree
 from ..errors import TierFull
 from ..tiers.base import Tier
 from ..tiers.file_tier import FileTier
@@ -15,37 +16,59 @@ log = logging.getLogger(__name__)
 
 def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) -> list[Tier]:
     """The tiers ``config`` asks for, fastest first. Collective when ``comm`` (of more
-    than one rank) is given: the REMOTE tier allocates its MPI window then.
+    than one rank) is given: the ranks agree that every rank opened its local tiers
+    (a rank that failed, e.g. because another job holds its file-tier lock, raises its
+    own error and every other rank :class:`~cascade.distributed.agree.PeerStepFailed`),
+    then the REMOTE tier allocates its MPI window.
 
     ``array_module`` forces the GPU tier's array module (numpy in tests); by default the
     GPU tier uses cupy and is off, with a log line, when no GPU is usable.
     """
-    tiers: list[Tier] = []
-    if config.gpu_bytes > 0:
-        xp = array_module if array_module is not None else cupy_module()
-        if xp is not None:
-            tiers.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
-    for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
-        log.info("removed stale SHM slab %s (its process is gone)", path)
-    if config.shm_bytes > 0:
-        try:
-            tiers.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
-        except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
-            log.warning("SHM tier off: %s", exc)
-    if comm is not None:  # every rank takes part in the window, even one exposing 0 bytes
+    fast: list[Tier] = []
+    slow: list[Tier] = []
+    try:
+        if config.gpu_bytes > 0:
+            xp = array_module if array_module is not None else cupy_module()
+            if xp is not None:
+                fast.append(GpuTier(config.gpu_bytes, xp, verify=config.verify_dram_reads))
+        for path in remove_stale_slabs(config.shm_dir):  # left by a crashed process of ours
+            log.info("removed stale SHM slab %s (its process is gone)", path)
+        if config.shm_bytes > 0:
+            try:
+                fast.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads))
+            except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
+                log.warning("SHM tier off: %s", exc)
+        if config.file_bytes > 0:
+            slow.append(FileTier(
+                config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
+                odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
+                compact_dead_fraction=config.compact_dead_fraction,
+                stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
+            ))
+        opened = True
+    except BaseException:
+        opened = False
+        for tier in fast + slow:
+            tier.close()
+        if comm is None:
+            raise
+        agree(comm, False, "opening the local tiers")
+        raise
+    if comm is None:
+        return fast + slow
+    try:
+        agree(comm, opened, "opening the local tiers")
         from ..tiers.remote import RemoteTier
 
-        # always verified: its reads cross ranks (the end-to-end check, like peers' reads)
-        tiers.append(RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
-                                verify=True))
-    if config.file_bytes > 0:
-        tiers.append(FileTier(
-            config.file_bytes, config.file_dir, rank=rank, segment_bytes=config.file_segment_bytes,
-            odirect=config.file_odirect, read_mode=config.file_read_mode, fsync=config.file_fsync,
-            compact_dead_fraction=config.compact_dead_fraction,
-            stripe_count=config.lustre_stripe_count, stripe_size=config.lustre_stripe_size,
-        ))
-    return tiers
+        # every rank takes part in the window, even one exposing 0 bytes; always
+        # verified: its reads cross ranks (the end-to-end check, like peers' reads)
+        remote = RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
+                            verify=True)
+    except BaseException:
+        for tier in fast + slow:
+            tier.close()
+        raise
+    return fast + [remote] + slow
 
 
 def remote_chunk_bytes(exposed: int) -> int:

@@ -40,6 +40,7 @@ from ..errors import BlockNotFound, CorruptBlock
 from ..identity import BlockKey
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
+from .agree import agree
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory
 from .progress_check import check_progress
 from .shared_fs import file_share_groups
@@ -272,9 +273,11 @@ class Cluster:
         except (BlockNotFound, PinUnderflow):
             pass  # the parent is not cached (or was re-inserted): nothing to count
 
-    def drain(self) -> None:
-        """Collective: return once every rank has stopped reading (entered close)."""
-        self.comm.Barrier()
+    def drain(self, ok: bool = True) -> None:
+        """Collective: return once every rank has stopped reading (entered close) and
+        agreed that every rank's close went well (``ok``: ours did); see
+        :func:`~.agree.agree` for what it raises."""
+        agree(self.comm, ok, "closing the store")
 
     def close(self) -> None:
         """Collective: free the directory and slab windows."""

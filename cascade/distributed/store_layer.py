@@ -104,7 +104,7 @@ class Solo:
             return BlockNotFound(f"no block {key[1]} in namespace {key[0]!r}")
         return BlockPinned(f"block {key[1]} is not pinned")
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         pass
 
 
@@ -245,8 +245,18 @@ class Joined(Solo):
                            "(pins are per rank: unpin on the rank that pinned it)")
 
     @_serialized
-    def close(self) -> None:
-        """Collective: wait until every rank has stopped reading (entered close), then
-        free the windows. Before the store closes its tiers."""
-        self.cluster.drain()
+    def close(self, ok: bool = True) -> None:
+        """Collective: agree with every rank on how its close went (``ok``: ours went
+        well), which also waits until every rank has stopped reading (entered close),
+        then free the windows. Before the store closes its tiers. Raises
+        :class:`~.agree.PeerStepFailed` (windows freed) when another rank's close failed,
+        :class:`~cascade.errors.RankFailure` (windows kept: freeing them would hang) when
+        some rank never arrived."""
+        from .agree import PeerStepFailed
+
+        try:
+            self.cluster.drain(ok)
+        except PeerStepFailed:
+            self.cluster.close()
+            raise
         self.cluster.close()

@@ -73,6 +73,7 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # asking ``expiry_of`` (set by the store) for it when a block is written.
     records_ttl: bool = False
     expiry_of: Callable[[BlockKey], float] | None = None
+    collective: bool = False  # opening and closing it takes every rank (MPI windows)
 
     @property
     @abstractmethod

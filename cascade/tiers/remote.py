@@ -67,6 +67,7 @@ class RemoteTier(Tier):
     name = "remote"
     kind = TierKind.REMOTE
     memory = Memory.PEER
+    collective = True
 
     def __init__(self, comm: MPI.Comm | None = None, exposed_bytes: int = 0, *,
                  chunk_bytes: int = CHUNK_BYTES, verify: bool = False) -> None:

@@ -1,0 +1,90 @@
+"""Collective steps end together: open, warm restart and close of a multi-rank store.
+
+A rank returns from the constructor only when every rank's warm-restart republish is
+visible (no read misses another rank's recovered block), and a step that fails on one
+rank fails on every rank with a message instead of leaving the others waiting. Same
+bodies at every world size (at one rank the store is local and these are plain checks).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kv_blocks import block, same
+
+from cascade import CascadeError, CascadeStore, Config, RankFailure
+from cascade.tiers.file_tier import FileTier
+
+BLOCKS_ON_RANK_0 = 300  # rank 0 republishes many more blocks than the others: the slowest
+BLOCKS_ELSEWHERE = 5
+
+
+def file_only(shared_dir: str, **overrides) -> Config:
+    settings = dict(model="tiny", shm_bytes=0, remote_bytes=0, file_bytes=64 << 20, file_dir=shared_dir,
+                    directory_slots=1 << 12)
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def test_no_rank_reads_before_every_rank_republished(comm, shared_dir, everywhere):
+    count = BLOCKS_ON_RANK_0 if comm.rank == 0 else BLOCKS_ELSEWHERE
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        mine = [store.put(*block(store.spec, comm.rank * 10_000 + i)) for i in range(count)]
+    everyone = comm.allgather(mine)
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        # straight after the constructor: no barrier of the test's own
+        missing = wrong = 0
+        for rank, ids in enumerate(everyone):
+            for i, bid in enumerate(ids):
+                got = store.get(bid)
+                missing += got is None
+                wrong += got is not None and not same(got, block(store.spec, rank * 10_000 + i))
+        recovered = comm.allreduce(store.stats()["tiers"]["lustre"]["recovered"])
+    expected = BLOCKS_ON_RANK_0 + BLOCKS_ELSEWHERE * (comm.size - 1)
+    assert everywhere(recovered == expected), recovered
+    assert everywhere(missing == 0 and wrong == 0), (missing, wrong)
+
+
+def test_open_failing_on_one_rank_fails_on_every_rank(comm, shared_dir, everywhere):
+    culprit = comm.size - 1
+    squatter = FileTier(1 << 20, shared_dir, rank=culprit) if comm.rank == culprit else None  # holds its lock
+    try:
+        with pytest.raises(CascadeError) as failure:
+            CascadeStore(file_only(shared_dir), comm=comm)
+    finally:
+        if squatter is not None:
+            squatter.close()
+    if comm.rank == culprit:
+        ok = "held by another process" in str(failure.value)
+    else:  # the others learn which rank failed instead of waiting for it
+        ok = isinstance(failure.value, RankFailure) and f"[{culprit}]" in str(failure.value)
+    assert everywhere(ok), str(failure.value)
+    # nothing was left held: the same job opens the store on every rank now
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        bid = store.put(*block(store.spec, comm.rank))
+        assert everywhere(same(store.get(bid), block(store.spec, comm.rank)))
+
+
+def test_close_failing_on_one_rank_fails_on_every_rank(comm, shared_dir, everywhere):
+    culprit = 0
+    store = CascadeStore(file_only(shared_dir, shm_bytes=64 * 4096), comm=comm)
+    mine = store.put(*block(store.spec, comm.rank))  # in SHM: close moves it to the file tier
+    if comm.rank == culprit:
+        def disk_gone() -> None:
+            raise OSError(5, os.strerror(5))
+
+        store.tiers[-1].sync = disk_gone  # the file tier's fsync at close fails here only
+    with pytest.raises((OSError, RankFailure)) as failure:
+        store.close()
+    if comm.rank == culprit:
+        ok = failure.value.errno == 5
+    else:
+        ok = isinstance(failure.value, RankFailure) and f"[{culprit}]" in str(failure.value)
+    assert everywhere(ok), str(failure.value)
+    store.close()  # idempotent after a failed close
+    everyone = comm.allgather(mine)
+    with CascadeStore(file_only(shared_dir), comm=comm) as again:  # windows and locks were released
+        # the ranks whose close went well kept their block in the file tier
+        kept = [same(again.get(everyone[r]), block(again.spec, r)) for r in range(comm.size) if r != culprit]
+        assert everywhere(all(kept)), kept
