@@ -46,7 +46,7 @@ from .core.writes import WritePath
 from .distributed.agree import PeerStepFailed, agree
 from .distributed.store_layer import Joined, Solo
 from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierFull
-from .identity import BlockKey, check_id, check_namespace
+from .identity import BlockKey, as_byte_view, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
@@ -207,10 +207,12 @@ class CascadeStore:
         return (check_namespace(namespace), check_id(block_id))
 
     def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        self.spec.check(key_out, "key_out")
-        self.spec.check(value_out, "value_out")
-        if getattr(key_out, "flags", None) is not None and not (key_out.flags.writeable and value_out.flags.writeable):
-            raise InvalidBlock("key_out and value_out must be writable")
+        """:class:`InvalidBlock` unless both are writable arrays of the spec (host
+        buffers, or device arrays)."""
+        for out, what in ((key_out, "key_out"), (value_out, "value_out")):
+            self.spec.check(out, what)
+            if not hasattr(out, "__cuda_array_interface__") and as_byte_view(out, what).readonly:
+                raise InvalidBlock("key_out and value_out must be writable")
 
     def _tick(self) -> None:
         """Refresh this rank's stats file when ``config.stats_dir`` is set (see

@@ -43,6 +43,7 @@ class ReadPath:
         copy is dropped and counted as a miss). Errors of the copy itself (an output
         that is no writable buffer, an I/O error) are raised, counted as a miss."""
         started = time.perf_counter()
+        hit: bool | None = None  # counted (a hit or a miss)
         with self._inflight.hold(f"a get of {key[1]}") as op:
             try:
                 with ExitStack() as held:
@@ -60,10 +61,14 @@ class ReadPath:
                     if lease.tier.concurrent:
                         error = self._copy(lease, outs)
                     with self._lock:
-                        hit, promotion = self._finish(lease, error, started)
+                        hit = self._finish(lease, error, started)
+                        promotion = None
+                        if hit and self._promote_on_hit and self.index.holds(meta) and meta.tier > 0:
+                            promotion = self.claim_promotion(meta)
             except BaseException:
-                with self._lock:
-                    self.metrics.miss()
+                if hit is None:
+                    with self._lock:
+                        self.metrics.miss()
                 raise
             if promotion is not None:
                 op.what = f"a promotion of {key[1]} into {promotion.dst.tier.name}"
@@ -87,10 +92,9 @@ class ReadPath:
             return exc
         return None
 
-    def _finish(self, lease: Lease, error: CorruptBlock | None, started: float) -> tuple[bool, Move | None]:
+    def _finish(self, lease: Lease, error: CorruptBlock | None, started: float) -> bool:
         """Under the lock, after the copy: end the lease, then count the hit (using up a
-        hint) or drop a corrupt block (if still the one read). Returns whether it was a
-        hit and the promotion to run, if room could be claimed for one."""
+        hint) or drop a corrupt block (if still the one read). Whether it was a hit."""
         meta, t = lease.meta, lease.t
         cached = lease.current()
         lease.release()
@@ -99,17 +103,13 @@ class ReadPath:
             self.metrics.tiers[t].corruptions += 1
             if cached:
                 self.chain.drop_corrupt(meta)
-            return self.metrics.miss(), None
+            return self.metrics.miss()
         self.metrics.hit(t, meta.nbytes, started)
-        if not self.index.holds(meta):  # deleted or replaced while we copied
-            return True, None
-        if meta.hints:  # the queued request it was hinted for has come
-            self.index.release_hint(meta)
-        self.index.touched(meta)
-        promotion = None
-        if meta.tier > 0 and self._promote_on_hit:
-            promotion = self.claim_promotion(meta)
-        return True, promotion
+        if self.index.holds(meta):  # not deleted or replaced while we copied
+            if meta.hints:  # the queued request it was hinted for has come
+                self.index.release_hint(meta)
+            self.index.touched(meta)
+        return True
 
     # -- promotion -------------------------------------------------------------------------
     def claim_promotion(self, meta: BlockMeta) -> Move | None:
