@@ -41,16 +41,14 @@ from .core.guards import CLOSE_WAIT_S, InFlight
 from .core.index import BlockIndex
 from .core.pools import Pools
 from .core.reads import ReadPath
-from .core.recovery import adopt_found_blocks, keep_hot_blocks
+from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .distributed.agree import PeerStepFailed, agree
-from .distributed.store_layer import Joined, Solo
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierFull
+from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
 from .identity import BlockKey, as_byte_view, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
-from .tiers.base import Tier, TierKind
+from .tiers.base import Tier
 from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
@@ -121,58 +119,9 @@ class CascadeStore:
         for tier in self.tiers:
             if tier.records_ttl:  # persistent tiers record TTLs (wall clock)
                 tier.expiry_of = self._index.wall_expiry
-        together = clustered  # whether every rank takes the same way out if this fails
-        try:
-            if clustered:
-                from .distributed.cluster import Cluster
-
-                shm = next((t for t in self.tiers if t.kind is TierKind.SHM), None)
-                remote = next((t for t in built if t.kind is TierKind.REMOTE), None)
-                cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=self.config.file_dir,
-                                  shm_buffer=getattr(shm, "mapping", None),
-                                  remote=remote, directory_slots=self.config.directory_slots)
-                self._chain.peers = Joined(cluster, self.tiers, rank)
-            try:
-                with self._lock:
-                    adopt_found_blocks(self._chain, block_bytes=nbytes, default_ttl=self.config.default_ttl,
-                                       what=f"{self.config.model}, {self.config.block_tokens} tokens")
-            except BaseException:
-                if clustered:  # the others learn it, and no rank waits for us forever
-                    together = False
-                    agree(comm, False, "warm restart")
-                    together = True
-                raise
-            if clustered:
-                # Ready only when every rank's republished blocks are visible: a rank
-                # leaving before the others finish republishing misses their blocks.
-                together = False
-                agree(comm, True, "warm restart")
-        except PeerStepFailed:  # the agreement itself completed: every rank is failing
-            self._abandon(collective=True)
-            raise
-        except BaseException:
-            self._abandon(collective=together)
-            raise
-
-    def _abandon(self, *, collective: bool) -> None:
-        """A failed open: release what the constructor took. ``collective``: every rank
-        is here too (it failed, or learnt that a rank failed), so windows can be freed."""
-        peers, self._chain.peers = self._chain.peers, Solo()
-        try:
-            if collective:
-                peers.close(ok=False)
-        except PeerStepFailed:
-            pass  # we know: this open is failing everywhere
-        finally:
-            self._release_tiers(collective=collective)
-
-    def _release_tiers(self, *, collective: bool) -> None:
-        """Close every tier built (a REMOTE tier's window only when ``collective``: every
-        rank is closing too) and forget every block."""
-        for tier in self._built_tiers:
-            if collective or not tier.collective:
-                tier.close()
-        self._index.clear()
+        with self._lock:
+            open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
+                        comm=comm if clustered else None)
 
     # -- what the layers hold, for reports and tests ------------------------------------------
     @property
@@ -515,32 +464,15 @@ class CascadeStore:
             self._inflight.closing = True
             self._inflight.drain(timeout)
             self._closed = True
-            error: BaseException | None = None
             try:
-                if keep and len(self._index):
-                    keep_hot_blocks(self._chain)
-                if len(self._index) or self.counters.puts or self.counters.gets:
-                    self.metrics.maybe_write(self.config.stats_dir, self.config.stats_interval, self.rank,
-                                             self._stats, force=True)
-            except BaseException as exc:  # still take part in the collective end below
-                error = exc
-            # first (collective): every rank learns whether every rank's close went well,
-            # no rank reads our slab or windows after this, and the slab window maps the
-            # SHM tier's slab
-            peers, self._chain.peers = self._chain.peers, Solo()
-            together = True
-            try:
-                peers.close(ok=error is None)
-            except PeerStepFailed as exc:  # every rank took part: the windows are free
-                error = error or exc
-            except RankFailure:  # some rank never arrived: freeing MPI windows would hang
-                together = False
-                raise
+                close_layers(self._chain, self._built_tiers, keep=keep, write_stats=self._write_final_stats)
             finally:
-                self._release_tiers(collective=together)
                 self._pools.shutdown()
-            if error is not None:
-                raise error
+
+    def _write_final_stats(self) -> None:
+        if len(self._index) or self.counters.puts or self.counters.gets:
+            self.metrics.maybe_write(self.config.stats_dir, self.config.stats_interval, self.rank, self._stats,
+                                     force=True)
 
     def __enter__(self) -> "CascadeStore":
         return self

@@ -17,7 +17,6 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
-from typing import Any
 
 import numpy as np
 

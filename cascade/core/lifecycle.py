@@ -1,0 +1,181 @@
+"""Opening and closing a store's layers: joining the other ranks, warm restart (what a
+closing store keeps in its persistent tier, and what an opening store adopts from it),
+and giving the tiers back.
+
+Multi-rank, both are collective and end in an agreement
+(:func:`~cascade.distributed.agree.agree`): every rank learns whether every rank's part
+went well, so a failure on one rank raises on all of them instead of leaving them
+waiting. Both run under the store's lock, at open before any other call and at close
+after every operation ended.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import Config
+from ..distributed.agree import PeerStepFailed, agree
+from ..distributed.store_layer import Joined, Solo
+from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull
+from ..policy import BlockMeta
+from ..tiers.base import Memory, Tier, TierKind
+from .chain import Busy, MoveFailed, TierChain
+
+log = logging.getLogger(__name__)
+
+
+def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float, what: str) -> None:
+    """Enter the blocks the tiers hold at open (persistent tiers' records) in the index,
+    unconfirmed until a put of the same bytes: expired ones are deleted, corrupt ones
+    (or ones another rank's copy wins over, multi-rank) dropped, and a tier now smaller
+    than its contents sheds blocks. :class:`ConfigError` when a tier holds blocks of
+    another size than ``block_bytes`` (``what`` names the store's block shape).
+    Local, except the multi-rank layer's publishing."""
+    now, wall = time.monotonic(), time.time()
+    found: list[BlockMeta] = []
+    for t, tier in enumerate(chain.tiers):
+        keys = list(tier)
+        sizes = {tier.length(key) for key in keys}
+        if sizes - {block_bytes}:
+            raise ConfigError(
+                f"{tier.name} tier in {getattr(tier, 'directory', '?')} holds blocks of {sorted(sizes)} bytes "
+                f"but this store's blocks are {block_bytes} bytes ({what}): use another file_dir")
+        for key in keys:
+            expires = tier.expires_of(key)
+            if expires and expires <= wall:  # its TTL ran out while no store was open
+                del tier[key]
+                chain.metrics.counters.expired += 1
+                continue
+            found.append(BlockMeta(key, tier.length(key), t, parent=tier.parent_of(key),
+                                   ttl=expires - wall if expires else default_ttl))
+    chain.index.adopt(found, now)
+    for meta in found:
+        try:
+            kept = chain.peers.recovered(meta)
+        except CorruptBlock as exc:
+            log.warning("%s", exc)
+            kept = False
+        if not kept:  # corrupt, or another rank's copy won
+            chain.drop(meta)
+    for t, tier in enumerate(chain.tiers):  # a smaller capacity than last time: shed blocks
+        while tier.free < 0 and (victim := chain.index.victim(t)) is not None:
+            chain.demote(victim)
+
+
+def keep_hot_blocks(chain: TierChain) -> None:
+    """At close: move the blocks of memory tiers (GPU, SHM) to the persistent tier while
+    it has room, without evicting anything, heads of sequences first. The rest are
+    lost (as are REMOTE-tier blocks: they live in other ranks' memory)."""
+    slow = next((t for t, tier in enumerate(chain.tiers) if tier.persistent), None)
+    if slow is None:
+        return
+    kept = lost = 0
+    for meta in sorted(chain.index, key=lambda m: m.depth):
+        if chain.tiers[meta.tier].memory not in (Memory.HOST, Memory.DEVICE):
+            continue
+        try:
+            if not chain.tiers[slow].fits(meta.nbytes):
+                raise TierFull(f"{chain.tiers[slow].name} tier full")
+            chain.run_move(chain.begin_move(meta, slow))
+        except (Busy, MoveFailed, OSError):  # TierFull included; Busy: pinned elsewhere
+            pass
+        if meta.tier == slow and chain.index.holds(meta):
+            kept += 1
+        else:
+            lost += 1
+    if kept:
+        chain.tiers[slow].sync()
+    log.info("close: kept %d hot blocks in the %s tier, %d lost", kept, chain.tiers[slow].name, lost)
+
+
+def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_bytes: int, rank: int,
+                comm: Any = None) -> None:
+    """Join the ranks of ``comm`` (when it has more than one: collective) and adopt the
+    blocks the tiers kept. Ready, multi-rank, only when every rank's republished blocks
+    are visible. On failure every tier in ``built`` is given back (windows only where
+    every rank fails too) and the error raised."""
+    together = comm is not None  # whether every rank takes the same way out if this fails
+    try:
+        if comm is not None:
+            from ..distributed.cluster import Cluster
+
+            shm = next((t for t in chain.tiers if t.kind is TierKind.SHM), None)
+            remote = next((t for t in built if t.kind is TierKind.REMOTE), None)
+            cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=config.file_dir,
+                              shm_buffer=getattr(shm, "mapping", None),
+                              remote=remote, directory_slots=config.directory_slots)
+            chain.peers = Joined(cluster, chain.tiers, rank)
+        try:
+            adopt_found_blocks(chain, block_bytes=block_bytes, default_ttl=config.default_ttl,
+                               what=f"{config.model}, {config.block_tokens} tokens")
+        except BaseException:
+            if comm is not None:  # the others learn it, and no rank waits for us forever
+                together = False
+                agree(comm, False, "warm restart")
+                together = True
+            raise
+        if comm is not None:
+            # Ready only when every rank's republished blocks are visible: a rank
+            # leaving before the others finish republishing misses their blocks.
+            together = False
+            agree(comm, True, "warm restart")
+    except PeerStepFailed:  # the agreement itself completed: every rank is failing
+        _abandon(chain, built, collective=True)
+        raise
+    except BaseException:
+        _abandon(chain, built, collective=together)
+        raise
+
+
+def _abandon(chain: TierChain, built: list[Tier], *, collective: bool) -> None:
+    """A failed open: release what it took. ``collective``: every rank is here too (it
+    failed, or learnt that a rank failed), so windows can be freed."""
+    peers, chain.peers = chain.peers, Solo()
+    try:
+        if collective:
+            peers.close(ok=False)
+    except PeerStepFailed:
+        pass  # we know: this open is failing everywhere
+    finally:
+        release_tiers(chain, built, collective=collective)
+
+
+def release_tiers(chain: TierChain, built: list[Tier], *, collective: bool) -> None:
+    """Close every tier built (a REMOTE tier's window only when ``collective``: every
+    rank is closing too) and forget every block."""
+    for tier in built:
+        if collective or not tier.collective:
+            tier.close()
+    chain.index.clear()
+
+
+def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats: Callable[[], None]) -> None:
+    """Keep hot blocks (with ``keep``), write the last stats, agree with every rank on
+    how its close went (collective), then give every tier back. Raises this rank's
+    error, or :class:`PeerStepFailed` when another rank's close failed (after every rank
+    released its tiers); :class:`RankFailure` when some rank never arrived (its windows
+    kept: freeing them would hang)."""
+    error: BaseException | None = None
+    try:
+        if keep and len(chain.index):
+            keep_hot_blocks(chain)
+        write_stats()
+    except BaseException as exc:  # still take part in the collective end below
+        error = exc
+    # first (collective): every rank learns whether every rank's close went well, no
+    # rank reads our slab or windows after this, and the slab window maps the SHM slab
+    peers, chain.peers = chain.peers, Solo()
+    together = True
+    try:
+        peers.close(ok=error is None)
+    except PeerStepFailed as exc:  # every rank took part: the windows are free
+        error = error or exc
+    except RankFailure:  # some rank never arrived: freeing MPI windows would hang
+        together = False
+        raise
+    finally:
+        release_tiers(chain, built, collective=together)
+    if error is not None:
+        raise error
