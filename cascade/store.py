@@ -1,30 +1,18 @@
 """CascadeStore: the content-addressed, tiered KV-block store of one rank.
 
-This module is the store's face: it checks what callers pass, owns the lifecycle (open,
-warm restart, close) and hands each call to one layer of :mod:`cascade.core` (see
-docs/architecture.md):
-
-* :class:`~cascade.core.writes.WritePath` and :class:`~cascade.core.reads.ReadPath`:
-  a put and a get, top to bottom;
-* :class:`~cascade.core.chain.TierChain`: the tiers (fastest first: GPU, SHM, REMOTE,
-  FILE — those configured), room claims and two-phase moves between them; a block lives
-  in exactly one tier, eviction demotes tier by tier and only the last tier drops;
-* :class:`~cascade.core.index.BlockIndex`: the per-block metadata, the only caller of
-  the policy;
-* :mod:`cascade.core.guards`: every lease, reader count, room claim and in-flight
-  count, each taken and given back in one place.
-
-In a multi-rank run the chain tells the multi-rank layer
-(:mod:`cascade.distributed.store_layer`) about every block it stores, moves and frees;
-on one rank the layer is a no-op stand-in, so the code is the same either way.
+This module is the store's face: it checks what callers pass, owns the lifecycle and
+hands each call to one layer of :mod:`cascade.core` (the read and write paths, the tier
+chain with its two-phase moves, the block index that alone asks the policy, the resource
+guards); docs/architecture.md follows a put and a get through them. In a multi-rank run
+the chain keeps the multi-rank layer (:mod:`cascade.distributed.store_layer`) told about
+every block it stores, moves and frees; on one rank that layer is a no-op stand-in.
 
 Thread-safety: every public method is safe to call from several threads. One lock per
 store guards the metadata only; the bytes move outside it (a get copies under a lease,
 a put into claimed room, a demotion that makes room for a put between two short locked
-steps; cross-rank reads outside it too). Still under the lock: the copies of a hint's
-promotion, demotions made for a promotion or a namespace quota, room-making for
-content-hashed puts, REMOTE-tier (MPI) copies, warm-restart checks and compaction of
-the file tier.
+steps; cross-rank reads too). Still under the lock: the copies of a hint's promotion,
+demotions made for a promotion or a namespace quota, room-making for content-hashed
+puts, REMOTE-tier (MPI) copies, warm-restart checks and compaction of the file tier.
 """
 from __future__ import annotations
 
@@ -116,9 +104,6 @@ class CascadeStore:
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
                                default_ttl=self.config.default_ttl, promote_on_hit=self.config.promote_on_hit,
                                cache_cluster_reads=self.config.cache_cluster_reads)
-        for tier in self.tiers:
-            if tier.records_ttl:  # persistent tiers record TTLs (wall clock)
-                tier.expiry_of = self._index.wall_expiry
         with self._lock:
             open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
                         comm=comm if clustered else None)
@@ -294,16 +279,8 @@ class CascadeStore:
         Local (other ranks' blocks are not hinted); thread-safe.
         """
         keys = [self._key(b, namespace) for b in block_ids]
-        cap = self.config.hint_fraction * self.tiers[0].capacity
-        taken = 0
         with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
-            for bkey in keys:
-                meta = self._index.get(bkey)
-                if meta is None or not self._index.take_hint(meta, cap):
-                    continue
-                taken += 1
-                if meta.tier > 0:
-                    self._reads.promote_now(meta)
+            taken = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity)
             self.counters.hints += taken
         return taken
 
@@ -311,14 +288,8 @@ class CascadeStore:
         """Withdraw one hint of each id (its request left the queue unserved); ids
         without a hint are skipped. Returns how many hints were withdrawn. Local."""
         keys = [self._key(b, namespace) for b in block_ids]
-        withdrawn = 0
         with self._lock:
-            for bkey in keys:
-                meta = self._index.get(bkey)
-                if meta is not None and meta.hints:
-                    self._index.release_hint(meta)
-                    withdrawn += 1
-        return withdrawn
+            return self._index.unhint(keys)
 
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:

@@ -52,6 +52,9 @@ class TierChain:
         self._lock = lock
         self._share = namespace_share
         self._check_open = check_open
+        for tier in tiers:
+            if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
+                tier.expiry_of = index.wall_expiry
 
     # -- claims ----------------------------------------------------------------------------
     def claim(self, t: int, key: BlockKey | None, nbytes: int, *, parent: str | None = None,

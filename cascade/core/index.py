@@ -191,6 +191,16 @@ class BlockIndex:
         self._policy.changed(meta)
         return True
 
+    def unhint(self, keys: list[BlockKey]) -> int:
+        """Withdraw one hint of each hinted block of ``keys``; how many were withdrawn."""
+        withdrawn = 0
+        for key in keys:
+            meta = self.blocks.get(key)
+            if meta is not None and meta.hints:
+                self.release_hint(meta)
+                withdrawn += 1
+        return withdrawn
+
     def release_hint(self, meta: BlockMeta) -> None:
         meta.hints -= 1
         if meta.hints == 0:

@@ -143,6 +143,19 @@ class ReadPath:
                 self.metrics.tiers[src].promotions += 1
                 self.metrics.tiers[dst.t].bytes_written += meta.nbytes
 
+    def hint(self, keys: Sequence[BlockKey], cap: float) -> int:
+        """Under the lock: take a hint on each cached block of ``keys`` (while hinted
+        blocks stay within ``cap`` bytes) and promote it; how many were taken."""
+        taken = 0
+        for key in keys:
+            meta = self.index.get(key)
+            if meta is None or not self.index.take_hint(meta, cap):
+                continue
+            taken += 1
+            if meta.tier > 0:
+                self.promote_now(meta)
+        return taken
+
     def promote_now(self, meta: BlockMeta) -> None:
         """Under the lock: read a block from its slower tier and promote it (for a hint).
         Best effort: a corrupt record is dropped, as on a get."""
