@@ -30,7 +30,6 @@ Collective: the constructor and :meth:`close`. Everything else is local and one-
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
 from ..identity import BlockKey
+from ..tiers.base import TierKind
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
 from .agree import agree
@@ -52,20 +52,6 @@ if TYPE_CHECKING:
     from ..tiers.remote import RemoteTier
 
 log = logging.getLogger(__name__)
-
-
-class TierKind(enum.IntEnum):
-    """Tier numbers as stored in directory entries (stable across configurations)."""
-
-    GPU = 0
-    SHM = 1
-    REMOTE = 2
-    LUSTRE = 3
-    NONE = 0xFF  # a placeholder entry: the block is gone, only its child count is kept
-
-    @classmethod
-    def of(cls, tier_name: str) -> "TierKind":
-        return cls[tier_name.upper()]
 
 
 class Cluster:
@@ -121,7 +107,7 @@ class Cluster:
                 self.shm_window is not None and self.shm_window.sizes[entry.rank] > 0)
         if kind is TierKind.REMOTE:
             return self.remote is not None
-        if kind is TierKind.LUSTRE:
+        if kind is TierKind.FILE:
             group = self.file_groups[self.rank]
             return group >= 0 and self.file_groups[entry.rank] == group
         return False  # GPU: no device memory access across processes here
@@ -185,7 +171,7 @@ class Cluster:
                 self.window_reads += 1
         elif kind is TierKind.REMOTE:
             self.remote.read_remote_parts(entry.rank, entry.location, outs)
-        elif kind is TierKind.LUSTRE:
+        elif kind is TierKind.FILE:
             try:
                 read_record(self.file_dir, entry.rank, entry.location, key, outs)
             except BlockNotFound:
