@@ -1,7 +1,7 @@
 """Reading benchmark results files for the paper, with errors that name file and field.
 
 A results file is ``{system}_{workload}_{nodes}n_{timestamp}.json`` (DESIGN.md section 6)
-or a ``cascade run`` / ``python -m cascade.distributed run`` file,
+or a ``cascade run`` / ``python -m cascade.app run`` file,
 ``cascade_run_{nodes}n_{timestamp}.json``. Figures ask a :class:`ResultsFile` for fields
 by path (``rf.num("rows", 2, "memcpy", "gbps")``); a missing or malformed field raises
 :class:`ResultsError` naming the file and the field (``rows[2].memcpy.gbps``), so a
