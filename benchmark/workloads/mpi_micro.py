@@ -28,7 +28,7 @@ import numpy as np
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
 from cascade.distributed.window_slab import node_ids
-from cascade.tiers.remote import RemoteTier
+from cascade.distributed.remote_tier import RemoteTier
 
 from ..timing import gbps, summarize
 

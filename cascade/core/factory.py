@@ -58,7 +58,7 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None) 
         return fast + slow
     try:
         agree(comm, opened, "opening the local tiers")
-        from ..tiers.remote import RemoteTier
+        from ..distributed.remote_tier import RemoteTier
 
         # every rank takes part in the window, even one exposing 0 bytes; always
         # verified: its reads cross ranks (the end-to-end check, like peers' reads)

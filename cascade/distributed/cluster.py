@@ -49,7 +49,7 @@ from .shm_window import SlabWindow
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ..tiers.remote import RemoteTier
+    from .remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 

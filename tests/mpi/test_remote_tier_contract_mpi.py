@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cascade.testing.tier_contract import TierContract
-from cascade.tiers.remote import RemoteTier
+from cascade.distributed.remote_tier import RemoteTier
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
 CHUNK = 4096

@@ -7,7 +7,7 @@ import xxhash
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
 from cascade.errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
-from cascade.tiers.remote import RemoteTier
+from cascade.distributed.remote_tier import RemoteTier
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
 

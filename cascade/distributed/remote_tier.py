@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checksum import checksum
-from ..distributed.rma import load_mpi
-from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from ..identity import as_byte_view
-from .base import BlockKey, Memory, Tier, TierKind
-from .slab import SlabAllocator
+from ..tiers.base import BlockKey, Memory, Tier, TierKind
+from ..tiers.slab import SlabAllocator
+from .rma import load_mpi
+from .window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 
 if TYPE_CHECKING:
     from mpi4py import MPI
