@@ -54,6 +54,8 @@ class StoreCounters:
     cluster_corruptions: int = 0  # bytes read from another rank failed the entry's checksum (misses)
     hints: int = 0  # scheduler hints taken (store.hint)
     replaced_unconfirmed: int = 0  # puts whose bytes differed from a record found on disk
+    kept_at_close: int = 0  # GPU/SHM/REMOTE blocks moved to the file tier by close()
+    lost_at_close: int = 0  # blocks outside the file tier that close() could not keep
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -20,8 +20,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
+from . import manifest
+from .async_ops import AsyncCalls
 from .config import Config
 from .core.chain import TierChain
 from .core.factory import build_tiers
@@ -42,6 +47,8 @@ from .validate import check_priority, check_ttl
 log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
+#: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
+ASYNC_CLOSE_SECONDS = 60.0
 
 
 class CascadeStore:
@@ -77,8 +84,11 @@ class CascadeStore:
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
+        self.layout = manifest.Layout(tuple(self.spec.shape), str(np.dtype(self.spec.dtype)),
+                                      self.config.block_tokens, self.config.model)
         built = list(tiers) if tiers is not None else build_tiers(
-            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None)
+            self.config, rank=rank, array_module=array_module, comm=comm if clustered else None,
+            layout=self.layout, world_size=comm.Get_size() if comm is not None else None)
         self._built_tiers = built  # all of them, for close(): the REMOTE tier's is collective
         self.tiers: list[Tier] = [t for t in built if t.capacity > 0]
         if not self.tiers:
@@ -99,6 +109,7 @@ class CascadeStore:
         self._chain = TierChain(self.tiers, self._index, self.metrics, self._lock,
                                 namespace_share=self.config.namespace_share, check_open=self._inflight.check_open)
         self._pools = Pools(self.config.io_threads)
+        self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
@@ -106,7 +117,7 @@ class CascadeStore:
                                cache_cluster_reads=self.config.cache_cluster_reads)
         with self._lock:
             open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
-                        comm=comm if clustered else None)
+                        comm=comm if clustered else None, layout=self.layout if tiers is None else None)
 
     # -- what the layers hold, for reports and tests ------------------------------------------
     @property
@@ -135,6 +146,14 @@ class CascadeStore:
         self.spec.check(key, "key")
         self.spec.check(value, "value")
         return [key, value]
+
+    @staticmethod
+    def _check_put_options(namespace: str, parent: str | None, priority: int,
+                           ttl: float | None) -> tuple[int, float | None]:
+        check_namespace(namespace)
+        if parent is not None:
+            check_id(parent)
+        return check_priority(priority), None if ttl is None else check_ttl(ttl)
 
     def _key(self, block_id: str, namespace: str) -> BlockKey:
         self._inflight.check_open()
@@ -182,11 +201,7 @@ class CascadeStore:
         lock: puts from several threads copy in parallel.
         """
         parts = self._check_pair(key, value)
-        check_namespace(namespace)
-        if parent is not None:
-            check_id(parent)
-        priority = check_priority(priority)  # all checks before anything is stored
-        ttl = None if ttl is None else check_ttl(ttl)
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         stored = self._writes.put(parts, namespace, block_id, verify=verify, parent=parent, ttl=ttl,
                                   priority=priority)
         self._tick()
@@ -262,9 +277,62 @@ class CascadeStore:
                                     range(len(block_ids)), max_workers)
 
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
-        hit = self._reads.read(self._key(block_id, namespace), outs)
+        bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
+        hit = self._reads.read(bkey, outs)
         self._tick()
         return hit
+
+    # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
+    def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                  block_id: str | None = None, verify: bool = False, ttl: float | None = None,
+                  priority: int = 0) -> Future:
+        """:meth:`put` without waiting: returns a future of the block's id at once. Bad
+        input raises here; TierFull and other errors of the put come from
+        ``future.result()``. ``key`` and ``value`` must stay unchanged until it is done."""
+        self._check_pair(key, value)
+        self._check_put_options(namespace, parent, priority, ttl)
+        puts = [self._key(block_id, namespace)] if block_id is not None else []
+        return self._async.submit(lambda: self.put(key, value, parent=parent, namespace=namespace, block_id=block_id,
+                                                   verify=verify, ttl=ttl, priority=priority), puts=puts)
+
+    def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                       **options: Any) -> Future:
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
+        checked here; they must stay unchanged until the future is done."""
+        pairs = list(pairs)
+        for key, value in pairs:
+            self._check_pair(key, value)
+        if block_ids is not None and len(block_ids) != len(pairs):
+            raise InvalidBlock(f"put_many_async: {len(pairs)} pairs but {len(block_ids)} block_ids")
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)
+        puts = [self._key(b, namespace) for b in block_ids] if block_ids is not None else []
+        return self._async.submit(lambda: self.put_many(pairs, block_ids=block_ids, **options), puts=puts)
+
+    def get_into_async(self, block_id: str, key_out: Any, value_out: Any, *,
+                       namespace: str = DEFAULT_NAMESPACE) -> Future:
+        """:meth:`get_into` without waiting: a future of True (hit) or False (miss). The
+        outputs hold the block only once the future is done with True."""
+        self._check_outs(key_out, value_out)
+        bkey = self._key(block_id, namespace)
+        return self._async.submit(lambda: self.get_into(block_id, key_out, value_out, namespace=namespace),
+                                  after=[bkey])
+
+    def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                            namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
+        """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:
+            self._check_outs(key_out, value_out)
+        keys = [self._key(b, namespace) for b in block_ids]
+        return self._async.submit(
+            lambda: self.get_many_into(block_ids, outs, namespace=namespace, max_workers=max_workers), after=keys)
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a ``put_async`` of this id has not finished yet. Local."""
+        return self._async.pending(self._key(block_id, namespace))
 
     # -- scheduler hints --------------------------------------------------------------------
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
@@ -334,8 +402,10 @@ class CascadeStore:
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Make every completed put durable in the persistent tiers (fsync). Local."""
+        """Wait for every non-blocking call submitted before it, then make every
+        completed put durable in the persistent tiers (fsync). Local."""
         self._inflight.check_open()
+        self._async.wait_all()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -425,10 +495,16 @@ class CascadeStore:
         runs: SHM slabs and windows go only after every rank has entered ``close`` (so
         has stopped reading them), and a close that fails on one rank (e.g. its file tier's
         fsync) raises that error there and ``PeerStepFailed`` on the others, after every
-        rank has released its tiers. Later calls raise :class:`StoreClosed`; calls of
+        rank has released its tiers. Later calls raise :class:`StoreClosed`. The
+        non-blocking calls submitted before it finish first (at most
+        :data:`ASYNC_CLOSE_SECONDS`; those not started by then are cancelled); calls of
         other threads still moving data get up to ``timeout`` seconds to finish (the
         wait gives the store's lock up), after which :class:`CloseTimeout` names what
         they hold and the tiers stay open (call ``close()`` again)."""
+        unfinished = self._async.close(ASYNC_CLOSE_SECONDS)
+        if unfinished:
+            log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
+                        unfinished, ASYNC_CLOSE_SECONDS)
         with self._closer, self._lock:
             if self._closed:
                 return

@@ -13,6 +13,7 @@ lock; :meth:`claim_for_put` and :meth:`run_move` take it themselves, copying out
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -52,9 +53,10 @@ class TierChain:
         self._lock = lock
         self._share = namespace_share
         self._check_open = check_open
-        for tier in tiers:
+        for t, tier in enumerate(tiers):
             if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
                 tier.expiry_of = index.wall_expiry
+            tier.on_relocate = functools.partial(self._relocated, t)
 
     # -- claims ----------------------------------------------------------------------------
     def claim(self, t: int, key: BlockKey | None, nbytes: int, *, parent: str | None = None,
@@ -261,6 +263,14 @@ class TierChain:
             raise Busy(meta.key)
         del self.tiers[src][meta.key]
         self.index.moved(meta, dst)
+
+    def _relocated(self, t: int, keys: list[BlockKey]) -> None:
+        """Under the lock (a tier compacts inside calls made under it): blocks tier ``t``
+        moved within itself get their directory entries pointed at the new place."""
+        for key in keys:
+            meta = self.index.get(key)
+            if meta is not None and meta.tier == t:
+                self.peers.relocated(meta)
 
     # -- drops -----------------------------------------------------------------------------
     def drop(self, meta: BlockMeta) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import manifest
 from ..config import Config
 from ..distributed.agree import PeerStepFailed, agree
 from ..distributed.store_layer import Joined, Solo
@@ -65,37 +66,42 @@ def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float
 
 
 def keep_hot_blocks(chain: TierChain) -> None:
-    """At close: move the blocks of memory tiers (GPU, SHM) to the persistent tier while
-    it has room, without evicting anything, heads of sequences first. The rest are
-    lost (as are REMOTE-tier blocks: they live in other ranks' memory)."""
+    """At close: move every block outside the persistent tier (GPU, SHM, and REMOTE:
+    those live in other ranks' DRAM, readable until every rank has entered close) to it
+    while it has room, without evicting anything, heads of sequences first; count the
+    rest as lost."""
     slow = next((t for t, tier in enumerate(chain.tiers) if tier.persistent), None)
-    if slow is None:
-        return
     kept = lost = 0
     for meta in sorted(chain.index, key=lambda m: m.depth):
-        if chain.tiers[meta.tier].memory not in (Memory.HOST, Memory.DEVICE):
+        if meta.tier == slow:
             continue
-        try:
-            if not chain.tiers[slow].fits(meta.nbytes):
-                raise TierFull(f"{chain.tiers[slow].name} tier full")
-            chain.run_move(chain.begin_move(meta, slow))
-        except (Busy, MoveFailed, OSError):  # TierFull included; Busy: pinned elsewhere
-            pass
+        if slow is not None:
+            try:
+                if not chain.tiers[slow].fits(meta.nbytes):
+                    raise TierFull(f"{chain.tiers[slow].name} tier full")
+                chain.run_move(chain.begin_move(meta, slow))
+            except (Busy, MoveFailed, OSError):  # TierFull included; Busy: pinned elsewhere
+                pass
         if meta.tier == slow and chain.index.holds(meta):
             kept += 1
         else:
             lost += 1
     if kept:
         chain.tiers[slow].sync()
-    log.info("close: kept %d hot blocks in the %s tier, %d lost", kept, chain.tiers[slow].name, lost)
+    chain.metrics.counters.kept_at_close += kept
+    chain.metrics.counters.lost_at_close += lost
+    log.info("close: kept %d blocks of the GPU, SHM and REMOTE tiers in the file tier, %d lost%s",
+             kept, lost, "" if slow is not None else " (no file tier)")
 
 
 def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_bytes: int, rank: int,
-                comm: Any = None) -> None:
+                comm: Any = None, layout: manifest.Layout | None = None) -> None:
     """Join the ranks of ``comm`` (when it has more than one: collective) and adopt the
-    blocks the tiers kept. Ready, multi-rank, only when every rank's republished blocks
-    are visible. On failure every tier in ``built`` is given back (windows only where
-    every rank fails too) and the error raised."""
+    blocks the tiers kept; rank 0 then records ``layout`` (the block layout of the
+    configured file tier, if any) in the file directory's manifest. Ready, multi-rank,
+    only when every rank's republished blocks are visible. On failure every tier in
+    ``built`` is given back (windows only where every rank fails too) and the error
+    raised."""
     together = comm is not None  # whether every rank takes the same way out if this fails
     try:
         if comm is not None:
@@ -110,6 +116,9 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
         try:
             adopt_found_blocks(chain, block_bytes=block_bytes, default_ttl=config.default_ttl,
                                what=f"{config.model}, {config.block_tokens} tokens")
+            if layout is not None and rank == 0 and any(t.kind is TierKind.FILE for t in chain.tiers):
+                manifest.write(config.file_dir, layout, world_size=comm.Get_size() if comm is not None else 1,
+                               nodes=chain.peers.cluster.nodes if comm is not None else 1)
         except BaseException:
             if comm is not None:  # the others learn it, and no rank waits for us forever
                 together = False
@@ -161,6 +170,8 @@ def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats
     try:
         if keep and len(chain.index):
             keep_hot_blocks(chain)
+        elif len(chain.index):  # close(keep=False): nothing outside the file tier is kept
+            chain.metrics.counters.lost_at_close += sum(not chain.tiers[m.tier].persistent for m in chain.index)
         write_stats()
     except BaseException as exc:  # still take part in the collective end below
         error = exc

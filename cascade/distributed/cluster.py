@@ -227,6 +227,14 @@ class Cluster:
                                                         location=location, expect=old, unpinned=True)
         return entry if updated else None
 
+    def relocate(self, key: BlockKey, old: DirectoryEntry, location: int) -> DirectoryEntry | None:
+        """Point the entry at the block's new place within the same tier (file-tier
+        compaction), pinned or not: the block stays where its pins want it. Returns the
+        new entry, or None when the entry is no longer ours."""
+        updated, entry = self.directory.update_location(key[0], key[1], tier=old.tier, rank=old.rank,
+                                                        location=location, expect=old)
+        return entry if updated else None
+
     def withdraw(self, key: BlockKey, old: DirectoryEntry, parent: str | None, *, leaf_only: bool) -> Removal:
         """Remove our entry before freeing the bytes. Anything but REMOVED/ABSENT/MISMATCH
         (pinned elsewhere, or children cached elsewhere) means: keep the block."""

@@ -81,6 +81,9 @@ class Solo:
     def republish(self, meta: BlockMeta, t: int) -> bool:
         return True
 
+    def relocated(self, meta: BlockMeta) -> None:
+        pass
+
     def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:
         return True
 
@@ -178,6 +181,17 @@ class Joined(Solo):
             return False
         meta.entry = entry
         return True
+
+    @_serialized
+    def relocated(self, meta: BlockMeta) -> None:
+        """Our copy moved within its tier (file-tier compaction): point our entry at it,
+        so readers of the old place retry at the new one instead of missing."""
+        if meta.entry is None:
+            return
+        _, _, location = self._placement(meta)
+        entry = self.cluster.relocate(meta.key, meta.entry, location)
+        if entry is not None:
+            meta.entry = entry
 
     @_serialized
     def withdraw(self, meta: BlockMeta, *, leaf_only: bool) -> bool:

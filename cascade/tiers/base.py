@@ -73,6 +73,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # asking ``expiry_of`` (set by the store) for it when a block is written.
     records_ttl: bool = False
     expiry_of: Callable[[BlockKey], float] | None = None
+    # Set by the store: called (under its lock) with the keys of blocks the tier moved
+    # within itself (file-tier compaction), so the directory follows them.
+    on_relocate: Callable[[list[BlockKey]], None] | None = None
     collective: bool = False  # opening and closing it takes every rank (MPI windows)
 
     @property

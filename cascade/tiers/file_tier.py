@@ -137,10 +137,14 @@ class FileTier(Tier):
         self._bounces: list[mmap.mmap] = []  # spare page-aligned buffers for O_DIRECT reads
         self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
-                         "compactions": 0, "full_events": 0, "lost_tombstones": 0, "bad_files": 0}
+                         "compactions": 0, "full_events": 0, "lost_tombstones": 0, "bad_files": 0,
+                         "adopted": 0}
         # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
         # so a block demoted here keeps its TTL across restarts.
         self.expiry_of: Callable[[BlockKey], float] | None = None
+        # Set by the store: told which blocks compaction moved to another file (before
+        # the old file goes), so that other ranks' readers learn their new locations.
+        self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         if read_mode not in READ_MODES:
@@ -534,6 +538,7 @@ class FileTier(Tier):
         f = self._files[file_id]
         if f is self._active:
             self._active = self._open_file(max(self._files) + 1, create=True)
+        moved: list[BlockKey] = []
         for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
             buf = bytearray(loc.length)
             try:
@@ -544,11 +549,26 @@ class FileTier(Tier):
             header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
             new_file, new_offset = self._append(header, [memoryview(buf)])
             self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
+            moved.append(key)
+        if moved and self.on_relocate is not None:
+            self.on_relocate(moved)
         for key, tfile, toff in self._needed_tombstones(f):
             new_file, _ = self._append(RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff), [])
             self._files[new_file].tombstones.append((key, tfile, toff))
         self._drop_file(f)
         self.counters["compactions"] += 1
+
+    def remove_files(self) -> None:
+        """Unlink every file of this tier: its blocks are gone (after another rank adopted
+        them, see :mod:`.adoption`). Local."""
+        for f in list(self._files.values()):
+            self._drop_file(f)
+        self._index.clear()
+        self._live_bytes = self._payload_bytes = 0
+        try:
+            os.unlink(os.path.join(self.directory, f"agg_rank{self.rank:03d}.lock"))
+        except FileNotFoundError:
+            pass
 
     def _drop_file(self, f: _File) -> None:
         for fd in (f.fd, f.direct_fd):

@@ -1,0 +1,107 @@
+"""Warm restart at another job size: live ranks adopt the aggregated files of ranks that
+no longer exist.
+
+A job restarted on fewer ranks would otherwise never read the files of its missing ranks
+(each rank scans only ``agg_rank{rank}``). Old rank ``o`` (``o >= world_size``) is adopted
+by rank ``o % world_size``: it opens ``o``'s files as a file tier of their own (taking
+``o``'s lock, so a process still writing them is never disturbed, and applying their
+tombstones and checks as any warm restart does), copies every live, verified record into
+its own files with its parent and expiry, makes them durable, and only then removes
+``o``'s files. An adoption cut short leaves both copies; the next start finds the
+block already adopted and finishes the job, so nothing is lost or served twice. A job
+that grows needs no adoption: its old ranks keep their files and the new ranks start empty.
+
+Cost: one verified read and one append per adopted block (see the note in docs/scale.md
+for the measured rate).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CascadeError, CorruptBlock, TierFull
+from .file_tier import FileTier
+
+log = logging.getLogger(__name__)
+
+_RANK_FILE = re.compile(r"^agg_rank(\d{3,})_\d{6,}\.bin$")
+
+
+@dataclass
+class Adoption:
+    """What one rank adopted at start (also in the file tier's stats)."""
+
+    ranks: list[int]
+    blocks: int = 0
+    bytes: int = 0
+    corrupt: int = 0   # failed verification: never copied
+    dropped: int = 0   # no room left in this rank's tier: logged, not served
+    skipped_ranks: list[int] | None = None  # still locked by a live process
+
+
+def ranks_with_files(directory: str) -> set[int]:
+    """Ranks that have aggregated files in ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return set()
+    return {int(m.group(1)) for n in names if (m := _RANK_FILE.match(n))}
+
+
+def orphans_of(rank: int, world_size: int, directory: str) -> list[int]:
+    """Old ranks whose files ``rank`` adopts in a job of ``world_size`` ranks (those at or
+    beyond ``world_size``, assigned round-robin: old rank ``o`` goes to ``o % world_size``)."""
+    return sorted(o for o in ranks_with_files(directory) if o >= world_size and o % world_size == rank)
+
+
+def adopt_orphans(own: FileTier, world_size: int, open_tier: Callable[[int], FileTier]) -> Adoption:
+    """Copy the live blocks of every old rank that ``own.rank`` adopts into ``own``, then
+    remove the old rank's files. ``open_tier(o)`` opens old rank ``o``'s files as a
+    :class:`FileTier`. Local; costs one verified read and one append per block."""
+    report = Adoption(ranks=orphans_of(own.rank, world_size, own.directory), skipped_ranks=[])
+    for old_rank in report.ranks:
+        try:
+            old = open_tier(old_rank)
+        except CascadeError as exc:  # e.g. its lock is held: a process still uses those files
+            log.warning("not adopting rank %d's files: %s", old_rank, exc)
+            report.skipped_ranks.append(old_rank)
+            continue
+        try:
+            _copy_blocks(old, own, report)
+            own.sync()  # durable here before the only other copy goes
+            old.remove_files()
+        finally:
+            old.close()
+        log.info("adopted rank %d's files in %s", old_rank, own.directory)
+    if report.dropped:
+        log.warning("adoption: %d blocks did not fit in rank %d's file tier and were dropped",
+                    report.dropped, own.rank)
+    return report
+
+
+def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> None:
+    for key in list(old):
+        if key in own:  # adopted by an earlier start that was cut short
+            continue
+        buf = np.empty(old.length(key), dtype=np.uint8)
+        try:
+            old.read_into(key, buf)
+        except CorruptBlock as exc:
+            log.warning("adoption: %s", exc)
+            report.corrupt += 1
+            continue
+        try:
+            own.put(key, [buf], parent=old.parent_of(key))
+        except TierFull:
+            report.dropped += 1
+            continue
+        expires = old.expires_of(key)
+        if expires:
+            own.set_expiry(key, expires)
+        report.blocks += 1
+        report.bytes += buf.nbytes
