@@ -87,49 +87,53 @@ def fault(exc_kind: str):
             "interrupt": lambda: KeyboardInterrupt()}[exc_kind]
 
 
-@pytest.mark.parametrize("setup", list(SETUPS))
-@pytest.mark.parametrize("op", ["read_leased", "fill", "commit"])
-@pytest.mark.parametrize("exc_kind", ["io", "bug", "interrupt"])
-def test_a_tier_operation_raising_leaves_nothing_held(tmp_path, monkeypatch, setup, op, exc_kind):
+def with_each_tier_faulty(tmp_path, monkeypatch, setup: str, arm) -> None:
+    """Open ``setup`` with 12 blocks; for each tier in turn, ``arm(tier)`` (monkeypatching
+    it), run :func:`workload`, disarm and check that nothing is held and the accounting
+    adds up; finally check that the store serves and closes."""
     store = open_setup(tmp_path, setup)
     for n in range(12):
         put(store, n)
-    make = fault(exc_kind)
     for t, tier in enumerate(store.tiers):
-        def boom(*args, **kwargs):
-            raise make()
-        monkeypatch.setattr(tier, op, boom)  # raised before the tier does anything
+        arm(tier)
         workload(store, 100 * (t + 1))
         monkeypatch.undo()
         check_nothing_held(store)
         check_quiescent(store)
     check_serves_and_closes(store)
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+@pytest.mark.parametrize("op", ["read_leased", "fill", "commit"])
+@pytest.mark.parametrize("exc_kind", ["io", "bug", "interrupt"])
+def test_a_tier_operation_raising_leaves_nothing_held(tmp_path, monkeypatch, setup, op, exc_kind):
+    make = fault(exc_kind)
+
+    def boom(*args, **kwargs):
+        raise make()
+
+    # raised before the tier does anything
+    with_each_tier_faulty(tmp_path, monkeypatch, setup, lambda tier: monkeypatch.setattr(tier, op, boom))
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_a_discard_raising_leaves_nothing_held(tmp_path, monkeypatch, setup):
     """Claims are discarded when a fill fails; the discard then raises (after giving its
     room back)."""
-    store = open_setup(tmp_path, setup)
-    for n in range(12):
-        put(store, n)
-    for t, tier in enumerate(store.tiers):
-        real_discard = tier.discard
+    def fill(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "injected full disk")
 
-        def fill(*args, **kwargs):
-            raise OSError(errno.ENOSPC, "injected full disk")
+    def arm(tier):
+        real = tier.discard
 
-        def discard(handle, real=real_discard):
+        def discard(handle):
             real(handle)
             raise RuntimeError("injected discard failure")
 
         monkeypatch.setattr(tier, "fill", fill)
         monkeypatch.setattr(tier, "discard", discard)
-        workload(store, 100 * (t + 1))
-        monkeypatch.undo()
-        check_nothing_held(store)
-        check_quiescent(store)
-    check_serves_and_closes(store)
+
+    with_each_tier_faulty(tmp_path, monkeypatch, setup, arm)
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
