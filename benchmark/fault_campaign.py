@@ -27,6 +27,12 @@ from cascade import CascadeStore, Config
 from .results import write_results
 
 
+# blocks acknowledged before each fault is injected
+FLIP_BLOCKS = 400  # byte_flips: one file-tier store
+HEADER_BLOCKS = 150  # header: per round
+SHM_BLOCKS = 200  # shm_flips
+
+
 def _block(spec, seed: int):
     rng = np.random.default_rng(seed)
     return rng.standard_normal(spec.shape).astype(spec.dtype), rng.standard_normal(spec.shape).astype(spec.dtype)
@@ -93,7 +99,7 @@ def _filled_store(d: str, n: int):
 
 def byte_flips(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]:
     d = tempfile.mkdtemp(prefix="fault-flip-", dir=base)
-    s, ids = _filled_store(d, 400)
+    s, ids = _filled_store(d, FLIP_BLOCKS)
     files = sorted(Path(d).glob("agg_rank000_*.bin"))
     flipped_records = set()
     for _ in range(rounds):  # flip one payload byte of a random record
@@ -118,7 +124,7 @@ def header_and_truncation(rounds: int, rnd: random.Random, base: str) -> dict[st
     recover = []
     for _ in range(rounds):
         d = tempfile.mkdtemp(prefix="fault-hdr-", dir=base)
-        s, ids = _filled_store(d, 150)
+        s, ids = _filled_store(d, HEADER_BLOCKS)
         acked += len(ids)
         s.close()
         files = [p for p in sorted(Path(d).glob("agg_rank000_*.bin")) if p.stat().st_size]
@@ -143,7 +149,7 @@ def header_and_truncation(rounds: int, rnd: random.Random, base: str) -> dict[st
 def shm_flips(rounds: int, rnd: random.Random) -> dict[str, Any]:
     cfg = Config(model="tiny", shm_bytes=256 * 4096, file_bytes=0, verify_dram_reads=True)
     with CascadeStore(cfg) as s:
-        ids = {s.put(*_block(s.spec, i)): i for i in range(200)}
+        ids = {s.put(*_block(s.spec, i)): i for i in range(SHM_BLOCKS)}
         victims = rnd.sample(list(ids), rounds)
         with open(s.tiers[0].path, "r+b") as fh:
             for bid in victims:

@@ -56,6 +56,7 @@ class StoreCounters:
     replaced_unconfirmed: int = 0  # puts whose bytes differed from a record found on disk
     kept_at_close: int = 0  # GPU/SHM/REMOTE blocks moved to the file tier by close()
     lost_at_close: int = 0  # blocks outside the file tier that close() could not keep
+    dropped_at_restart: int = 0  # blocks found on disk that the global directory had no slot for
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -107,7 +107,7 @@ class CascadeStore(BatchCalls):
         self._index = BlockIndex(self.policy, len(self.tiers))
         self._chain = TierChain(self.tiers, self._index, self.metrics, self._lock,
                                 namespace_share=self.config.namespace_share, check_open=self._inflight.check_open)
-        self._pools = Pools(self.config.io_threads)
+        self._pools = Pools(self.config.io_threads, self._inflight.check_open)
         self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
@@ -265,6 +265,7 @@ class CascadeStore(BatchCalls):
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
         keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()
             found = [(m := self._index.get(k)) is not None and not self._index.expired(m, now) for k in keys]

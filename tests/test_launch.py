@@ -42,8 +42,13 @@ def test_layout_is_parsed() -> None:
 def test_good_layout_passes() -> None:
     for procid in range(8):
         layout = slurm_layout(srun_env(procid, 8, nnodes=2))
-        check_world(procid, 8, layout)
-        check_nodes(2, procid % 4, layout)
+        assert (layout.localid, layout.nodeid) == (procid % 4, procid // 4)
+        assert check_world(procid, 8, layout) is None and check_nodes(2, procid % 4, layout) is None
+        # the same layout is checked, not waved through: one fact off is refused
+        with pytest.raises(LaunchError, match=f"MPI rank {(procid + 1) % 8} != SLURM_PROCID={procid}"):
+            check_world((procid + 1) % 8, 8, layout)
+        with pytest.raises(LaunchError, match=f"node-local MPI rank {(procid + 1) % 4} != SLURM_LOCALID"):
+            check_nodes(2, (procid + 1) % 4, layout)
 
 
 def test_wrong_mpi_plugin_is_named() -> None:

@@ -1,7 +1,9 @@
 """Cascade as an LMCache storage plugin, driven by LMCache's own StorageManager on CPU."""
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 
 import pytest
 
@@ -12,7 +14,7 @@ os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # LMCache reads it at imp
 
 from lmcache.utils import CacheEngineKey  # noqa: E402
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
-from lmcache.v1.event_manager import EventManager  # noqa: E402
+from lmcache.v1.event_manager import EventManager, EventType  # noqa: E402
 from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
 from lmcache.v1.storage_backend.storage_manager import StorageManager  # noqa: E402
@@ -30,7 +32,7 @@ def _quiet_lmcache(tmp_path, monkeypatch):
     os.makedirs(tmp_path / "prom", exist_ok=True)
 
 
-def _manager(tmp_path, **cascade):
+def _manager(tmp_path, *, async_lookup_server=None, enable_async_loading=False, **cascade):
     extra = {"storage_plugin.cascade.module_path": "cascade.integrations.lmcache_backend",
              "storage_plugin.cascade.class_name": "CascadeBackend",
              "cascade.shm_bytes": "1M", "cascade.file_bytes": "4M",
@@ -39,11 +41,11 @@ def _manager(tmp_path, **cascade):
     os.makedirs(tmp_path / "shm", exist_ok=True)
     cfg = LMCacheEngineConfig.from_defaults(chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.01,
                                             storage_plugins=["cascade"], extra_config=extra,
-                                            save_unfull_chunk=True)
+                                            save_unfull_chunk=True, enable_async_loading=enable_async_loading)
     meta = LMCacheMetadata(model_name="tiny-test", world_size=1, local_world_size=1, worker_id=0,
                            local_worker_id=0, kv_dtype=torch.float16, kv_shape=KV_SHAPE, role="worker",
                            chunk_size=CHUNK)
-    sm = StorageManager(cfg, meta, EventManager())
+    sm = StorageManager(cfg, meta, EventManager(), async_lookup_server=async_lookup_server)
     assert isinstance(sm.storage_backends.get("cascade"), CascadeBackend), list(sm.storage_backends)
     return sm
 
@@ -96,5 +98,46 @@ def test_a_restarted_worker_reads_its_file_tier_back(tmp_path):
         got = sm.storage_backends["cascade"].get_blocking(_key(0x77))
         assert got is not None and torch.equal(got.tensor.view(torch.uint8), data.view(torch.uint8))
         got.ref_count_down()
+    finally:
+        sm.close()
+
+
+class _SchedulerInbox:
+    """Where LMCache's StorageManager sends the prefetch answer (in vLLM: its lookup
+    server's socket to the scheduler): records ``(lookup_id, retrieved tokens)``."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, int] = {}
+        self.arrived = threading.Event()
+
+    def send_response_to_scheduler(self, lookup_id: str, retrieved_length: int) -> None:
+        self.answers[lookup_id] = retrieved_length
+        self.arrived.set()
+
+
+def test_lmcache_async_lookup_and_prefetch_reads_chunks_from_cascade(tmp_path):
+    """LMCache's enable_async_loading path: its StorageManager asks Cascade with
+    batched_async_contains, prefetches with batched_get_non_blocking on its own event
+    loop, and answers the scheduler with the retrieved length."""
+    inbox = _SchedulerInbox()
+    sm = _manager(tmp_path, async_lookup_server=inbox, enable_async_loading=True)
+    try:
+        hashes = [0x101, 0x102, 0x103]
+        data = {h: _put(sm, h) for h in hashes}
+        backend = sm.storage_backends["cascade"]
+        keys = [_key(h) for h in hashes] + [_key(0x999)]  # the last chunk was never stored
+        cum = [0, CHUNK, 2 * CHUNK, 3 * CHUNK, 4 * CHUNK]
+        asyncio.run_coroutine_threadsafe(
+            sm.async_lookup_and_prefetch("req-1", keys, cum, search_range=["cascade"], pin=True), sm.loop
+        ).result(timeout=60)
+        assert inbox.arrived.wait(timeout=60)
+        assert inbox.answers == {"req-1": 3 * CHUNK}  # three chunks hit, the fourth missed
+        tiers = sm.event_manager.get_event_future(EventType.LOADING, "req-1").result()  # done: it answered
+        got = {key: obj for tier in tiers for key, obj in tier}
+        assert set(got) == {_key(h) for h in hashes}
+        for h in hashes:
+            assert torch.equal(got[_key(h)].tensor.view(torch.uint8), data[h].view(torch.uint8))
+            got[_key(h)].ref_count_down()
+            assert backend.unpin(_key(h))  # pinned by the lookup, released by the engine
     finally:
         sm.close()

@@ -18,6 +18,7 @@ from typing import Any
 from .. import manifest
 from ..config import Config
 from ..distributed.agree import PeerStepFailed, agree
+from ..distributed.directory import DirectoryFull
 from ..distributed.store_layer import Joined, Solo
 from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull
 from ..policy import BlockMeta
@@ -27,11 +28,13 @@ from .chain import Busy, MoveFailed, TierChain
 log = logging.getLogger(__name__)
 
 
-def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float, what: str) -> None:
+def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float, what: str,
+                       directory_slots: int) -> None:
     """Enter the blocks the tiers hold at open (persistent tiers' records) in the index,
     unconfirmed until a put of the same bytes: expired ones are deleted, corrupt ones
     (or ones another rank's copy wins over, multi-rank) dropped, and a tier now smaller
-    than its contents sheds blocks. :class:`ConfigError` when a tier holds blocks of
+    than its contents sheds blocks; multi-rank, blocks the directory has no slot for
+    (``directory_slots`` per rank) are dropped, heads of prefixes kept first. :class:`ConfigError` when a tier holds blocks of
     another size than ``block_bytes`` (``what`` names the store's block shape).
     Local, except the multi-rank layer's publishing."""
     now, wall = time.monotonic(), time.time()
@@ -52,14 +55,22 @@ def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float
             found.append(BlockMeta(key, tier.length(key), t, parent=tier.parent_of(key),
                                    ttl=expires - wall if expires else default_ttl))
     chain.index.adopt(found, now)
-    for meta in found:
+    unlisted = 0
+    for meta in sorted(found, key=lambda m: m.depth):  # heads first: prefixes survive
         try:
             kept = chain.peers.recovered(meta)
         except CorruptBlock as exc:
             log.warning("%s", exc)
             kept = False
-        if not kept:  # corrupt, or another rank's copy won
+        except DirectoryFull:  # serve what fits: the rest could not be found by other ranks
+            unlisted += 1
+            kept = False
+        if not kept:  # corrupt, no directory slot, or another rank's copy won
             chain.drop(meta)
+    if unlisted:
+        chain.metrics.counters.dropped_at_restart += unlisted
+        log.warning("warm restart: the directory had no slot for %d blocks (directory_slots=%d per rank): "
+                    "dropped; raise directory_slots to keep them", unlisted, directory_slots)
     for t, tier in enumerate(chain.tiers):  # a smaller capacity than last time: shed blocks
         while tier.free < 0 and (victim := chain.index.victim(t)) is not None:
             chain.demote(victim)
@@ -115,7 +126,8 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
             chain.peers = Joined(cluster, chain.tiers, rank)
         try:
             adopt_found_blocks(chain, block_bytes=block_bytes, default_ttl=config.default_ttl,
-                               what=f"{config.model}, {config.block_tokens} tokens")
+                               what=f"{config.model}, {config.block_tokens} tokens",
+                               directory_slots=config.directory_slots)
             if layout is not None and rank == 0 and any(t.kind is TierKind.FILE for t in chain.tiers):
                 manifest.write(config.file_dir, layout, world_size=comm.Get_size() if comm is not None else 1,
                                nodes=chain.peers.cluster.nodes if comm is not None else 1)

@@ -12,8 +12,9 @@ from typing import Any
 class Pools:
     """Thread pools; batch calls use up to ``io_threads`` workers unless told otherwise."""
 
-    def __init__(self, io_threads: int) -> None:
+    def __init__(self, io_threads: int, check_open: Callable[[], None]) -> None:
         self._io_threads = io_threads
+        self._check_open = check_open  # a closed store starts no pool (close shut the last one down)
         self._lock = threading.Lock()
         self._hasher: ThreadPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None
@@ -27,6 +28,7 @@ class Pools:
 
     def _io_pool(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
+            self._check_open()
             if self._io is None or self._io_workers < workers:
                 if self._io is not None:
                     self._io.shutdown(wait=False)
@@ -37,11 +39,10 @@ class Pools:
     def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int | None) -> list[Any]:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
-        after every item finished."""
+        after every item finished. :class:`StoreClosed` on a closed store."""
+        self._check_open()
         items = list(items)
         workers = min(max_workers or self._io_threads, len(items))
-        if workers <= 1:
-            return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
@@ -53,9 +54,12 @@ class Pools:
                 except BaseException as exc:  # raised in the caller's thread below
                     errors.append(exc)
 
-        pool = self._io_pool(workers)
-        for fut in [pool.submit(drain) for _ in range(workers)]:
-            fut.result()
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
         if errors:
             raise errors[0]
         return results

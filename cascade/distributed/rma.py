@@ -151,4 +151,5 @@ class Backoff:
         if time.monotonic() - self.start > STALL_SECONDS:
             raise RankFailure(f"{self.what}: still blocked after {STALL_SECONDS:.0f} s "
                               f"({self.tries} retries); the rank holding it is dead or stuck")
-        time.sleep(0 if self.tries <= 16 else min(1e-3, 1e-6 * 2 ** (self.tries - 16)))
+        # the exponent is capped: 2 ** tries overflows a float after ~1000 tries (~1 s)
+        time.sleep(0 if self.tries <= 16 else min(1e-3, 1e-6 * 2.0 ** min(self.tries - 16, 10)))

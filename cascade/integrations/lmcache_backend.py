@@ -23,9 +23,15 @@ How chunks map onto Cascade:
   chunk is padded; a chunk larger than a block is not stored (logged).
   Because the header travels with the bytes, a restarted worker reads its file tier back
   (warm restart) without any side index.
-* namespace: ``cascade.namespace`` (default ``"lmcache"``). Puts are synchronous (done
-  when ``batched_submit_put_task`` returns); ``pin``/``unpin``/``remove`` map onto the
-  store's.
+* namespace: ``cascade.namespace`` (default ``"lmcache"``). ``pin``/``unpin``/``remove``
+  map onto the store's.
+* never stalling the engine: ``batched_submit_put_task`` copies each chunk into a block
+  buffer and returns; the store's ``put_async`` writes it in the background
+  (``exists_in_put_tasks`` says which are still in flight, LMCache's completion callback
+  runs when one lands, a lookup or get of a chunk sees its pending put). LMCache's
+  asynchronous entry points (``enable_async_loading``: ``batched_async_contains``,
+  ``batched_get_non_blocking``, ``get_non_blocking``) run the lookups and batched reads
+  on worker threads, never on LMCache's event loop.
 
 Each LMCache worker (one per tensor-parallel rank) opens its own local store (no MPI);
 its file-tier files are named by the worker id, so workers of one instance can share a
@@ -34,11 +40,13 @@ its file-tier files are named by the worker id, so workers of one instance can s
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import struct
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import blake3
@@ -104,6 +112,8 @@ class CascadeBackend(StoragePluginInterface):
         worker = int(getattr(metadata, "worker_id", 0) or 0)
         self.store = CascadeStore(cascade_config, block_spec=BlockSpec.flat(self.block_bytes), rank=worker)
         self._half = self.block_bytes // 2
+        # LMCache's asynchronous lookups and reads run here, never on its event loop
+        self._workers = ThreadPoolExecutor(max(1, cascade_config.io_threads), thread_name_prefix="cascade-lmcache")
 
     def __str__(self) -> str:
         return self.__class__.__name__
@@ -121,59 +131,111 @@ class CascadeBackend(StoragePluginInterface):
         return True
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
-        return False  # puts finish before batched_submit_put_task returns
+        return self.store.put_pending(chunk_block_id(key), namespace=self.namespace)
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """How many leading ``keys`` are cached (each pinned with ``pin``), looked up on a
+        worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._workers, self.batched_contains, keys, pin)
 
     # -- put ----------------------------------------------------------------------------
     def batched_submit_put_task(self, keys: Sequence[CacheEngineKey], objs: list[MemoryObj],
                                 transfer_spec: Any = None,
                                 on_complete_callback: Callable[[CacheEngineKey], None] | None = None) -> None:
-        buf = np.zeros(self.block_bytes, dtype=np.uint8)
+        """Copy each chunk into a block buffer and put it in the background (returns
+        before the store has it). ``on_complete_callback(key)`` runs once a chunk is in."""
         for key, obj in zip(keys, objs):
-            if self._put(key, obj, buf) and on_complete_callback is not None:
-                try:
-                    on_complete_callback(key)
-                except Exception:  # LMCache's contract: a callback failure is logged only
-                    log.exception("LMCache put callback failed for %s", key)
+            bid = chunk_block_id(key)
+            if self.store.contains(bid, namespace=self.namespace):
+                self._completed(key, on_complete_callback)  # same key, same prefix: same KV
+                continue
+            buf = self._encode(key, obj)
+            if buf is None:
+                continue
+            try:
+                future = self.store.put_async(buf[:self._half], buf[self._half:], block_id=bid,
+                                              namespace=self.namespace)
+            except CascadeError as exc:
+                log.warning("Cascade did not take chunk %s: %s", key.to_string(), exc)
+                continue
+            future.add_done_callback(lambda done, key=key: self._landed(done, key, on_complete_callback))
         return None
 
-    def _put(self, key: CacheEngineKey, obj: MemoryObj, buf: np.ndarray) -> bool:
-        bid = chunk_block_id(key)
-        if self.store.contains(bid, namespace=self.namespace):
-            return True  # same key, same prefix: same KV
+    def _landed(self, future: Any, key: CacheEngineKey, callback: Callable[[CacheEngineKey], None] | None) -> None:
+        error = future.exception()
+        if error is not None:  # TierFull and friends: the chunk is simply not cached
+            log.warning("Cascade did not store chunk %s: %s", key.to_string(), error)
+            return
+        self._completed(key, callback)
+
+    @staticmethod
+    def _completed(key: CacheEngineKey, callback: Callable[[CacheEngineKey], None] | None) -> None:
+        if callback is None:
+            return
+        try:
+            callback(key)
+        except Exception:  # LMCache's contract: a callback failure is logged only
+            log.exception("LMCache put callback failed for %s", key)
+
+    def _encode(self, key: CacheEngineKey, obj: MemoryObj) -> np.ndarray | None:
+        """A block buffer holding the chunk's header and bytes, or None (logged) when the
+        chunk cannot be stored."""
         tensor = obj.tensor
         if tensor is None:
-            return False
+            return None
         payload = tensor.contiguous().view(-1).view(torch.uint8).numpy()
         if HEADER_BYTES + payload.nbytes > self.block_bytes:
             log.warning("chunk %s of %d bytes exceeds Cascade's block of %d bytes (set cascade.block_bytes); "
                         "not stored", key.to_string(), payload.nbytes, self.block_bytes)
-            return False
+            return None
         meta = obj.metadata
         header = json.dumps({"shape": [int(n) for n in meta.shape], "dtype": TORCH_DTYPE_TO_STR_DTYPE[meta.dtype],
                              "fmt": meta.fmt.value, "nbytes": int(payload.nbytes)}).encode()
         if len(header) > HEADER_BYTES - len(_MAGIC) - 4:
             log.warning("chunk %s: shape too long for the header; not stored", key.to_string())
-            return False
-        buf[:HEADER_BYTES] = 0
+            return None
+        buf = np.zeros(self.block_bytes, dtype=np.uint8)  # no bytes of an earlier chunk in the padding
         buf[:len(_MAGIC)] = np.frombuffer(_MAGIC, np.uint8)
         buf[len(_MAGIC):len(_MAGIC) + 4] = np.frombuffer(struct.pack("<I", len(header)), np.uint8)
         buf[len(_MAGIC) + 4:len(_MAGIC) + 4 + len(header)] = np.frombuffer(header, np.uint8)
         buf[HEADER_BYTES:HEADER_BYTES + payload.nbytes] = payload
-        buf[HEADER_BYTES + payload.nbytes:] = 0  # no bytes of an earlier chunk in the padding
-        try:
-            self.store.put(buf[:self._half], buf[self._half:], block_id=bid, namespace=self.namespace)
-        except CascadeError as exc:  # TierFull and friends: the chunk is simply not cached
-            log.warning("Cascade did not store chunk %s: %s", key.to_string(), exc)
-            return False
-        return True
+        return buf
 
     # -- get ----------------------------------------------------------------------------
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         """The chunk as a memory object from LMCache's CPU allocator, or None on a miss
         (also when the allocator has no room or the block is not one of ours)."""
-        buf = np.empty(self.block_bytes, dtype=np.uint8)
-        if not self.store.get_into(chunk_block_id(key), buf[:self._half], buf[self._half:], namespace=self.namespace):
-            return None
+        return self.batched_get_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        """Every chunk of ``keys`` (None for each miss), read as one batch of the store."""
+        bufs = [np.empty(self.block_bytes, dtype=np.uint8) for _ in keys]
+        hits = self.store.get_many_into([chunk_block_id(k) for k in keys],
+                                        [(b[:self._half], b[self._half:]) for b in bufs], namespace=self.namespace)
+        return [self._decode(key, buf) if hit else None for key, buf, hit in zip(keys, bufs, hits)]
+
+    def get_non_blocking(self, key: CacheEngineKey, location: str | None = None) -> Any:
+        """A future of :meth:`get_blocking`'s result, read on a worker thread."""
+        return self._workers.submit(self.get_blocking, key)
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
+                                       transfer_spec: Any = None) -> list[MemoryObj]:
+        """The leading chunks of ``keys`` that are cached (up to the first miss: a chunk
+        evicted since the lookup), read as one batch on a worker thread."""
+        loop = asyncio.get_running_loop()
+        objs = await loop.run_in_executor(self._workers, self.batched_get_blocking, keys)
+        prefix: list[MemoryObj] = []
+        for obj in objs:
+            if obj is None:
+                break
+            prefix.append(obj)
+        for obj in objs[len(prefix):]:
+            if obj is not None:
+                obj.ref_count_down()  # past the first miss: not returned, given back
+        return prefix
+
+    def _decode(self, key: CacheEngineKey, buf: np.ndarray) -> MemoryObj | None:
         if bytes(buf[:len(_MAGIC)]) != _MAGIC:
             log.warning("block of chunk %s has no Cascade-LMCache header: treated as a miss", key.to_string())
             return None
@@ -226,4 +288,5 @@ class CascadeBackend(StoragePluginInterface):
         return self.local_cpu_backend
 
     def close(self) -> None:
+        self._workers.shutdown(wait=True)
         self.store.close()

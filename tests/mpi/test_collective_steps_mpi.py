@@ -88,3 +88,27 @@ def test_close_failing_on_one_rank_fails_on_every_rank(comm, shared_dir, everywh
         # the ranks whose close went well kept their block in the file tier
         kept = [same(again.get(everyone[r]), block(again.spec, r)) for r in range(comm.size) if r != culprit]
         assert everywhere(all(kept)), kept
+
+
+def test_warm_restart_with_a_small_directory_serves_what_fits(comm, shared_dir, everywhere):
+    blocks = 60
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        mine = [store.put(*block(store.spec, comm.rank * 10_000 + i)) for i in range(blocks)]
+    everyone = comm.allgather(mine)
+    small = 16  # slots per rank: fewer than the blocks the job kept
+    with CascadeStore(file_only(shared_dir, directory_slots=small), comm=comm) as store:
+        dropped = comm.allreduce(store.stats()["dropped_at_restart"])
+        held = comm.allreduce(len(store))
+        found = wrong = 0
+        for rank, ids in enumerate(everyone):
+            for i, bid in enumerate(ids):
+                got = store.get(bid)
+                found += got is not None
+                wrong += got is not None and not same(got, block(store.spec, rank * 10_000 + i))
+    total = blocks * comm.size
+    if comm.size > 1:  # one rank has no directory: everything fits
+        assert everywhere(dropped > 0 and held + dropped == total), (dropped, held)
+        assert everywhere(held <= small * comm.size), held
+    else:
+        assert everywhere(dropped == 0 and held == total), (dropped, held)
+    assert everywhere(wrong == 0 and comm.allreduce(found) == comm.size * held), (found, wrong)

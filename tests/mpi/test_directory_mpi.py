@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from collective import raises
 
 from cascade.distributed import DirectoryEntry, DirectoryFull, PinUnderflow, Removal, ShardedDirectory
 from cascade.errors import BlockNotFound, InvalidBlock, TierFull
@@ -45,10 +46,11 @@ def directory(comm):
 
 def test_every_rank_finds_every_other_ranks_entries(comm, directory, everywhere):
     mine = make_ids(1000 + comm.rank, 300)
+    fresh = 0
     for k, block_id in enumerate(mine):
         inserted, entry = directory.insert_if_absent(NS, block_id, placed(comm.rank, k, 4096 + k))
-        assert inserted and entry.shares == 1
-    comm.Barrier()
+        fresh += inserted and entry.shares == 1
+    assert everywhere(fresh == len(mine), f"{fresh} of {len(mine)} inserted as new")
     ok = True
     for rank, theirs in enumerate(comm.allgather(mine)):
         for k, block_id in enumerate(theirs[:50]):  # single lookups
@@ -73,11 +75,12 @@ def test_concurrent_insert_if_absent_inserts_each_id_once(comm, directory, every
     order = shared[:]
     random.Random(comm.rank).shuffle(order)
     comm.Barrier()
-    won = {}
+    won, bad = {}, 0
     for block_id in order:
         inserted, entry = directory.insert_if_absent(NS, block_id, placed(comm.rank, 1, 2))
         won[block_id] = int(inserted)
-        assert entry.shares >= 1 and consistent(entry)
+        bad += not (entry.shares >= 1 and consistent(entry))
+    assert everywhere(bad == 0, f"{bad} torn or unshared entries")
     winners = comm.allreduce(np.array([won[b] for b in shared]))  # element-wise sum
     assert everywhere((winners == 1).all())
     comm.Barrier()
@@ -132,8 +135,9 @@ def test_a_busy_rank_does_not_stall_lookups_into_its_shard(comm, directory, ever
         print(f"\nbusy rank 0 for {busy_seconds}s: {lookups} lookups (+ pins) into its shard, "
               f"max latency {worst * 1e3:.2f} ms")
     assert everywhere(found)
+    assert everywhere(comm.rank == 0 or count > 0, "no lookup completed while rank 0 was busy")
+    # a lookup that waited for rank 0 to enter MPI would take most of its busy time
     assert worst < 0.2 * busy_seconds
-    assert lookups > 100 * (comm.size - 1)
 
 
 def test_pins_block_removal_cluster_wide(comm, directory, everywhere):
@@ -148,15 +152,12 @@ def test_pins_block_removal_cluster_wide(comm, directory, everywhere):
     comm.Barrier()
     assert everywhere(directory.release(NS, block_id) >= 0)
     comm.Barrier()
-    with pytest.raises(PinUnderflow):
-        directory.release(NS, block_id)
-    comm.Barrier()
+    assert everywhere(raises(PinUnderflow, directory.release, NS, block_id))  # every pin was released
     outcomes = comm.allgather(directory.remove(NS, block_id))
     assert everywhere(sorted(outcomes).count(Removal.REMOVED) == 1)
     assert everywhere(set(outcomes) <= {Removal.REMOVED, Removal.ABSENT})
     assert everywhere(directory.lookup(NS, block_id) is None)
-    with pytest.raises(BlockNotFound):
-        directory.add_ref(NS, block_id)
+    assert everywhere(raises(BlockNotFound, directory.add_ref, NS, block_id))
 
 
 def test_children_keep_a_parent_with_leaf_only(comm, directory, everywhere):
@@ -185,14 +186,14 @@ def test_update_location_with_expect_lets_one_mover_win(comm, directory, everywh
     comm.Barrier()
     befores = directory.lookup_many([(NS, b) for b in keys])  # everybody saw the original
     comm.Barrier()
-    won = 0
+    won = torn = 0
     for block_id, before in zip(keys, befores):
         target = placed(comm.rank, 10_000 + comm.rank, 100, tier=3)
         ok, now = directory.update_location(NS, block_id, tier=3, rank=comm.rank, location=target.location,
                                             checksum=target.checksum, expect=before)
         won += ok
-        assert consistent(now)
-    comm.Barrier()
+        torn += not consistent(now)
+    assert everywhere(torn == 0, f"{torn} torn entries")
     assert everywhere(comm.allreduce(won) == len(keys))  # first mover per key wins, the rest see MISMATCH
     entries = directory.lookup_many([(NS, b) for b in keys])
     assert everywhere(all(e.tier == 3 and consistent(e) and e.location == 10_000 + e.rank for e in entries))
@@ -203,16 +204,11 @@ def test_update_location_with_expect_lets_one_mover_win(comm, directory, everywh
 
 def test_bad_entries_are_refused_before_the_table_changes(comm, directory, everywhere):
     block_id = make_ids(400 + comm.rank, 1)[0]
-    with pytest.raises(ValueError):
-        directory.insert_if_absent(NS, block_id, placed(comm.rank, 1 << 64, 1))
-    directory.insert_if_absent(NS, block_id, placed(comm.rank, 1, 1))
-    with pytest.raises(ValueError):
-        directory.update_location(NS, block_id, tier=300, rank=0, location=0)
-    with pytest.raises(InvalidBlock):
-        directory.lookup(NS, block_id.upper())
-    with pytest.raises(InvalidBlock):
-        directory.lookup_many([(NS, block_id), ("bad namespace!", block_id)])
-    comm.Barrier()  # every rank's good insert is in
+    assert everywhere(raises(ValueError, directory.insert_if_absent, NS, block_id, placed(comm.rank, 1 << 64, 1)))
+    assert everywhere(directory.insert_if_absent(NS, block_id, placed(comm.rank, 1, 1))[0])
+    assert everywhere(raises(ValueError, directory.update_location, NS, block_id, tier=300, rank=0, location=0))
+    assert everywhere(raises(InvalidBlock, directory.lookup, NS, block_id.upper()))
+    assert everywhere(raises(InvalidBlock, directory.lookup_many, [(NS, block_id), ("bad namespace!", block_id)]))
     stats = directory.local_stats()
     assert everywhere(stats["writing"] == 0 and directory.lookup(NS, block_id).location == 1)
     assert everywhere(comm.allreduce(stats["valid"]) == comm.size)
@@ -236,7 +232,7 @@ def test_a_full_shard_raises_tierfull_and_tombstones_are_reused(comm, everywhere
         assert everywhere(all(small.lookup_many([(NS, b) for b in stored])))
         assert everywhere(small.remove(NS, stored[0]) is Removal.REMOVED)
         inserted, _ = small.insert_if_absent(NS, mine[len(stored)], placed(comm.rank, 0, 1))
-        assert everywhere(inserted)
+        assert everywhere(inserted)  # the freed slot took the id that did not fit before
         assert everywhere(small.local_stats()["valid"] == small.slots_per_rank)
 
 

@@ -57,7 +57,7 @@ def test_shm_blocks_of_other_nodes_are_read_through_the_window(comm, shared_dir,
             for i, bid in enumerate(ids):
                 wrong += not same(store.get(bid), block(store.spec, 7000 + 100 * rank + i))
         comm.Barrier()
-        assert everywhere(wrong == 0)
+        assert everywhere(wrong == 0, f"{wrong} blocks missing or wrong")
         cluster = store.cluster
         if cluster is None:
             return
@@ -120,14 +120,18 @@ def test_gpu_tier_blocks_of_other_ranks_are_counted_misses_never_dedup_targets(c
         first = comm.bcast(first)
         comm.Barrier()
         got = store.get(first)
-        if comm.rank != 0:
-            assert got is None and store.cluster.unreadable == 1
+        if comm.rank == 0:
+            ok, why = same(got, block(store.spec, 4242)), "rank 0 misread its own GPU-tier block"
+        else:
+            unreadable = store.cluster.unreadable
             store.put(*block(store.spec, 4242))  # not a dedup onto rank 0's unreadable copy
             stats = store.stats()
-            assert stats["stored"] == 1 and stats["cluster_deduped"] == 0
-            assert same(store.get(first), block(store.spec, 4242))  # its own copy serves it
-        else:
-            assert same(got, block(store.spec, 4242))
+            own = store.get(first)  # its own copy serves it
+            ok = (got is None and unreadable == 1 and stats["stored"] == 1 and stats["cluster_deduped"] == 0
+                  and same(own, block(store.spec, 4242)))
+            why = (f"read rank 0's copy: {got is not None}, unreadable {unreadable}, stored {stats['stored']}, "
+                   f"cluster_deduped {stats['cluster_deduped']}, own copy read back: {own is not None}")
+        assert everywhere(ok, why)
         comm.Barrier()
     finally:
         store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xxhash
+from collective import raises
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
 from cascade.errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
@@ -44,11 +45,10 @@ def tier(comm):
 
 def test_a_one_rank_communicator_has_no_remote_space(comm, everywhere):
     with RemoteTier(exposed_bytes=16 * CHUNK, chunk_bytes=CHUNK) as alone:  # comm defaults to COMM_SELF
-        assert (alone.capacity, alone.used, alone.free, len(alone)) == (0, 0, 0, 0)
-        assert not alone.fits(1)
-        with pytest.raises(TierFull):
-            alone.put(key(0, 1), [b"x"])
-        assert len(alone) == 0 and alone.stats()["targets"] == []
+        sizes = (alone.capacity, alone.used, alone.free, len(alone))
+        assert everywhere(sizes == (0, 0, 0, 0) and not alone.fits(1), sizes)
+        assert everywhere(raises(TierFull, alone.put, key(0, 1), [b"x"]))
+        assert everywhere(len(alone) == 0 and alone.stats()["targets"] == [])
 
 
 def test_put_and_read_are_byte_exact_across_ranks(comm, tier, everywhere):
@@ -113,29 +113,23 @@ def test_partial_reads_and_errors(comm, tier, everywhere):
     piece = bytearray(10)
     tier.read_into(k, piece, offset=len(data) - 10)
     ok = (head == data[:100]).all() and (tail == data[100:]).all() and bytes(piece) == data[-10:].tobytes()
-    with pytest.raises(InvalidBlock):
-        tier.read_into(k, bytearray(11), offset=len(data) - 10)
-    with pytest.raises(InvalidBlock):
-        tier.read_into(k, b"read-only")
-    with pytest.raises(InvalidBlock):
-        tier.read_into(k, 12345)  # not a buffer
+    assert everywhere(raises(InvalidBlock, tier.read_into, k, bytearray(11), offset=len(data) - 10))
+    assert everywhere(raises(InvalidBlock, tier.read_into, k, b"read-only"))
+    assert everywhere(raises(InvalidBlock, tier.read_into, k, 12345))  # not a buffer
     wide = np.empty(len(data) // 4, np.uint32)  # any C-contiguous dtype is read as bytes
     tier.read_into(k, wide)
     ok &= wide.view(np.uint8).tobytes() == data[: wide.nbytes].tobytes()
     assert everywhere(ok)
-    with pytest.raises(BlockNotFound):
-        tier.read_into(key(comm.rank, 99), bytearray(1))
-    with pytest.raises(BlockNotFound):
-        del tier[key(comm.rank, 99)]
-    with pytest.raises(ValueError):
-        tier.read_remote(tier.location(k)[0], tier.slab.window_bytes(tier.location(k)[0]), bytearray(1))
+    assert everywhere(raises(BlockNotFound, tier.read_into, key(comm.rank, 99), bytearray(1)))
+    assert everywhere(raises(BlockNotFound, tier.__delitem__, key(comm.rank, 99)))
+    holder = tier.location(k)[0]
+    assert everywhere(raises(ValueError, tier.read_remote, holder, tier.slab.window_bytes(holder), bytearray(1)))
     # A block changed behind the tier's back is caught (verify=True), here and via the directory's checksum.
     rank, location, length = tier.location(k)
     tier.slab.put(rank, location + 5, [memoryview(bytes([data[5] ^ 0xFF]))])
-    with pytest.raises(CorruptBlock):
-        tier.read_into(k, np.empty(len(data), np.uint8))
-    with pytest.raises(CorruptBlock):
-        tier.read_remote(rank, location, bytearray(length), checksum=xxhash.xxh3_64_intdigest(data))
+    assert everywhere(raises(CorruptBlock, tier.read_into, k, np.empty(len(data), np.uint8)))
+    assert everywhere(raises(CorruptBlock, tier.read_remote, rank, location, bytearray(length),
+                             checksum=xxhash.xxh3_64_intdigest(data)))
     # Replacing a key keeps one copy of the new bytes.
     tier.put(k, [b"new bytes"])
     assert everywhere(tier[k] == b"new bytes" and len(tier) == 1 and tier.used == 9)
@@ -155,8 +149,7 @@ def test_full_tier_raises_and_stays_unchanged_then_space_returns(comm, tier, eve
     assert everywhere(full) and comm.allreduce(len(stored)) > 0
     comm.Barrier()  # everybody is full now: the pool is exhausted
     used, count = tier.used, len(tier)
-    with pytest.raises(TierFull):
-        tier.put(key(comm.rank, 10_001), [np.zeros(CHUNK // 2, np.uint8)])
+    assert everywhere(raises(TierFull, tier.put, key(comm.rank, 10_001), [np.zeros(CHUNK // 2, np.uint8)]))
     assert everywhere((tier.used, len(tier)) == (used, count))
     assert everywhere(comm.allreduce(tier.used) <= comm.allreduce(tier.capacity) // max(comm.size - 1, 1))
     ok = all(tier[k][:1] == bytes([i % 251]) for i, k in enumerate(stored))

@@ -10,12 +10,10 @@ import time
 import numpy as np
 import pytest
 
+from collective import raises
 from kv_blocks import block, same
 
-from cascade import BlockPinned, CascadeStore, Config
-
-
-
+from cascade import BlockNotFound, BlockPinned, CascadeStore, Config, block_id
 
 
 def make_store(comm, shared_dir, **overrides) -> CascadeStore:
@@ -36,7 +34,7 @@ def test_every_rank_reads_every_ranks_blocks_and_dedups(comm, shared_dir, everyw
         for rank, ids in enumerate(everyone):
             for i, bid in enumerate(ids):
                 wrong += not same(store.get(bid), block(store.spec, rank * 1000 + i))
-        assert everywhere(wrong == 0)
+        assert everywhere(wrong == 0, f"{wrong} blocks missing or wrong")
         assert everywhere(same(store.get(shared), block(store.spec, 424242)))
         stats = store.stats()
         # the shared block is stored once in the whole job; every other put is a dedup
@@ -44,8 +42,9 @@ def test_every_rank_reads_every_ranks_blocks_and_dedups(comm, shared_dir, everyw
         assert comm.allreduce(stats["deduped"]) == comm.size - 1
         assert everywhere(stats["puts"] == stats["stored"] + stats["deduped"] + stats["rejected"])
         if comm.size > 1:
-            assert everywhere(stats["cluster_hits"] >= 100 * (comm.size - 1))
-            assert everywhere(stats["tiers"]["remote"]["blocks"] > 0)  # demoted into peers' DRAM
+            assert everywhere(stats["cluster_hits"] >= 100 * (comm.size - 1), stats["cluster_hits"])
+            # 101 blocks, an SHM tier of 32: the rest were demoted into peers' DRAM
+            assert everywhere(stats["tiers"]["remote"]["blocks"] > 0, stats["tiers"])
         comm.Barrier()
     finally:
         store.close()
@@ -56,7 +55,6 @@ def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     try:
         chain_blocks = [block(store.spec, 5000 + i) for i in range(comm.size * 3)]
         # rank r puts blocks [3r, 3r+3) of one chain: the chain is spread over all ranks
-        from cascade import block_id
         ids = [block_id(k, v) for k, v in chain_blocks]
         for i in range(3 * comm.rank, 3 * comm.rank + 3):
             store.put(*chain_blocks[i], parent=ids[i - 1] if i else None)
@@ -83,10 +81,8 @@ def test_a_pin_on_another_rank_keeps_the_block(comm, shared_dir, everywhere):
                 store.put(*block(store.spec, 9000 + i))
         comm.Barrier()
         assert everywhere(store.contains(target))
-        if comm.rank == 0:
-            with pytest.raises(BlockPinned):
-                store.delete(target)
-        comm.Barrier()
+        refused = raises(BlockPinned, store.delete, target) if comm.rank == 0 else True
+        assert everywhere(refused)
         if comm.rank == 1:
             store.unpin(target)
         comm.Barrier()
@@ -126,24 +122,26 @@ def test_a_busy_rank_does_not_stall_the_others(comm, shared_dir, everywhere):
         ids = [store.put(*block(store.spec, 60000 + i)) for i in range(20)] if comm.rank == 0 else None
         ids = comm.bcast(ids)
         comm.Barrier()
-        worst = 0.0
+        worst, lost = 0.0, 0
+        busy_seconds = 1.0
         if comm.rank == 0:
-            end = time.perf_counter() + 1.0
+            end = time.perf_counter() + busy_seconds
             spins = 0
             while time.perf_counter() < end:  # pure Python: never enters MPI
                 spins += 1
         else:
-            end = time.perf_counter() + 0.8
+            end = time.perf_counter() + 0.8 * busy_seconds
             while time.perf_counter() < end:
                 for bid in ids:
                     t0 = time.perf_counter()
-                    ok = store.contains(bid) and store.get(bid) is not None
+                    lost += not (store.contains(bid) and store.get(bid) is not None)
                     worst = max(worst, time.perf_counter() - t0)
-                    assert ok
         comm.Barrier()
+        assert everywhere(lost == 0, f"{lost} lookups of rank 0's blocks missed")
         worst = comm.allreduce(worst, op=__import__("mpi4py").MPI.MAX)
         print(f"worst lookup+read of rank 0's blocks while it spun: {worst * 1e3:.2f} ms")
-        assert worst < 0.25  # far below the 1 s the busy rank spends in Python
+        # a lookup that waited for rank 0 to enter MPI would take most of its busy time
+        assert worst < busy_seconds / 4
     finally:
         store.close()
 
@@ -153,10 +151,9 @@ def test_concurrent_put_get_delete_serves_no_wrong_bytes(comm, shared_dir, every
     try:
         rng = np.random.default_rng(comm.rank)
         seeds = list(range(200))  # overlapping: every rank puts the same contents
-        from cascade import block_id
         ids = {block_id(*block(store.spec, s)): s for s in seeds}
         acked: dict[str, int] = {}
-        deleted: set[str] = set()
+        outcomes = {"deleted": 0, "not_here": 0, "pinned": 0}
         wrong = reads = 0
         end = time.perf_counter() + 2.0
         while time.perf_counter() < end:
@@ -165,7 +162,6 @@ def test_concurrent_put_get_delete_serves_no_wrong_bytes(comm, shared_dir, every
             if op < 0.5:
                 bid = store.put(*block(store.spec, seed))
                 acked[bid] = seed
-                deleted.discard(bid)
             elif op < 0.9:
                 bid = list(ids)[seed]
                 got = store.get(bid)
@@ -175,11 +171,13 @@ def test_concurrent_put_get_delete_serves_no_wrong_bytes(comm, shared_dir, every
                 bid = list(ids)[seed]
                 try:
                     store.delete(bid)
-                    deleted.add(bid)
-                except (KeyError, BlockPinned):
-                    pass  # not held here (another rank's copy) or in use
+                    outcomes["deleted"] += 1
+                except BlockNotFound:  # not held by this rank (never put here, or gone)
+                    outcomes["not_here"] += 1
+                except BlockPinned:  # another rank's read pinned it for its copy
+                    outcomes["pinned"] += 1
         comm.Barrier()
-        assert everywhere(wrong == 0)
+        assert everywhere(wrong == 0, f"{wrong} wrong reads")
         # afterwards: every acknowledged, undeleted block is readable byte-exact, or some
         # rank evicted or deleted it (the only ways a block may go)
         missing = set()
@@ -192,10 +190,16 @@ def test_concurrent_put_get_delete_serves_no_wrong_bytes(comm, shared_dir, every
         stats = store.stats()
         gone = sum(t["evictions"] for t in stats["tiers"].values()) + stats["deletes"] + stats["expired"]
         all_missing = set().union(*comm.allgather(missing))
-        assert everywhere(wrong == 0)
+        assert everywhere(wrong == 0, f"{wrong} wrong blocks read back")
         assert len(all_missing) <= comm.allreduce(gone)
         assert everywhere(stats["puts"] == stats["stored"] + stats["deduped"] + stats["rejected"])
-        assert comm.allreduce(reads) > 0
+        assert everywhere(stats["deletes"] == outcomes["deleted"], (stats["deletes"], outcomes))
+        # a delete is refused as pinned only while another rank's read holds a pin (no
+        # test code pins here); such reads follow changed entries, so there are never
+        # more of them than optimistic retries (at one rank: none)
+        retries = comm.allreduce(store.cluster.optimistic_retries if store.cluster is not None else 0)
+        assert comm.allreduce(outcomes["pinned"]) <= retries
+        assert comm.allreduce(reads) > 0 and comm.allreduce(outcomes["deleted"]) > 0
         comm.Barrier()
     finally:
         store.close()

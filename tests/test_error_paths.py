@@ -1,0 +1,323 @@
+"""Every documented error of the store's public API, on one rank: the documented type,
+and nothing stored, counted or left behind by the refused call (public API only)."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, ConfigError,
+                     InvalidBlock, TierFull, block_id)
+from cascade.errors import StoreClosed
+from cascade.tiers.file_tier import FileTier
+from cascade.tiers.shm import ShmTier
+
+
+def make_block(spec, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(spec.shape).astype(spec.dtype),
+            rng.standard_normal(spec.shape).astype(spec.dtype))
+
+
+def same(got, expected) -> bool:
+    return got is not None and all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def entries(path: Path) -> list[str]:
+    return sorted(os.listdir(path)) if path.exists() else []
+
+
+@pytest.fixture
+def config(tmp_path) -> Config:
+    """Tiny blocks, SHM and file tiers in this test's own directories (so leaks show)."""
+    (tmp_path / "shm").mkdir()
+    return Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 * 8192, shm_dir=str(tmp_path / "shm"),
+                  file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20)
+
+
+@pytest.fixture
+def store(config):
+    with CascadeStore(config) as s:
+        yield s
+
+
+def counts(store) -> tuple[int, int, int, int]:
+    """(blocks, puts, gets, hints): what a refused call must leave as it was."""
+    st = store.stats()
+    return len(store), st["puts"], st["gets"], st["hints"]
+
+
+# -- construction ---------------------------------------------------------------------------
+def test_given_tiers_are_used_fastest_first(config, tmp_path):
+    spec = BlockSpec.for_model("tiny", config.block_tokens)
+    shm = ShmTier(2 * spec.block_bytes, str(tmp_path / "shm"))
+    files = FileTier(16 * spec.block_bytes, str(tmp_path / "given"), segment_bytes=1 << 20)
+    with CascadeStore(config, tiers=[shm, files]) as s:
+        ids = [s.put(*make_block(s.spec, i)) for i in range(5)]
+        tiers = s.stats()["tiers"]
+        assert (tiers["shm"]["blocks"], tiers["lustre"]["blocks"]) == (2, 3)  # two fit the fast tier
+        assert all(same(s.get(b), make_block(s.spec, i)) for i, b in enumerate(ids))
+    assert entries(tmp_path / "shm") == []  # the slab went with the store
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["tiers", "config"])
+def test_no_tier_with_capacity_is_tierfull_and_leaves_no_data(config, tmp_path, given):
+    empty = config.replace(shm_bytes=0, file_bytes=0, gpu_bytes=0)
+    tiers = [ShmTier(0, str(tmp_path / "shm")), FileTier(0, str(tmp_path / "files"))] if given else None
+    with pytest.raises(TierFull, match="no tier has capacity"):
+        CascadeStore(empty, tiers=tiers)
+    assert entries(tmp_path / "shm") == []  # no slab
+    # (a file tier opens its directory, lock and first segment even at capacity 0: empty)
+    assert [p.name for p in (tmp_path / "files").rglob("*") if p.stat().st_size] == []
+
+
+def test_unknown_model_preset_and_hash_algorithm(config, tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'no-such-model'"):
+        config.replace(model="no-such-model")
+    with pytest.raises(ConfigError, match="hash_algo"):
+        config.replace(hash_algo="md5")
+    with pytest.raises(ConfigError, match="unknown model preset"):
+        BlockSpec.for_model("no-such-model", 16)
+    k, v = make_block(BlockSpec.for_model("tiny", 16), 1)
+    with pytest.raises(InvalidBlock, match="unknown hash algorithm 'md5'"):
+        block_id(k, v, algo="md5")
+    assert entries(tmp_path / "shm") == [] and not (tmp_path / "files").exists()  # no store was started
+
+
+# -- put ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [
+    {"parent": "not-an-id"}, {"parent": "A" * 32}, {"parent": 42},
+    {"namespace": ""}, {"namespace": "bad namespace!"}, {"namespace": None},
+    {"block_id": "0" * 31}, {"priority": 1.5}, {"ttl": -1},
+], ids=lambda b: f"{next(iter(b))}={next(iter(b.values()))!r}")
+def test_a_malformed_put_argument_is_invalid_and_stores_nothing(store, bad):
+    before = counts(store)
+    with pytest.raises(InvalidBlock):
+        store.put(*make_block(store.spec, 1), **bad)
+    assert counts(store) == before == (0, 0, 0, 0)
+    assert store.stats()["tiers"]["shm"]["bytes"] == 0
+    assert not store.contains(block_id(*make_block(store.spec, 1)))
+
+
+def test_put_many_with_the_wrong_number_of_ids_stores_nothing(store):
+    pairs = [make_block(store.spec, i) for i in range(3)]
+    with pytest.raises(InvalidBlock, match="3 blocks but 2 block_ids"):
+        store.put_many(pairs, block_ids=["a" * 32, "b" * 32])
+    with pytest.raises(InvalidBlock):
+        store.put_many(pairs, block_ids=["a" * 32, "b" * 32, "not-an-id"])
+    assert counts(store) == (0, 0, 0, 0)
+
+
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_put_many_stores_the_good_blocks_and_raises_the_bad_ones_error(store, workers):
+    pairs = [make_block(store.spec, i) for i in range(4)]
+    pairs.insert(2, (np.zeros((1, 2), store.spec.dtype), pairs[0][1]))  # the wrong shape
+    with pytest.raises(InvalidBlock, match="shape"):
+        store.put_many(pairs, max_workers=workers)
+    good = [block_id(*p) for i, p in enumerate(pairs) if i != 2]
+    assert store.contains_many(good) == [True] * 4  # each put is its own operation
+    st = store.stats()
+    assert len(store) == st["puts"] == st["stored"] == 4
+    assert all(same(store.get(b), pairs[i if i < 2 else i + 1]) for i, b in enumerate(good))
+
+
+def test_a_chained_put_many_with_a_bad_block_stores_nothing(store):
+    pairs = [make_block(store.spec, i) for i in range(4)]
+    pairs[3] = (pairs[3][0].astype(np.float64), pairs[3][1])  # the wrong dtype
+    with pytest.raises(InvalidBlock, match="dtype"):
+        store.put_many(pairs, chain=True)  # parents are the ids before: all checked first
+    assert counts(store) == (0, 0, 0, 0)
+
+
+# -- get ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["shape", "dtype", "read-only", "layout", "not an array"])
+def test_a_wrong_output_is_invalid_and_reads_nothing(store, bad):
+    bid = store.put(*make_block(store.spec, 1))
+    k, v = store.spec.empty()
+    if bad == "shape":
+        k = np.empty((1,) + k.shape, k.dtype)
+    elif bad == "dtype":
+        v = np.empty(v.shape, np.float64)
+    elif bad == "read-only":
+        v.flags.writeable = False
+    elif bad == "layout":
+        k = np.empty(k.shape[::-1], k.dtype).T
+    else:
+        k = bytearray(k.nbytes)
+    with pytest.raises(InvalidBlock):
+        store.get_into(bid, k, v)
+    with pytest.raises(InvalidBlock):
+        store.get_many_into([bid], [(k, v)])
+    st = store.stats()
+    assert (st["gets"], st["hits"], st["misses"]) == (0, 0, 0)
+    assert same(store.get(bid), make_block(store.spec, 1))  # still there, intact
+
+
+def test_get_many_into_with_the_wrong_number_of_outputs_reads_nothing(store):
+    ids = [store.put(*make_block(store.spec, i)) for i in range(3)]
+    outs = [store.spec.empty() for _ in range(2)]
+    for k, v in outs:
+        k.fill(7)
+        v.fill(7)
+    with pytest.raises(InvalidBlock, match="3 ids but 2 output pairs"):
+        store.get_many_into(ids, outs)
+    assert store.stats()["gets"] == 0
+    assert all((k == 7).all() and (v == 7).all() for k, v in outs)  # untouched
+
+
+def test_a_bad_output_among_good_ones_reads_nothing(store):
+    ids = [store.put(*make_block(store.spec, i)) for i in range(3)]
+    outs = [store.spec.empty() for _ in range(3)]
+    for k, v in outs:
+        k.fill(7)
+        v.fill(7)
+    outs[2] = (outs[2][0], np.empty(3, store.spec.dtype))
+    with pytest.raises(InvalidBlock):
+        store.get_many_into(ids, outs)  # every output is checked before any read
+    assert store.stats()["gets"] == 0
+    assert all((k == 7).all() and (v == 7).all() for k, v in outs[:2])
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_get_many_into_reads_the_good_ids_and_raises_the_bad_ones_error(store, workers):
+    ids = [store.put(*make_block(store.spec, i)) for i in range(3)]
+    asked = [ids[0], "not-an-id", ids[1], ids[2]]
+    outs = [store.spec.empty() for _ in asked]
+    with pytest.raises(InvalidBlock, match="malformed block id"):
+        store.get_many_into(asked, outs, max_workers=workers)
+    assert all(same(outs[j], make_block(store.spec, i)) for i, j in enumerate((0, 2, 3)))
+    st = store.stats()
+    assert (st["gets"], st["hits"], st["misses"]) == (3, 3, 0)  # the malformed id counted nothing
+
+
+# -- block operations on absent ids -----------------------------------------------------------
+@pytest.mark.parametrize("op", ["set_ttl", "set_priority", "unpin", "pin", "delete"])
+def test_an_absent_block_is_blocknotfound(store, op):
+    present = store.put(*make_block(store.spec, 1))
+    call = {"set_ttl": lambda b, ns: store.set_ttl(b, 5.0, namespace=ns),
+            "set_priority": lambda b, ns: store.set_priority(b, 2, namespace=ns),
+            "unpin": lambda b, ns: store.unpin(b, namespace=ns), "pin": lambda b, ns: store.pin(b, namespace=ns),
+            "delete": lambda b, ns: store.delete(b, namespace=ns)}[op]
+    absent = block_id(*make_block(store.spec, 2))
+    with pytest.raises(BlockNotFound, match=absent):
+        call(absent, "default")
+    with pytest.raises(BlockNotFound):
+        call(present, "other")  # the same id in another namespace is another block
+    assert len(store) == 1 and not store.contains(absent) and store.stats()["deletes"] == 0
+    store.delete(present)  # no pin or other hold was left on the present block
+    assert len(store) == 0
+
+
+def test_unpin_without_a_pin_is_refused_and_keeps_other_pins(store):
+    bid = store.put(*make_block(store.spec, 1))
+    with pytest.raises(BlockPinned, match="not pinned"):
+        store.unpin(bid)
+    store.pin(bid)
+    store.unpin(bid)
+    with pytest.raises(BlockPinned, match="not pinned"):
+        store.unpin(bid)  # one pin, one unpin: the count never goes below zero
+    store.delete(bid)
+
+
+# -- hints ----------------------------------------------------------------------------------
+def test_a_malformed_hint_id_takes_no_hint(store):
+    bid = store.put(*make_block(store.spec, 1))
+    with pytest.raises(InvalidBlock, match="malformed block id"):
+        store.hint([bid, "not-an-id"])  # all ids checked before any hint is taken
+    with pytest.raises(InvalidBlock, match="malformed namespace"):
+        store.hint([bid], namespace="")
+    st = store.stats()
+    assert st["hints"] == 0 and st["hinted_bytes"] == 0
+    assert store.hint([bid]) == 1
+    with pytest.raises(InvalidBlock, match="malformed block id"):
+        store.unhint([bid, "X" * 32])
+    assert store.stats()["hinted_bytes"] == store.spec.block_bytes  # the hint still holds
+    assert store.unhint([bid]) == 1 and store.stats()["hinted_bytes"] == 0
+
+
+# -- close ----------------------------------------------------------------------------------
+def test_close_keep_false_drops_the_fast_tiers_and_leaves_no_slab(config, tmp_path):
+    with CascadeStore(config) as s:  # a clean close keeps the hot blocks (the default)
+        kept = [s.put(*make_block(s.spec, i)) for i in range(4)]
+        assert s.stats()["tiers"]["shm"]["blocks"] == 4
+    s = CascadeStore(config)
+    assert s.contains_many(kept) == [True] * 4 and s.stats()["tiers"]["lustre"]["blocks"] == 4
+    s.delete(kept[0])
+    hot = [s.put(*make_block(s.spec, 100 + i)) for i in range(3)]  # in SHM only
+    assert s.stats()["tiers"]["shm"]["blocks"] == 3
+    assert s.close(keep=False) is None
+    assert s.close() is None  # idempotent
+    assert entries(tmp_path / "shm") == []  # the slab file is gone
+    with CascadeStore(config) as again:
+        assert again.contains_many(hot) == [False] * 3  # not moved down on the way out
+        assert again.contains_many(kept[1:]) == [True] * 3 and not again.contains(kept[0])
+        assert all(same(again.get(b), make_block(again.spec, i + 1)) for i, b in enumerate(kept[1:]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, b, o: s.hint([b]), lambda s, b, o: s.unhint([b]), lambda s, b, o: s.contains_many([b]),
+    lambda s, b, o: s.get_many_into([b], [o]),
+    lambda s, b, o: s.get_many_into([b, b], [o, s.spec.empty()]),
+    lambda s, b, o: s.get(b), lambda s, b, o: s.put(*make_block(s.spec, 9)), lambda s, b, o: s.pin(b),
+    lambda s, b, o: s.stats(), lambda s, b, o: s.flush(), lambda s, b, o: s.clear(),
+], ids=["hint", "unhint", "contains_many", "get_many_into", "get_many_into_2", "get", "put", "pin", "stats",
+        "flush", "clear"])
+def test_use_after_close_is_storeclosed_and_starts_nothing(config, tmp_path, call):
+    s = CascadeStore(config)
+    bid = s.put(*make_block(s.spec, 1))
+    s.close()
+    before = {t.ident for t in threading.enumerate()}
+    out = s.spec.empty()
+    with pytest.raises(StoreClosed):
+        call(s, bid, out)
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert started == []  # no worker pool was started for a closed store
+    assert entries(tmp_path / "shm") == []
+    assert len(s) == 0
+
+
+# -- corruption -----------------------------------------------------------------------------
+def test_a_corrupt_file_tier_record_is_a_counted_miss_never_data(config, tmp_path):
+    cfg = config.replace(shm_bytes=0)  # every block lives in the file tier
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, i) for i in range(3)]
+        ids = [s.put(*b) for b in blocks]
+        s.flush()
+        target = blocks[1][1].tobytes()  # flip one byte of block 1's value, on disk
+        (path,) = [p for p in (tmp_path / "files").rglob("*.bin") if target in p.read_bytes()]
+        at = path.read_bytes().index(target) + len(target) // 2
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x01]))
+        out = s.spec.empty()
+        assert s.get(ids[1]) is None and not s.get_into(ids[1], *out)
+        st = s.stats()
+        assert st["tiers"]["lustre"]["corruptions"] == 1  # counted once: then dropped
+        assert st["hits"] == 0 and st["misses"] == 2
+        assert not s.contains(ids[1]) and len(s) == 2
+        assert same(s.get(ids[0]), blocks[0]) and same(s.get(ids[2]), blocks[2])
+        assert s.put(*blocks[1]) == ids[1] and same(s.get(ids[1]), blocks[1])  # a fresh put heals it
+
+
+def test_corrupt_records_found_at_reopen_are_never_served(config, tmp_path):
+    cfg = config.replace(shm_bytes=0)
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, i) for i in range(3)]
+        ids = [s.put(*b) for b in blocks]
+    target = blocks[2][0].tobytes()
+    (path,) = [p for p in (tmp_path / "files").rglob("*.bin") if target in p.read_bytes()]
+    data = bytearray(path.read_bytes())
+    data[data.index(target) + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with CascadeStore(cfg) as s:  # the index rebuild checks each record: this one is dropped, counted
+        assert s.stats()["tiers"]["lustre"]["torn_records"] == 1
+        assert len(s) == 2 and not s.contains(ids[2])
+        assert s.get(ids[2]) is None and s.stats()["hits"] == 0
+        assert same(s.get(ids[0]), blocks[0]) and same(s.get(ids[1]), blocks[1])
