@@ -6,11 +6,14 @@ from typing import Any
 
 import xxhash
 
+from .buffers import host_bytes
+
 
 def checksum(parts: Iterable[Any], seed: int = 0) -> int:
-    """XXH3-64 (with ``seed``) of the concatenation of ``parts`` (buffers), without
-    concatenating."""
+    """XXH3-64 (with ``seed``) of the concatenation of ``parts``, without concatenating.
+    Parts are any buffers :mod:`cascade.buffers` accepts (device memory is copied to the
+    host first). Local, thread-safe."""
     h = xxhash.xxh3_64(seed=seed)
     for part in parts:
-        h.update(part)
+        h.update(part if type(part) in (bytes, bytearray, memoryview) else host_bytes(part, "block part"))
     return h.intdigest()

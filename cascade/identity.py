@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import blake3
 
+from .buffers import host_bytes
 from .errors import InvalidBlock
 
 BlockKey = tuple[str, str]  # (namespace, block id): the key of a block in every layer
@@ -38,9 +39,10 @@ def _hasher(algo: str, nbytes: int):
     raise InvalidBlock(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
 
 
-def digest_parts(parts: Iterable[memoryview], *, algo: str = "blake3") -> str:
-    """Hex id of the concatenation of ``parts`` (no concatenated copy is made). Local, thread-safe."""
-    views = [memoryview(p).cast("B") for p in parts]
+def digest_parts(parts: Iterable[Any], *, algo: str = "blake3") -> str:
+    """Hex id of the concatenation of ``parts`` (buffers in host or device memory; no
+    concatenated copy is made). Local, thread-safe."""
+    views = [host_bytes(p, "block part") for p in parts]
     h = _hasher(algo, sum(v.nbytes for v in views))
     for v in views:
         h.update(v)
@@ -50,21 +52,11 @@ def digest_parts(parts: Iterable[memoryview], *, algo: str = "blake3") -> str:
 def block_id(key, value, *, algo: str = "blake3") -> str:
     """Content id of a block: 32 hex chars of ``algo(key bytes || value bytes)``.
 
-    ``key`` and ``value`` are any C-contiguous buffers (numpy arrays, bytes). Costs one
-    pass over the data (BLAKE3 ~6 GB/s multi-threaded here, SHA-256 ~1.2 GB/s).
+    ``key`` and ``value`` are any C-contiguous buffers :mod:`cascade.buffers` accepts
+    (numpy, torch, cupy, bytes...). Costs one pass over the data (BLAKE3 ~6 GB/s
+    multi-threaded here, SHA-256 ~1.2 GB/s), plus a copy to the host for device memory.
     """
-    return digest_parts([as_byte_view(key, "key"), as_byte_view(value, "value")], algo=algo)
-
-
-def as_byte_view(buf, what: str = "buffer") -> memoryview:
-    """A flat byte view of a C-contiguous buffer; :class:`InvalidBlock` otherwise."""
-    try:
-        view = memoryview(buf)
-    except TypeError as exc:
-        raise InvalidBlock(f"{what} must support the buffer protocol, got {type(buf).__name__}") from exc
-    if not view.c_contiguous:
-        raise InvalidBlock(f"{what} is not C-contiguous; pass numpy.ascontiguousarray({what})")
-    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+    return digest_parts([host_bytes(key, "key"), host_bytes(value, "value")], algo=algo)
 
 
 def check_id(block_id: str) -> str:

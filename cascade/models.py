@@ -1,16 +1,19 @@
 """Model presets and KV block shapes (DESIGN.md section 2).
 
 A block holds the K and V tensors of ``block_tokens`` consecutive tokens for all layers:
-key and value each have shape ``(layers, kv_heads, block_tokens, head_dim)``.
+key and value each have shape ``(layers, kv_heads, block_tokens, head_dim)``. Dtypes may
+be named by numpy, torch, cupy or ml_dtypes (``"bfloat16"``, ``torch.float8_e4m3fn``...).
 """
 from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
+from . import buffers
 from .errors import ConfigError, InvalidBlock
 
 PAGE = 4096
@@ -18,7 +21,8 @@ PAGE = 4096
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """Attention geometry of one model (what a KV-cache block's size depends on)."""
+    """Attention geometry of one model (what a KV-cache block's size depends on).
+    ``dtype`` is a name: ``"float16"``, ``"bfloat16"``, ``"float8_e4m3fn"``..."""
 
     name: str
     layers: int
@@ -29,7 +33,7 @@ class ModelPreset:
     @property
     def bytes_per_token(self) -> int:
         """K plus V bytes of one token across all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
+        return 2 * self.layers * self.kv_heads * self.head_dim * buffers.as_dtype(self.dtype).itemsize
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
@@ -38,17 +42,31 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         ModelPreset("llama3-70b", layers=80, kv_heads=8, head_dim=128),  # 320 KiB/token
         ModelPreset("llama3-8b", layers=32, kv_heads=8, head_dim=128),  # 128 KiB/token
         ModelPreset("llama2-7b", layers=32, kv_heads=32, head_dim=128),  # 512 KiB/token (MHA)
+        ModelPreset("llama3-70b-bf16", layers=80, kv_heads=8, head_dim=128, dtype="bfloat16"),
+        ModelPreset("llama3-8b-bf16", layers=32, kv_heads=8, head_dim=128, dtype="bfloat16"),
+        ModelPreset("llama3-8b-fp8", layers=32, kv_heads=8, head_dim=128, dtype="float8_e4m3fn"),  # 64 KiB/token
         ModelPreset("tiny", layers=2, kv_heads=2, head_dim=16),  # 256 B/token, for tests
+        ModelPreset("tiny-bf16", layers=2, kv_heads=2, head_dim=16, dtype="bfloat16"),
     )
 }
 
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """Shape and dtype that every key and every value of a store must have."""
+    """Shape and dtype that every key and every value of a store must have. ``dtype``
+    may be given as any dtype :func:`cascade.buffers.as_dtype` knows (numpy, torch, cupy,
+    ml_dtypes or a name); it is kept as its canonical name."""
 
     shape: tuple[int, ...]
     dtype: str
+
+    def __post_init__(self) -> None:
+        try:
+            name = buffers.dtype_name(self.dtype)
+        except InvalidBlock as exc:
+            raise ConfigError(f"block dtype: {exc}") from None
+        object.__setattr__(self, "dtype", name)
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
 
     @classmethod
     def for_model(cls, model: str | ModelPreset, block_tokens: int) -> "BlockSpec":
@@ -67,7 +85,12 @@ class BlockSpec:
     @cached_property
     def half_bytes(self) -> int:
         """Bytes of the key (and of the value)."""
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape)) * self.np_dtype.itemsize
+
+    @cached_property
+    def np_dtype(self) -> np.dtype:
+        """The element dtype as a numpy dtype (bfloat16 and float8 through ml_dtypes)."""
+        return buffers.as_dtype(self.dtype)
 
     @cached_property
     def block_bytes(self) -> int:
@@ -76,7 +99,8 @@ class BlockSpec:
 
     def empty(self, xp=np):
         """A fresh uninitialised (key, value) pair of this spec, in array module ``xp``."""
-        return xp.empty(self.shape, dtype=self.dtype), xp.empty(self.shape, dtype=self.dtype)
+        dtype = self.np_dtype if xp is np else self.dtype
+        return xp.empty(self.shape, dtype=dtype), xp.empty(self.shape, dtype=dtype)
 
     def empty_aligned(self):
         """A (key, value) pair on page-aligned host memory: file-tier reads with O_DIRECT
@@ -85,20 +109,18 @@ class BlockSpec:
         stride = (half + PAGE - 1) // PAGE * PAGE
         buf = mmap.mmap(-1, 2 * stride)
         raw = np.frombuffer(buf, dtype=np.uint8)
-        key = raw[:half].view(self.dtype).reshape(self.shape)
-        value = raw[stride:stride + half].view(self.dtype).reshape(self.shape)
+        key = raw[:half].view(self.np_dtype).reshape(self.shape)
+        value = raw[stride:stride + half].view(self.np_dtype).reshape(self.shape)
         return key, value
 
-    def check(self, array, what: str) -> None:
-        """Raise :class:`InvalidBlock` unless ``array`` has this shape and dtype and is C-contiguous."""
-        shape = getattr(array, "shape", None)
-        dtype = getattr(array, "dtype", None)
-        if shape is None or dtype is None:
-            raise InvalidBlock(f"{what} must be an array with shape {self.shape} and dtype {self.dtype}, got {type(array).__name__}")
-        if tuple(shape) != self.shape:
-            raise InvalidBlock(f"{what} has shape {tuple(shape)}, expected {self.shape}")
-        if np.dtype(dtype) != np.dtype(self.dtype):
-            raise InvalidBlock(f"{what} has dtype {dtype}, expected {self.dtype}")
-        flags = getattr(array, "flags", None)
-        if flags is not None and not flags["C_CONTIGUOUS"]:
-            raise InvalidBlock(f"{what} is not C-contiguous; pass numpy.ascontiguousarray({what})")
+    def check(self, array: Any, what: str, *, writable: bool = False) -> None:
+        """Raise :class:`InvalidBlock` (naming the fix) unless ``array`` (numpy, torch,
+        cupy, or any object with the buffer protocol, ``__cuda_array_interface__`` or
+        ``__dlpack__``) has this shape and dtype and is C-contiguous, and, with
+        ``writable``, can be written."""
+        shape, dtype = buffers.shape_and_dtype(array, what)
+        if shape != self.shape:
+            raise InvalidBlock(f"{what} has shape {shape}, expected {self.shape}")
+        if dtype != self.np_dtype:
+            raise InvalidBlock(f"{what} has dtype {dtype.name}, expected {self.dtype}")
+        buffers.check_layout(array, what, writable=writable)

@@ -37,7 +37,7 @@ from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
 from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
-from .identity import DEFAULT_NAMESPACE, BlockKey, as_byte_view, check_id, check_namespace
+from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
@@ -159,12 +159,9 @@ class CascadeStore(BatchCalls):
         return (check_namespace(namespace), check_id(block_id))
 
     def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        """:class:`InvalidBlock` unless both are writable arrays of the spec (host
-        buffers, or device arrays)."""
-        for out, what in ((key_out, "key_out"), (value_out, "value_out")):
-            self.spec.check(out, what)
-            if not hasattr(out, "__cuda_array_interface__") and as_byte_view(out, what).readonly:
-                raise InvalidBlock("key_out and value_out must be writable")
+        """:class:`InvalidBlock` unless both are writable arrays of the spec."""
+        self.spec.check(key_out, "key_out", writable=True)
+        self.spec.check(value_out, "value_out", writable=True)
 
     def _tick(self) -> None:
         """Refresh this rank's stats file when ``config.stats_dir`` is set (see
@@ -232,29 +229,36 @@ class CascadeStore(BatchCalls):
         return hit
 
     # -- scheduler hints --------------------------------------------------------------------
-    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
+    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+             position: float | None = None) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
-        fastest tier (best effort) and keep it from eviction until a :meth:`get` /
-        :meth:`get_into` of it (one get uses up one hint) or :meth:`unhint`. Hints count:
-        a block hinted for two queued requests stays protected until both read it.
+        fastest tier (best effort) and evict it only after every unhinted block, until a
+        :meth:`get` / :meth:`get_into` of it (one get uses up its soonest hint) or
+        :meth:`unhint`. Hints count: a block hinted for two queued requests stays hinted
+        until both read it. ``position`` is the request's place in the queue (e.g. its
+        arrival number; default: after every earlier hint): among hinted blocks the one
+        whose next hinted use comes last goes first.
 
-        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes,
-        so hints cannot starve puts: a hint that would go past the cap, and a hint of a
-        block not cached on this rank, is ignored. Returns how many hints were taken.
-        Local (other ranks' blocks are not hinted); thread-safe.
+        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes:
+        a hint that would go past the cap, and a hint of a block not cached on this
+        rank, is ignored. Returns how many hints were taken. :class:`ConfigError` for a
+        position that is not a finite number. Local (other ranks' blocks are not
+        hinted); thread-safe.
         """
         keys = [self._key(b, namespace) for b in block_ids]
         with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
-            taken = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity)
+            taken = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
             self.counters.hints += taken
         return taken
 
-    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Withdraw one hint of each id (its request left the queue unserved); ids
-        without a hint are skipped. Returns how many hints were withdrawn. Local."""
+    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+               position: float | None = None) -> int:
+        """Withdraw one hint of each id (its request left the queue unserved): the one
+        given at ``position``, else the soonest; ids without a hint are skipped. Returns
+        how many hints were withdrawn. Local."""
         keys = [self._key(b, namespace) for b in block_ids]
         with self._lock:
-            return self._index.unhint(keys)
+            return self._index.unhint(keys, position)
 
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:

@@ -25,6 +25,8 @@ import subprocess
 import time
 from typing import ClassVar
 
+from cascade import buffers
+
 #: A writable buffer (bytearray, numpy array, memoryview of either) or a readable one.
 Buffer = bytes | bytearray | memoryview
 
@@ -64,19 +66,14 @@ def process_rank() -> int:
 
 
 def byte_view(buf, what: str = "buffer") -> memoryview:
-    """A flat, C-contiguous byte view of ``buf`` without copying; ``TypeError`` otherwise."""
-    view = memoryview(buf)
-    if not view.c_contiguous:
-        raise TypeError(f"{what} must be C-contiguous")
-    return view.cast("B") if (view.format != "B" or view.ndim != 1) else view
+    """A flat, C-contiguous byte view of host buffer ``buf`` (numpy, torch CPU, bytes...)
+    without copying; :class:`~cascade.errors.InvalidBlock` otherwise (cascade.buffers)."""
+    return buffers.as_byte_view(buf, what)
 
 
 def writable_view(buf, what: str = "buffer") -> memoryview:
     """Like :func:`byte_view`, and the buffer must be writable."""
-    view = byte_view(buf, what)
-    if view.readonly:
-        raise TypeError(f"{what} must be a writable buffer")
-    return view
+    return buffers.as_byte_view(buf, what, writable=True)
 
 
 class StorageAdapter(abc.ABC):

@@ -21,12 +21,10 @@ import os
 import shutil
 from typing import ClassVar
 
-import numpy as np
-
-from cascade import CascadeStore, Config, InvalidBlock
+from cascade import CascadeStore, Config, InvalidBlock, buffers
 from cascade.models import BlockSpec
 
-from .base import Buffer, StorageAdapter, byte_view, process_rank, writable_view
+from .base import Buffer, StorageAdapter, process_rank
 
 NAMESPACE = "bench"
 
@@ -62,9 +60,8 @@ class CascadeAdapter(StorageAdapter):
         return self._store
 
     def _arrays(self, key: Buffer, value: Buffer, writable: bool):
-        view = writable_view if writable else byte_view
-        k = np.frombuffer(view(key, "key"), dtype=np.uint8)
-        v = np.frombuffer(view(value, "value"), dtype=np.uint8)
+        k = buffers.host_view(key, "key", writable=writable)
+        v = buffers.host_view(value, "value", writable=writable)
         if k.nbytes != v.nbytes:
             raise ValueError(f"cascade stores key and value of equal size; got {k.nbytes} and {v.nbytes}")
         return k, v

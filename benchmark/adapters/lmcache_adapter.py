@@ -42,6 +42,8 @@ import shutil
 import threading
 from typing import Any
 
+from cascade import buffers
+
 from .base import (AdapterUnavailable, Buffer, StorageAdapter, byte_view, process_rank,
                    writable_view)
 
@@ -254,7 +256,6 @@ class _LMCacheAdapter(StorageAdapter):
 
     # -- blocks -----------------------------------------------------------------------
     def put(self, block_id: str, key: Buffer, value: Buffer) -> None:
-        import numpy as np
         kv = byte_view(key, "key")
         vv = byte_view(value, "value")
         ck = self._key(block_id)
@@ -269,9 +270,9 @@ class _LMCacheAdapter(StorageAdapter):
         if obj is None:
             raise MemoryError(f"LMCache could not allocate {kv.nbytes + vv.nbytes} bytes "
                               f"(CPU pool {self._config_summary['max_local_cpu_size']} GiB)")
-        dst = obj.tensor.reshape(-1).numpy()
-        dst[:kv.nbytes] = np.frombuffer(kv, np.uint8)
-        dst[kv.nbytes:] = np.frombuffer(vv, np.uint8)
+        dst = buffers.host_view(obj.tensor, "LMCache chunk", writable=True)
+        buffers.copy(dst[:kv.nbytes], kv)
+        buffers.copy(dst[kv.nbytes:], vv)
         # batched_put hands the object to every backend and drops our reference.
         self._sm.batched_put([ck], [obj])
         self._sizes[block_id] = (kv.nbytes, vv.nbytes)
@@ -304,13 +305,12 @@ class _LMCacheAdapter(StorageAdapter):
             return None
         try:
             klen, _ = self._sizes_of(block_id, obj)
-            raw = obj.tensor.reshape(-1).numpy()
+            raw = buffers.host_view(obj.tensor, "LMCache chunk")
             return raw[:klen].tobytes(), raw[klen:].tobytes()
         finally:
             obj.ref_count_down()
 
     def get_into(self, block_id: str, key_out: Buffer, value_out: Buffer) -> bool:
-        import numpy as np
         kv = writable_view(key_out, "key_out")
         vv = writable_view(value_out, "value_out")
         obj = self._fetch(block_id)
@@ -319,9 +319,9 @@ class _LMCacheAdapter(StorageAdapter):
         try:
             klen, vlen = self._sizes_of(block_id, obj)
             self._check_sizes(block_id, kv, vv, klen, vlen)
-            raw = obj.tensor.reshape(-1).numpy()
-            np.frombuffer(kv, np.uint8)[:] = raw[:klen]
-            np.frombuffer(vv, np.uint8)[:] = raw[klen:klen + vlen]
+            raw = buffers.host_view(obj.tensor, "LMCache chunk")
+            buffers.copy(kv, raw[:klen])
+            buffers.copy(vv, raw[klen:klen + vlen])
         finally:
             obj.ref_count_down()
         return True

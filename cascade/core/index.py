@@ -181,28 +181,35 @@ class BlockIndex:
         return time.time() + (self._policy.expires_at(meta) - time.monotonic())
 
     # -- hints -----------------------------------------------------------------------------
-    def take_hint(self, meta: BlockMeta, cap: float) -> bool:
-        """Count one hint on ``meta`` unless a first hint would pass ``cap`` bytes."""
+    def hint_position(self, position: float | None) -> float:
+        """The queue position a hint is taken at (:class:`ConfigError` if not finite)."""
+        return self._policy.hint_position(position)
+
+    def take_hint(self, meta: BlockMeta, cap: float, at: float) -> bool:
+        """Count one hint on ``meta``, for a use at queue position ``at``, unless a first
+        hint would pass ``cap`` bytes."""
         if meta.hints == 0:
             if self.hinted_bytes + meta.nbytes > cap:
                 return False
             self.hinted_bytes += meta.nbytes
         meta.hints += 1
-        self._policy.changed(meta)
+        self._policy.hinted(meta, at)
         return True
 
-    def unhint(self, keys: list[BlockKey]) -> int:
-        """Withdraw one hint of each hinted block of ``keys``; how many were withdrawn."""
+    def unhint(self, keys: list[BlockKey], position: float | None = None) -> int:
+        """Withdraw one hint (the one at ``position``, else the soonest) of each hinted
+        block of ``keys``; how many were withdrawn."""
         withdrawn = 0
         for key in keys:
             meta = self.blocks.get(key)
             if meta is not None and meta.hints:
-                self.release_hint(meta)
+                self.release_hint(meta, position)
                 withdrawn += 1
         return withdrawn
 
-    def release_hint(self, meta: BlockMeta) -> None:
+    def release_hint(self, meta: BlockMeta, position: float | None = None) -> None:
+        """Use up or withdraw one hint of ``meta`` (the soonest, or the one at ``position``)."""
         meta.hints -= 1
         if meta.hints == 0:
             self.hinted_bytes -= meta.nbytes
-        self._policy.changed(meta)
+        self._policy.hint_released(meta, position)

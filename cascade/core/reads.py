@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import host_outputs
 from ..errors import CorruptBlock
 from ..identity import BlockKey
 from ..policy import BlockMeta
@@ -85,9 +86,15 @@ class ReadPath:
 
     @staticmethod
     def _copy(lease: Lease, outs: Sequence[Any]) -> CorruptBlock | None:
-        """The leased bytes into ``outs``; a verification failure is returned."""
+        """The leased bytes into ``outs``; a verification failure is returned. A tier
+        that fills host memory only (file reads, MPI) gets host stand-ins for device
+        outputs (:func:`cascade.buffers.host_outputs`)."""
         try:
-            lease.read(outs)
+            if lease.tier.reads_into_device:
+                lease.read(outs)
+            else:
+                with host_outputs(outs) as hosts:
+                    lease.read(hosts)
         except CorruptBlock as exc:
             return exc
         return None
@@ -143,13 +150,15 @@ class ReadPath:
                 self.metrics.tiers[src].promotions += 1
                 self.metrics.tiers[dst.t].bytes_written += meta.nbytes
 
-    def hint(self, keys: Sequence[BlockKey], cap: float) -> int:
-        """Under the lock: take a hint on each cached block of ``keys`` (while hinted
-        blocks stay within ``cap`` bytes) and promote it; how many were taken."""
+    def hint(self, keys: Sequence[BlockKey], cap: float, position: float | None) -> int:
+        """Under the lock: take a hint (at queue ``position``) on each cached block of
+        ``keys`` while hinted blocks stay within ``cap`` bytes, and promote it; how many
+        were taken."""
+        at = self.index.hint_position(position)
         taken = 0
         for key in keys:
             meta = self.index.get(key)
-            if meta is None or not self.index.take_hint(meta, cap):
+            if meta is None or not self.index.take_hint(meta, cap, at):
                 continue
             taken += 1
             if meta.tier > 0:

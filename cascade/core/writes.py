@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..buffers import host_bytes
 from ..errors import CorruptBlock, InvalidBlock, TierFull
 from ..identity import BlockKey, block_id as compute_block_id, check_id
 from ..policy import BlockMeta
@@ -137,8 +138,7 @@ class WritePath:
             self.chain.tiers[meta.tier].read_into(meta.key, stored)
         except (CorruptBlock, OSError):
             return False
-        incoming = np.concatenate([np.frombuffer(memoryview(np.ascontiguousarray(p)).cast("B"), np.uint8)
-                                   for p in parts])
+        incoming = np.concatenate([host_bytes(p, "block part") for p in parts])
         if not np.array_equal(stored, incoming):
             self.metrics.counters.replaced_unconfirmed += 1
             return False

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..buffers import host_outputs
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
 from ..identity import BlockKey
@@ -160,7 +161,12 @@ class Cluster:
                 pass
 
     def _copy(self, key: BlockKey, entry: DirectoryEntry, outs: Sequence[Any]) -> bool:
-        """Copy the bytes ``entry`` points at into ``outs``; False when they are gone."""
+        """Copy the bytes ``entry`` points at into ``outs`` (any buffers: device ones get a
+        host stand-in, see :func:`cascade.buffers.host_outputs`); False when they are gone."""
+        with host_outputs(outs) as hosts:
+            return self._copy_to_host(key, entry, hosts)
+
+    def _copy_to_host(self, key: BlockKey, entry: DirectoryEntry, outs: list[Any]) -> bool:
         kind = TierKind(entry.tier)
         if kind is TierKind.SHM:
             if self._same_node_shm(entry.rank):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
-from ..identity import as_byte_view
+from ..buffers import as_byte_view, host_bytes
 from ..tiers.base import BlockKey, Memory, Tier, TierKind
 from ..tiers.slab import SlabAllocator
 from .rma import load_mpi
@@ -129,7 +129,7 @@ class RemoteTier(Tier):
         ``Flush`` (plus 2 round trips when a new lease is needed). Raises :class:`TierFull`
         when no target has room; the tier is then unchanged. ``parent`` is not kept
         (nothing here survives a restart)."""
-        views = [as_byte_view(p, "block part") for p in parts]
+        views = [memoryview(host_bytes(p, "block part")) for p in parts]
         nbytes = sum(v.nbytes for v in views)
         lease, offset = self._allocate(nbytes)
         try:
@@ -286,12 +286,4 @@ def _check(what: object, views: list[memoryview], expected: int) -> None:
 
 
 def _writable(out: Any) -> memoryview:
-    try:
-        view = memoryview(out)  # the common case, a flat byte buffer, needs nothing more
-    except TypeError:
-        view = None
-    if view is None or view.ndim != 1 or view.format != "B" or not view.c_contiguous:
-        view = as_byte_view(out, "output buffer")
-    if view.readonly:
-        raise InvalidBlock("output buffer is read-only")
-    return view
+    return as_byte_view(out, "output buffer", writable=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..buffers import as_byte_view
 from .rma import CountedWin, get_bytes, load_mpi, window_info
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class SlabWindow:
     def get_into(self, rank: int, offset: int, outs: Sequence[Any]) -> None:
         """Copy ``sum(len(out))`` bytes at ``offset`` of ``rank``'s slab into ``outs``
         back to back: one ``Get`` per buffer, one round trip in all."""
-        views = [memoryview(out).cast("B") for out in outs]
+        views = [as_byte_view(out, "output buffer", writable=True) for out in outs]
         get_bytes(self._win, self._BYTE, rank, offset, views, self.sizes[rank], "SHM window")
 
     def free(self) -> None:

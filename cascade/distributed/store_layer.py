@@ -54,11 +54,8 @@ def _serialized(method: _F) -> _F:
 
 
 def parts_checksum(parts: Sequence[Any]) -> int:
-    """XXH3-64 of a block's bytes (host buffers; device arrays are copied to the host)."""
-    try:
-        return checksum(parts)
-    except TypeError:  # e.g. cupy arrays: no buffer protocol
-        return checksum([np.ascontiguousarray(p.get()) for p in parts])
+    """XXH3-64 of a block's bytes (any buffers; device memory is copied to the host)."""
+    return checksum(parts)
 
 
 class Solo:

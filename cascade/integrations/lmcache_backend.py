@@ -52,8 +52,9 @@ from typing import Any
 import blake3
 import numpy as np
 
+from .. import buffers
 from ..config import Config
-from ..errors import BlockNotFound, BlockPinned, CascadeError
+from ..errors import BlockNotFound, BlockPinned, CascadeError, InvalidBlock
 from ..identity import ID_HEX_CHARS
 from ..models import BlockSpec
 from ..store import CascadeStore
@@ -81,7 +82,7 @@ def chunk_block_id(key: CacheEngineKey) -> str:
 
 def _full_chunk_bytes(metadata: Any) -> int:
     dtypes = metadata.get_dtypes() if hasattr(metadata, "get_dtypes") else [metadata.kv_dtype]
-    itemsize = max(torch.empty(0, dtype=d).element_size() for d in dtypes)
+    itemsize = max(buffers.as_dtype(d).itemsize for d in dtypes)
     return math.prod(int(n) for n in metadata.kv_shape) * itemsize
 
 
@@ -184,7 +185,11 @@ class CascadeBackend(StoragePluginInterface):
         tensor = obj.tensor
         if tensor is None:
             return None
-        payload = tensor.contiguous().view(-1).view(torch.uint8).numpy()
+        try:
+            payload = buffers.host_bytes(tensor, "LMCache chunk")  # a view of a CPU tensor, a copy of a GPU one
+        except InvalidBlock as exc:  # e.g. a non-contiguous tensor: LMCache's allocator never makes one
+            log.warning("chunk %s not stored: %s", key.to_string(), exc)
+            return None
         if HEADER_BYTES + payload.nbytes > self.block_bytes:
             log.warning("chunk %s of %d bytes exceeds Cascade's block of %d bytes (set cascade.block_bytes); "
                         "not stored", key.to_string(), payload.nbytes, self.block_bytes)
@@ -250,13 +255,13 @@ class CascadeBackend(StoragePluginInterface):
         obj = self.local_cpu_backend.allocate(shape, dtype, fmt)
         if obj is None:
             return None
-        dst = obj.tensor.view(-1).view(torch.uint8).numpy()
-        if dst.nbytes != nbytes:
+        room = buffers.nbytes(obj.tensor, "LMCache chunk")
+        if room != nbytes:
             obj.ref_count_down()
             log.warning("chunk %s: header says %d bytes, its shape %d: treated as a miss",
-                        key.to_string(), nbytes, dst.nbytes)
+                        key.to_string(), nbytes, room)
             return None
-        dst[:] = buf[HEADER_BYTES:HEADER_BYTES + nbytes]
+        buffers.copy(obj.tensor, buf[HEADER_BYTES:HEADER_BYTES + nbytes])
         return obj
 
     # -- pins, removal, life cycle ------------------------------------------------------

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 from ..errors import BlockNotFound, CorruptBlock, TierFull
-from ..identity import BlockKey, as_byte_view
+from ..buffers import as_byte_view
+from ..identity import BlockKey
 
 
 class _Deferred:
@@ -66,6 +67,7 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     kind: TierKind = TierKind.NONE
     memory: Memory = Memory.HOST
     concurrent: bool = False  # read_leased / fill may run outside the store's lock
+    reads_into_device: bool = False  # read_leased also fills device arrays (not only host memory)
     # Its blocks outlive the process: a store opened on the same place adopts them (warm
     # restart) with their parents (:meth:`parent_of`).
     persistent: bool = False

@@ -39,7 +39,7 @@ import xxhash
 
 from ..checksum import checksum
 from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
-from ..identity import as_byte_view
+from ..buffers import as_byte_view, host_bytes
 from .base import BlockKey, Memory, Tier, TierKind
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
@@ -274,7 +274,7 @@ class FileTier(Tier):
         return HEADER_BYTES + pad(nbytes) <= self.free
 
     def put(self, key: BlockKey, parts: Sequence[Any], *, parent: str | None = None) -> None:
-        views = [as_byte_view(p) for p in parts]
+        views = [memoryview(host_bytes(p, "block part")) for p in parts]
         self._put_in_two_phases(key, views, sum(v.nbytes for v in views), parent)
 
     def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reservation:
@@ -294,7 +294,7 @@ class FileTier(Tier):
     def fill(self, reservation: _Reservation, parts: Sequence[Any]) -> None:
         """Checksum and write the record (one ``pwritev``, fsync if configured). Writes
         only its own range: safe beside any other call. :class:`TierFull` on a full disk."""
-        views = [as_byte_view(p) for p in parts]
+        views = [memoryview(host_bytes(p, "block part")) for p in parts]
         header = reservation.header
         if sum(v.nbytes for v in views) != header.payload_len:
             raise ValueError(f"{self.name}: parts hold {sum(v.nbytes for v in views)} bytes, reserved {header.payload_len}")

@@ -2,8 +2,8 @@
 
 With cupy and a visible GPU the slab is ``cupy.empty`` device memory. The same code runs
 with numpy as the array module (a host slab): that is how this project's tests exercise
-it, since its build machines have no GPU. Inputs and outputs may be host buffers or, with
-cupy, device arrays (device-to-device copies).
+it, since its build machines have no GPU. Inputs and outputs may be host or device buffers
+of any kind :mod:`cascade.buffers` accepts (device-to-device copies with cupy).
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from .base import Memory, TierKind
-from .slab_tier import SlabTier, _nbytes
+from .slab_tier import SlabTier
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ def cupy_module() -> ModuleType | None:
     return cupy
 
 
-def _is_device(buf: Any) -> bool:
-    return hasattr(buf, "__cuda_array_interface__")
-
-
 class GpuTier(SlabTier):
     """A ``capacity``-byte slab allocated with ``xp`` (cupy on a GPU, numpy in tests)."""
 
@@ -59,32 +56,16 @@ class GpuTier(SlabTier):
         else:
             self._slab = xp.empty(capacity, dtype=np.uint8)
 
-    def _flat(self, buf: Any):
-        if _is_device(buf):
-            return buf.reshape(-1).view(self.xp.uint8)
-        return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
-
+    # Every copy goes through cascade.buffers: device <-> device, host <-> device (cupy slab)
+    # or host <-> host (numpy slab), whatever the caller's buffer is.
     def _copy_in(self, offset: int, part: Any) -> int:
-        n = _nbytes(part)
-        src = self._flat(part)
-        dst = self._slab[offset:offset + n]
-        if self._on_gpu and not _is_device(part):
-            dst.set(src)
-        else:
-            dst[...] = src
-        return n
+        return buffers.copy(self._slab[offset:offset + buffers.nbytes(part, "block part")], part)
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        n = _nbytes(out)
-        src = self._slab[offset:offset + n]
-        if self._on_gpu and not _is_device(out):
-            src.get(out=np.frombuffer(memoryview(out).cast("B"), dtype=np.uint8))
-        else:
-            self._flat(out)[...] = src
+        buffers.copy(out, self._slab[offset:offset + buffers.nbytes(out, "output buffer")])
 
     def _slab_view(self, offset: int, length: int) -> Any:
-        view = self._slab[offset:offset + length]
-        return view.get() if self._on_gpu else view
+        return buffers.host_bytes(self._slab[offset:offset + length])
 
     def close(self) -> None:
         self._index.clear()

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import buffers
 from ..errors import TierFull
 from .base import TierKind
 from .slab_tier import SlabTier
@@ -102,13 +103,10 @@ class ShmTier(SlabTier):
     # numpy copies release the GIL (memoryview slice assignment does not), so a put's
     # copy overlaps the content hashing running in another thread.
     def _copy_in(self, offset: int, part: Any) -> int:
-        src = _flat_bytes(part)
-        np.copyto(self._bytes[offset:offset + src.size], src)
-        return src.size
+        return buffers.copy(self._bytes[offset:offset + buffers.nbytes(part, "block part")], part)
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        dst = _flat_bytes(out)
-        np.copyto(dst, self._bytes[offset:offset + dst.size])
+        buffers.copy(out, self._bytes[offset:offset + buffers.nbytes(out, "output buffer")])
 
     def _slab_view(self, offset: int, length: int) -> Any:
         return self._view[offset:offset + length]
@@ -136,13 +134,6 @@ class ShmTier(SlabTier):
 
 
 
-def _flat_bytes(buf: Any) -> np.ndarray:
-    """A flat uint8 array over a C-contiguous buffer (no copy)."""
-    if isinstance(buf, np.ndarray):
-        return buf.reshape(-1).view(np.uint8)
-    return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
-
-
 class ShmPeerSlabs:
     """Read-only maps of other ranks' SHM slabs on this node (node-local reads, no MPI).
 
@@ -158,7 +149,7 @@ class ShmPeerSlabs:
         view = self._view(path)
         pos = offset
         for out in outs:
-            dst = memoryview(out).cast("B")
+            dst = buffers.as_byte_view(out, "output buffer", writable=True)
             dst[:] = view[pos:pos + dst.nbytes]
             pos += dst.nbytes
 

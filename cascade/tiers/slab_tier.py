@@ -9,11 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from ..buffers import nbytes as _nbytes
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
-from ..identity import as_byte_view
 from .base import BlockKey, Tier
 from .slab import SlabAllocator
 
@@ -35,6 +33,7 @@ class SlabTier(Tier):
     """
 
     concurrent = True
+    reads_into_device = True  # a slab copy goes between any two buffers (cascade.buffers.copy)
 
     def __init__(self, capacity: int, *, verify: bool = False) -> None:
         self._capacity = capacity
@@ -183,8 +182,3 @@ class SlabTier(Tier):
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "allocated": self._alloc.allocated}
 
-
-def _nbytes(buf: Any) -> int:
-    if isinstance(buf, np.ndarray) or hasattr(buf, "__cuda_array_interface__"):
-        return int(buf.nbytes)  # arrays reaching a tier were checked C-contiguous by the store
-    return as_byte_view(buf).nbytes
