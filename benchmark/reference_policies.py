@@ -1,4 +1,5 @@
-"""Reference hit ratios of pure-Python block caches: LRU and the offline optimum (Belady).
+"""Reference hit ratios of pure-Python block caches: LRU, the offline optimum (Belady) and
+a lookahead oracle that sees only the next ``depth`` requests (what a scheduler's queue shows).
 
 Replay semantics (they reproduce every figure quoted for the shared trace, see below):
 
@@ -12,7 +13,12 @@ Replay semantics (they reproduce every figure quoted for the shared trace, see b
    recent block; Belady (demand paging, no bypass) inserts it too. When the cache then
    holds more than ``capacity`` blocks, LRU drops the least recently referenced one and
    Belady the one, other than the block just referenced, whose next reference is furthest
-   in the future (never-again first). ``capacity=None`` is unbounded.
+   in the future (never-again first). ``capacity=None`` is unbounded. The lookahead oracle
+   at depth ``k`` sees the references of the request being served and of the next ``k``
+   requests (none at ``k = 0``, as the replay's queue: :mod:`cascade.replay`); it drops,
+   other than the block just referenced, the least recently referenced block that the
+   window does not reference, and when the window references every cached block, the one
+   the window references last (Belady within the window). At ``k = 0`` it is LRU.
 4. Block hit ratio = hits / references. Token hit ratio = tokens of the hit blocks / tokens
    of all referenced blocks, a block holding ``tokens_per_block`` tokens except a request's
    last, which holds the remainder of ``input_length``.
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -51,7 +58,7 @@ from cascade.errors import ConfigError
 from cascade.trace import DEFAULT_TRACE, TOKENS_PER_BLOCK, Request, read_trace
 from cascade.workload import WorkloadParams, generate
 
-POLICIES = ("lru", "belady")
+POLICIES = ("lru", "belady", "lookahead")
 
 
 @dataclass(frozen=True)
@@ -136,18 +143,95 @@ def belady_hits(ids: Sequence[Hashable], capacity: int | None) -> list[bool]:
     return hits
 
 
+def lookahead_hits(requests: Sequence[Sequence[Hashable]], capacity: int | None, depth: int) -> list[bool]:
+    """Per reference (requests' ids in order), whether the lookahead oracle of ``capacity``
+    blocks at queue depth ``depth`` hit (module docstring, rule 3).
+
+    A cached block sits either outside the window (an LRU list, plus a min-heap by next
+    reference to move it in once the window reaches it) or inside (a max-heap by next
+    reference); heap entries are stale once the block's next reference changed or it left.
+    O(log n) per reference, O(n) memory.
+    """
+    _check_capacity(capacity)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ConfigError(f"depth: expected an integer >= 0, got {depth!r}")
+    ids = [block for request in requests for block in request]
+    ends = list(itertools.accumulate(len(request) for request in requests))  # ends[i]: end of request i
+    never = len(ids)
+    next_use = [never] * len(ids)
+    seen: dict[Hashable, int] = {}
+    for i in range(len(ids) - 1, -1, -1):
+        next_use[i] = seen.get(ids[i], never)
+        seen[ids[i]] = i
+    cached: dict[Hashable, int] = {}  # block -> position of its next reference
+    outside: OrderedDict[Hashable, None] = OrderedDict()  # not referenced in the window, LRU first
+    entering: list[tuple[int, Hashable]] = []  # (next use, block) of the outside ones
+    inside: list[tuple[int, Hashable]] = []  # (-next use, block) of the ones the window references
+    hits = []
+    position = 0
+    for r, request in enumerate(requests):
+        window = ends[min(r + depth, len(ends) - 1)] if depth else 0  # references before it are seen
+        while entering and entering[0][0] < window:
+            use, block = heapq.heappop(entering)
+            if cached.get(block) == use and block in outside:
+                del outside[block]
+                heapq.heappush(inside, (-use, block))
+        for block in request:
+            hit = block in cached
+            hits.append(hit)
+            outside.pop(block, None)
+            use = cached[block] = next_use[position]
+            position += 1
+            if use < window:
+                heapq.heappush(inside, (-use, block))
+            else:
+                outside[block] = None
+                heapq.heappush(entering, (use, block))
+            if capacity is not None and len(cached) > capacity:
+                _drop_one(block, cached, outside, inside)
+    return hits
+
+
+def _drop_one(current: Hashable, cached: dict[Hashable, int], outside: OrderedDict[Hashable, None],
+              inside: list[tuple[int, Hashable]]) -> None:
+    """Drop the lookahead oracle's victim: the LRU block outside the window, else the one
+    the window references last; never ``current`` (the block just referenced)."""
+    for block in outside:
+        if block != current:
+            del outside[block], cached[block]
+            return
+    kept = None
+    while True:
+        neg_use, block = heapq.heappop(inside)
+        if cached.get(block) != -neg_use or block in outside:
+            continue  # stale
+        if block == current:
+            kept = (neg_use, block)
+            continue
+        del cached[block]
+        if kept is not None:
+            heapq.heappush(inside, kept)
+        return
+
+
 def simulate(
     requests: Iterable[Request],
     policy: str,
     capacity: int | None,
     tokens_per_block: int = TOKENS_PER_BLOCK,
+    *,
+    depth: int = 0,
 ) -> HitStats:
-    """Replay ``requests`` through ``policy`` ("lru" or "belady") at ``capacity`` blocks."""
-    run = {"lru": lru_hits, "belady": belady_hits}.get(policy)
-    if run is None:
+    """Replay ``requests`` through ``policy`` ("lru", "belady" or "lookahead" at queue
+    ``depth``) at ``capacity`` blocks."""
+    if policy not in POLICIES:
         raise ConfigError(f"policy: expected one of {POLICIES}, got {policy!r}")
+    requests = list(requests)
     ids, tokens = references(requests, tokens_per_block)
-    hits = run(ids, capacity)
+    if policy == "lookahead":
+        hits = lookahead_hits([r.hash_ids for r in requests], capacity, depth)
+    else:
+        hits = {"lru": lru_hits, "belady": belady_hits}[policy](ids, capacity)
     return HitStats(
         policy=policy,
         capacity=capacity,

@@ -30,7 +30,7 @@ default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
-hint_fraction               0.25             most of the fastest tier that hinted blocks may hold
+hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
 io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs)
@@ -119,7 +119,7 @@ class Config:
     verify_dram_reads: bool = False
     promote_on_hit: bool = True
     cache_cluster_reads: bool = False
-    hint_fraction: float = 0.25
+    hint_fraction: float = 1.0
     io_threads: int = 4
     namespace_share: float = 0.0
     directory_slots: int = 1 << 16

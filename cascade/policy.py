@@ -7,18 +7,28 @@ Semantic policy (default):
 
 1. leaf-first: a block is not moved out of tier ``t`` while one of its children sits in
    ``t`` or a faster tier (a prefix's head outlives its tail);
-2. pinned blocks (ref-count > 0), hinted ones (wanted by a queued request) and ones
-   being read right now are never chosen;
-3. among the rest the lowest value goes first, value = frequency x sharing x 2**priority,
-   aged GreedyDual-style: a block's score is ``clock + value`` with the clock read at its
-   last use, and the clock rises to each victim's score, so recency counts
+2. pinned blocks (ref-count > 0) and ones being read right now are never chosen;
+3. hinted blocks (wanted by a queued request, ``store.hint``) go only when no unhinted
+   block may, and among them the one whose next hinted use comes last (Belady within the
+   queue: the hint's position, e.g. the request's place in the queue; within one
+   position the deeper block, which its request reads later);
+4. among the unhinted blocks the lowest value goes first, value = frequency x sharing x
+   2**priority, aged GreedyDual-style: a block's score is ``clock + value`` with the clock
+   read at its last use, and the clock rises to each victim's score, so recency counts
    too. Changes that are not uses (a child added or dropped, a pin) keep the clock reading.
 
 Frequency outlives eviction: the policy remembers the use counts of the last ``history``
 blocks it dropped, and a block put again starts from its old count (on the Mooncake
 conversation trace this lifts the hit ratio at 5,000 blocks from 12.9% to 14.7%).
 
-LRU (``policy="lru"``) keeps rule 2 only and orders by last use, for comparison.
+Why hinted blocks may go at all: when they could not, a deep queue's hints had to be
+capped (``hint_fraction``) so they could not starve puts, and the cap went to whichever
+hints came first, often blocks wanted hundreds of requests later, while the blocks the next
+requests read were refused; at 1,000 blocks depth 256 then hit less than depth 64. Ranked
+by next use, a deeper queue only adds knowledge (benchmark ``queue_hints``, beside the
+lookahead oracle of :mod:`benchmark.reference_policies`).
+
+LRU (``policy="lru"``) keeps rules 2 and 3 and orders the rest by last use, for comparison.
 Each tier has a heap of candidate entries with lazy invalidation: O(log n) per change.
 Not thread-safe: the store serialises calls.
 """
@@ -31,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ConfigError
 from .identity import BlockKey
 
 
@@ -47,7 +58,8 @@ class BlockMeta:
     shares: int = 1  # puts of this content (dedup) in this namespace
     pins: int = 0
     readers: int = 0  # reads copying it out outside the store's lock: not moved meanwhile
-    hints: int = 0  # queued requests that will read it (store.hint): not evicted meanwhile
+    hints: int = 0  # queued requests that will read it (store.hint): evicted last meanwhile
+    hint_uses: list[float] = field(default_factory=list)  # heap: queue position of each hint
     priority: int = 0
     ttl: float = 0.0
     first_use: float = 0.0
@@ -75,12 +87,13 @@ class Policy:
         self.kind = kind
         self.ttl_mode = ttl_mode
         self.num_tiers = num_tiers
-        self._heaps: list[list[tuple[float, int, int, BlockMeta]]] = [[] for _ in range(num_tiers)]
+        self._heaps: list[list[tuple[tuple[int, float, int], int, int, BlockMeta]]] = [[] for _ in range(num_tiers)]
         self._clock = 0.0  # GreedyDual inflation value, shared by all tiers
         self._live = [0] * num_tiers
         self._seq = itertools.count()
         self._history = history if kind == "semantic" else 0
         self._ghosts: OrderedDict[BlockKey, int] = OrderedDict()  # dropped key -> its uses
+        self._last_position = 0.0  # the latest hint position given or assigned
 
     # -- notifications from the store ---------------------------------------------------
     def admitted(self, meta: BlockMeta, now: float) -> None:
@@ -111,6 +124,34 @@ class Policy:
         """Pins, children, priority or TTL of ``meta`` changed."""
         self._push(meta)
 
+    def hint_position(self, position: float | None) -> float:
+        """The queue position of one hint call: ``position`` as given (the request's place
+        in the queue, e.g. its arrival number), or, without one, just after the latest."""
+        if position is None:
+            position = self._last_position + 1
+        elif isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
+            raise ConfigError(f"hint position: expected a finite number, got {position!r}")
+        self._last_position = max(self._last_position, position)
+        return float(position)
+
+    def hinted(self, meta: BlockMeta, position: float) -> None:
+        """One more hint of ``meta``, for a request at queue ``position``
+        (:meth:`hint_position`); the store counted it in ``meta.hints``."""
+        heapq.heappush(meta.hint_uses, position)
+        self._push(meta)
+
+    def hint_released(self, meta: BlockMeta, position: float | None = None) -> None:
+        """One hint of ``meta`` is gone (used up by a read, or withdrawn): the one at
+        ``position`` if it has one there, else the soonest."""
+        uses = meta.hint_uses
+        if uses:
+            if position is not None and position in uses:
+                uses.remove(position)
+                heapq.heapify(uses)
+            else:
+                heapq.heappop(uses)
+        self._push(meta)
+
     def set_aside(self, meta: BlockMeta) -> None:
         """Take ``meta`` out of the candidates until the next :meth:`changed` (it was
         chosen but may not go now, e.g. another rank pins it)."""
@@ -127,12 +168,13 @@ class Policy:
     def removed(self, meta: BlockMeta) -> None:
         """``meta`` left the cache."""
         self._live[meta.tier] -= 1
+        meta.hint_uses.clear()
         meta.version += 1
 
     # -- decisions ----------------------------------------------------------------------
     def eligible(self, meta: BlockMeta) -> bool:
         """Whether ``meta`` may leave its tier now."""
-        if meta.pins > 0 or meta.hints > 0 or meta.readers > 0:
+        if meta.pins > 0 or meta.readers > 0:
             return False
         return self.kind == "lru" or meta.children_at_or_above(meta.tier) == 0
 
@@ -148,8 +190,8 @@ class Policy:
             if not self.eligible(meta):
                 heapq.heappop(heap)  # pushed again when it becomes eligible (changed())
                 continue
-            if self.kind == "semantic":
-                self._clock = max(self._clock, score)
+            if self.kind == "semantic" and not score[0]:
+                self._clock = max(self._clock, score[1])
             return meta
         return None
 
@@ -172,9 +214,13 @@ class Policy:
         sharing = max(meta.shares, meta.children(), 1)
         return frequency * sharing * 2.0 ** meta.priority
 
-    def score(self, meta: BlockMeta) -> float:
-        """Eviction order: the lowest score goes first."""
-        return meta.last_use if self.kind == "lru" else meta.base + self.value(meta)
+    def score(self, meta: BlockMeta) -> tuple[int, float, int]:
+        """Eviction order: the lowest score goes first. Unhinted blocks ``(0, last use)``
+        (LRU) or ``(0, clock + value)`` (semantic); hinted ones after them all,
+        ``(1, -next hinted use, -depth)``."""
+        if meta.hint_uses:
+            return (1, -meta.hint_uses[0], -meta.depth)
+        return (0, meta.last_use if self.kind == "lru" else meta.base + self.value(meta), 0)
 
     # -- internals ----------------------------------------------------------------------
     def _push(self, meta: BlockMeta) -> None:

@@ -8,17 +8,19 @@ pinned until the request ends (they are in flight), so the policy cannot drop th
 With ``queue_depth=D`` the replay also plays a serving engine's scheduler: the next ``D``
 requests are visible in a queue, and the blocks they will read are hinted
 (:meth:`CascadeStore.hint`: kept from eviction until read, within the store's
-``hint_fraction`` of the fastest tier). A block is hinted once while any queued request
-wants it: when it enters the queue (if cached), when it is put, and again after a get used
-the hint up while other queued requests still want it. ``queue_depth=0`` is the online
-policy alone.
+``hint_fraction`` of the fastest tier), each with the position of the soonest queued request
+that reads it (requests are numbered in arrival order), so the policy evicts, among hinted
+blocks, the one needed last. A block is hinted once while any queued request wants it: when
+it enters the queue (if cached), when it is put, and again after a get used the hint up
+while other queued requests still want it (then at the next one's position).
+``queue_depth=0`` is the online policy alone.
 
 The block payload is one reusable random buffer: ids come from the trace, not from the
 content (``put(..., block_id=...)``), so replays measure placement, not hashing.
 """
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -113,7 +115,8 @@ class _Queue:
         self.store, self.requests, self.namespace, self.depth = store, requests, namespace, depth
         # (request, chain, whether its blocks were counted in ``wanted``)
         self.queued: deque[tuple[Request, list[tuple[str, str | None]], bool]] = deque()
-        self.wanted: Counter[str] = Counter()  # block id -> queued requests that read it
+        self.wanted: dict[str, deque[int]] = {}  # block id -> arrival numbers of queued requests reading it
+        self.arrivals = 0
 
     def __iter__(self) -> Iterator[tuple[Request, list[tuple[str, str | None]]]]:
         while True:
@@ -123,8 +126,9 @@ class _Queue:
             request, chain, counted = self.queued.popleft()
             if counted:
                 for bid, _ in chain:
-                    self.wanted[bid] -= 1
-                    if not self.wanted[bid]:
+                    positions = self.wanted[bid]
+                    positions.popleft()  # requests leave in arrival order: this one is first
+                    if not positions:
                         del self.wanted[bid]
             yield request, chain
 
@@ -137,18 +141,22 @@ class _Queue:
             counted = self.depth > 0 and bool(self.queued)  # the head is served now, not queued
             self.queued.append((request, chain, counted))
             if counted:
-                self._want(chain)
+                self._want(chain, self.arrivals)
+            self.arrivals += 1
 
-    def _want(self, chain: list[tuple[str, str | None]]) -> None:
+    def _want(self, chain: list[tuple[str, str | None]], position: int) -> None:
         new = []
         for bid, _ in chain:
-            self.wanted[bid] += 1
-            if self.wanted[bid] == 1:
+            positions = self.wanted.setdefault(bid, deque())
+            if not positions:
                 new.append(bid)
+            positions.append(position)
         if new:
-            self.store.hint(new, namespace=self.namespace)
+            self.store.hint(new, namespace=self.namespace, position=position)
 
     def still_wanted(self, bid: str) -> None:
-        """``bid`` was just read or put: hint it again if queued requests want it."""
-        if self.wanted.get(bid):
-            self.store.hint([bid], namespace=self.namespace)
+        """``bid`` was just read or put: hint it again for the next queued request that
+        wants it, if any."""
+        positions = self.wanted.get(bid)
+        if positions:
+            self.store.hint([bid], namespace=self.namespace, position=positions[0])

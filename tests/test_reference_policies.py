@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmark.reference_policies import belady_hits, lru_hits, references, simulate
+from benchmark.reference_policies import belady_hits, lookahead_hits, lru_hits, references, simulate
 from cascade.errors import ConfigError
 from cascade.trace import DEFAULT_TRACE, Request, read_trace
 
@@ -80,6 +80,30 @@ def test_replay_counts_blocks_and_tokens():
     assert simulate([], "belady", 5).block_hit_ratio == 0.0
 
 
+def test_lookahead_by_hand():
+    # cap 2, one block per request: a b c(window [a] at depth 1: b goes, not the LRU a) a
+    single = [["a"], ["b"], ["c"], ["a"]]
+    assert lookahead_hits(single, 2, 0) == lru_hits("abca", 2) == [False] * 4
+    assert lookahead_hits(single, 2, 1) == [False, False, False, True]
+    # the window reaches past a request's own blocks: [a b] [c] [b] [a], cap 2; at c, depth 1
+    # sees only [b]: a is the LRU block outside it; depth 2 sees a (later than b) and drops a too
+    split = [["a", "b"], ["c"], ["b"], ["a"]]
+    assert lookahead_hits(split, 2, 1) == lookahead_hits(split, 2, 2) == [False, False, False, True, False]
+    # at c the window holds both cached blocks: the one it references last (a) goes, not the
+    # least recently used (b)
+    assert lookahead_hits([["b"], ["a"], ["c"], ["b"], ["a"]], 2, 2) == [False, False, False, True, False]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=3), max_size=12), st.integers(1, 4))
+def test_lookahead_spans_lru_to_belady(requests, capacity):
+    ids = [block for request in requests for block in request]
+    assert lookahead_hits(requests, capacity, 0) == lru_hits(ids, capacity)
+    # seeing every later request is Belady (which dead block goes first changes no hit)
+    assert sum(lookahead_hits(requests, capacity, len(requests))) == sum(belady_hits(ids, capacity))
+    assert sum(lookahead_hits(requests, None, 1)) == sum(lru_hits(ids, None))
+
+
 def test_rejects_bad_arguments():
     with pytest.raises(ConfigError, match="policy"):
         simulate([], "fifo", 10)
@@ -88,6 +112,11 @@ def test_rejects_bad_arguments():
             lru_hits("ab", capacity)
         with pytest.raises(ConfigError, match="capacity"):
             belady_hits("ab", capacity)
+        with pytest.raises(ConfigError, match="capacity"):
+            lookahead_hits([["a"]], capacity, 1)
+    for depth in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="depth"):
+            simulate([], "lookahead", 10, depth=depth)
 
 
 @pytest.mark.skipif(DEFAULT_TRACE is None, reason="shared trace ../shared/data/conversation_trace.jsonl absent")

@@ -1,0 +1,121 @@
+"""The policy's hint rules: hinted blocks go last, the one needed last first (Belady within
+the queue), without breaking pins, reads in progress or leaf-first."""
+from __future__ import annotations
+
+import pytest
+
+from cascade import CascadeStore, Config
+from cascade.errors import ConfigError
+from cascade.models import BlockSpec
+from cascade.policy import BlockMeta, Policy
+
+
+def _blocks(policy: Policy, n: int, *, parent_of=None) -> list[BlockMeta]:
+    """``n`` blocks admitted to tier 0 in order (block 0 least recently used)."""
+    metas = []
+    for i in range(n):
+        meta = BlockMeta(("ns", f"b{i}"), 4096, 0)
+        metas.append(meta)
+        policy.admitted(meta, now=float(i))
+    return metas
+
+
+def _hint(policy: Policy, meta: BlockMeta, position: float | None = None) -> float:
+    at = policy.hint_position(position)
+    meta.hints += 1
+    policy.hinted(meta, at)
+    return at
+
+
+def _drain(policy: Policy) -> list[str]:
+    """Victim order of tier 0 until nothing may go (each victim removed as the store would)."""
+    order = []
+    while (meta := policy.victim(0)) is not None:
+        order.append(meta.key[1])
+        policy.removed(meta)
+    return order
+
+
+@pytest.mark.parametrize("kind", ["semantic", "lru"])
+def test_unhinted_blocks_go_first_then_the_hint_needed_last(kind):
+    policy = Policy(1, kind)
+    b = _blocks(policy, 6)
+    for meta, position in ((b[0], 30), (b[1], 10), (b[2], 20)):
+        _hint(policy, meta, position)
+    # b3..b5 unhinted (oldest first), then hinted ones by next use, furthest first
+    assert _drain(policy) == ["b3", "b4", "b5", "b0", "b2", "b1"]
+
+
+def test_within_one_position_the_deeper_block_goes_first():
+    policy = Policy(1)
+    b = _blocks(policy, 3)
+    for depth, meta in enumerate(b):
+        meta.depth = depth
+        _hint(policy, meta, 5)
+    assert _drain(policy) == ["b2", "b1", "b0"]  # the request reads b0 first, b2 last
+
+
+def test_positions_default_to_call_order_and_a_read_uses_the_soonest_hint():
+    policy = Policy(1)
+    b = _blocks(policy, 3)
+    first, second = _hint(policy, b[0]), _hint(policy, b[1])
+    assert second > first
+    _hint(policy, b[0], second + 5)  # b0 is wanted by a later request too
+    assert policy.victim(0) is b[2]  # unhinted first
+    policy.removed(b[2])
+    assert policy.victim(0) is b[1]  # b0's next use (first) comes before b1's (second)
+    b[0].hints -= 1
+    policy.hint_released(b[0])  # the read at `first` came: b0 is next wanted at second + 5
+    assert _drain(policy) == ["b0", "b1"]
+
+
+def test_hint_release_follows_the_soonest_or_the_given_position():
+    policy = Policy(1)
+    b = _blocks(policy, 2)
+    _hint(policy, b[0], 1)
+    _hint(policy, b[0], 50)
+    _hint(policy, b[1], 10)
+    assert policy.victim(0) is b[1]  # b1 next at 10, b0 next at 1
+    b[0].hints -= 1
+    policy.hint_released(b[0])  # the read of position 1 came: b0 is next wanted at 50
+    assert policy.victim(0) is b[0]
+    b[0].hints -= 1
+    policy.hint_released(b[0], 50)  # withdrawn by position: b0 unhinted now
+    assert b[0].hint_uses == [] and _drain(policy) == ["b0", "b1"]
+
+
+def test_pins_reads_and_children_still_hold_hinted_blocks():
+    policy = Policy(2)
+    head, tail, pinned, read = _blocks(policy, 4)
+    head.child_tiers[0] = 1  # tail is head's cached child in tier 0
+    pinned.pins = 1
+    read.readers = 1
+    for meta, position in ((head, 100), (tail, 1), (pinned, 200), (read, 300)):
+        _hint(policy, meta, position)
+    assert policy.victim(0) is tail  # head is needed later but must outlive its tail
+    policy.removed(tail)
+    head.child_tiers[0] = 0
+    policy.changed(head)
+    assert _drain(policy) == ["b0"]  # the pinned block and the one being read never go
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "3", True])
+def test_a_bad_position_is_refused_before_anything_changes(tmp_path, bad):
+    cfg = Config(shm_bytes=4 * 4096, file_bytes=0, file_dir=str(tmp_path / "f"))
+    with CascadeStore(cfg, block_spec=BlockSpec.flat(4096)) as store:
+        bid = store.put(*store.spec.empty(), block_id="a" * 32)
+        with pytest.raises(ConfigError):
+            store.hint([bid], position=bad)
+        assert store.stats()["hinted_bytes"] == 0 and store.unhint([bid]) == 0
+
+
+def test_a_put_into_a_tier_of_hinted_blocks_evicts_the_one_needed_last(tmp_path):
+    cfg = Config(shm_bytes=3 * 4096, file_bytes=0, file_dir=str(tmp_path / "f"))
+    with CascadeStore(cfg, block_spec=BlockSpec.flat(4096)) as store:
+        k, v = store.spec.empty()
+        ids = [store.put(k, v, block_id=f"{i:032x}") for i in range(3)]
+        for bid, position in zip(ids, (7, 9, 8)):
+            assert store.hint([bid], position=position) == 1
+        store.put(k, v, block_id="f" * 32)  # every block hinted: no TierFull, the latest use goes
+        assert store.contains_many(ids) == [True, False, True]
+        assert store.stats()["hinted_bytes"] == 2 * 4096
