@@ -50,7 +50,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                     "note": "cupy device memory" if gpu else "off: no usable GPU (tests run this tier with numpy)"},
             "shm": {"capacity": cfg.shm_bytes, "dir": cfg.shm_dir, "exists": os.path.isdir(cfg.shm_dir)},
             "remote": {"capacity": cfg.remote_bytes, "note": "other ranks' DRAM over MPI RMA (multi-rank runs)"},
-            "lustre": {"capacity": cfg.file_bytes, "dir": cfg.file_dir,
+            "file": {"capacity": cfg.file_bytes, "dir": cfg.file_dir,
                        "on_lustre": os.path.isdir(file_parent) and is_lustre(file_parent),
                        "stripe": [cfg.lustre_stripe_count, cfg.lustre_stripe_size]},
         },

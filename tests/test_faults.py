@@ -53,16 +53,16 @@ def test_full_file_tier_keeps_serving_and_recovers_when_space_returns(tmp_path):
                 data[s.put(*block(s.spec, i))] = i
             stats = s.stats()
             assert stats["rejected"] == 0  # every put was taken
-            assert stats["tiers"]["lustre"]["full_events"] > 0
+            assert stats["tiers"]["file"]["full_events"] > 0
             newest = list(data)[-8:]  # still in SHM
             assert all(s.contains(b) for b in newest)
             wrong = sum(1 for bid, i in data.items() if (g := s.get(bid)) is not None and not same(g, block(s.spec, i)))
             assert wrong == 0
-            on_file = s.stats()["tiers"]["lustre"]["blocks"]
+            on_file = s.stats()["tiers"]["file"]["blocks"]
             subprocess.run(["mount", "-o", "remount,size=8m", str(fs)], check=True)  # space returns
             for i in range(200, 300):
                 data[s.put(*block(s.spec, i))] = i
-            assert s.stats()["tiers"]["lustre"]["blocks"] > on_file + 50
+            assert s.stats()["tiers"]["file"]["blocks"] > on_file + 50
             wrong = sum(1 for bid, i in data.items() if (g := s.get(bid)) is not None and not same(g, block(s.spec, i)))
             assert wrong == 0
 
@@ -73,7 +73,7 @@ def test_full_dev_shm_runs_on_the_other_tiers(tmp_path, caplog):
         cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shm), file_bytes=16 << 20,
                      file_dir=str(tmp_path / "agg"))
         with CascadeStore(cfg) as s:
-            assert [t.name for t in s.tiers] == ["lustre"]
+            assert [t.name for t in s.tiers] == ["file"]
             assert "SHM tier off" in caplog.text
             bid = s.put(*block(s.spec, 1))
             assert same(s.get(bid), block(s.spec, 1))

@@ -129,7 +129,7 @@ def test_files_replaced_by_directories_or_symlinks_are_skipped(tmp_path):
     (d / "agg_rank000_000051.bin").symlink_to(target)
     with CascadeStore(cfg) as store:
         assert len(store) == 1
-        assert store.stats()["tiers"]["lustre"]["bad_files"] == 2
+        assert store.stats()["tiers"]["file"]["bad_files"] == 2
         store.put(*_block(store, 3))  # the active file is a new one, not the planted names
     assert target.read_bytes() == b"x" * 8192
 
@@ -248,7 +248,7 @@ def test_ttl_survives_demotion_to_the_file_tier(tmp_path):
         first = store.put(*_block(store, 1), ttl=0.3)
         for i in range(2, 8):  # push `first` down to the file tier
             store.put(*_block(store, i))
-        assert store.stats()["tiers"]["lustre"]["blocks"] >= 1
+        assert store.stats()["tiers"]["file"]["blocks"] >= 1
         store.flush()
     time.sleep(0.5)
     with CascadeStore(cfg) as store:

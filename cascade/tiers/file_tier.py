@@ -1,4 +1,4 @@
-"""LUSTRE tier: append-only aggregated files on a (parallel) file system.
+"""The file tier: append-only aggregated files on a (parallel) file system.
 
 Blocks are appended as records (see :mod:`.records`) to ``agg_rank{rank:03d}_{id:06d}.bin``,
 rolling to a new file at ``segment_bytes``. Each rank writes only its own files; an
@@ -101,7 +101,7 @@ class FileTier(Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
-    name = "lustre"
+    name = "file"
     kind = TierKind.FILE
     memory = Memory.DISK
     concurrent = True

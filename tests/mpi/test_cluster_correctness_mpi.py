@@ -309,7 +309,7 @@ def test_a_clean_close_keeps_hot_blocks_in_the_file_tier(comm, shared_dir, every
     try:
         wrong = sum(not same(again.get(b), block(again.spec, s)) for b, s in zip(ids, seeds))
         assert everywhere(wrong == 0, f"{wrong} of {len(ids)} blocks missing or wrong after the reopen")
-        hits = again.stats()["tiers"]["lustre"]["hits"]
+        hits = again.stats()["tiers"]["file"]["hits"]
         assert everywhere(hits == len(ids), f"{hits} file-tier hits")
         comm.Barrier()
     finally:
