@@ -57,7 +57,7 @@ def _preset_kib_per_token(name: str) -> Callable[[], float]:
 def _min_chunks_per_window() -> int:
     """Fewest chunks a window is cut into (``store.remote_chunk_bytes`` halves the
     chunk until a window holds this many): found by asking the function itself."""
-    from cascade.distributed.window_slab import CHUNK_BYTES
+    from cascade.distributed.window_chunks import CHUNK_BYTES
     from cascade.core.factory import remote_chunk_bytes
 
     return next(n for n in range(1, 1 << 16) if remote_chunk_bytes(n * CHUNK_BYTES) == CHUNK_BYTES)
@@ -103,12 +103,12 @@ FACTS: dict[str, tuple[Callable[[], Any], Callable[[Any], str], str]] = {
     "DStripeSize": (_config_default("lustre_stripe_size"), size, "cascade/config.py: Config.lustre_stripe_size default"),
     "DLustreMagic": (_hex(_attr("cascade.tiers.lustre_fs", "LUSTRE_SUPER_MAGIC")), str,
                      "cascade/tiers/lustre_fs.py: LUSTRE_SUPER_MAGIC"),
-    "DRemoteChunk": (_attr("cascade.distributed.window_slab", "CHUNK_BYTES"), size,
-                     "cascade/distributed/window_slab.py: CHUNK_BYTES"),
+    "DRemoteChunk": (_attr("cascade.distributed.window_chunks", "CHUNK_BYTES"), size,
+                     "cascade/distributed/window_chunks.py: CHUNK_BYTES"),
     "DMinChunksPerWindow": (_min_chunks_per_window, integer,
                             "cascade/core/factory.py: remote_chunk_bytes (fewest chunks per window, found by calling it)"),
-    "DLeaseMaxChunks": (_attr("cascade.distributed.window_slab", "WORD_BITS"), integer,
-                        "cascade/distributed/window_slab.py: WORD_BITS (one bitmap word per lease)"),
+    "DLeaseMaxChunks": (_attr("cascade.distributed.window_chunks", "WORD_BITS"), integer,
+                        "cascade/distributed/window_chunks.py: WORD_BITS (one bitmap word per lease)"),
     "DDirectorySlots": (_config_default("directory_slots"), integer, "cascade/config.py: Config.directory_slots default"),
     "DBucketSlots": (_attr("cascade.distributed.layout", "BUCKET_SLOTS"), integer,
                      "cascade/distributed/layout.py: BUCKET_SLOTS"),

@@ -69,9 +69,9 @@ def test_every_entry_carries_the_checksum_and_a_corrupt_copy_is_a_miss(comm, sha
                 tier._bytes[entry.location + 5] ^= 0xFF
             else:
                 one = np.empty(1, dtype=np.uint8)
-                tier.slab.get_into(entry.rank, entry.location + 5, [memoryview(one)])
+                tier.windows.get_into(entry.rank, entry.location + 5, [memoryview(one)])
                 one ^= 0xFF
-                tier.slab.put(entry.rank, entry.location + 5, [memoryview(one)])
+                tier.windows.put(entry.rank, entry.location + 5, [memoryview(one)])
         comm.Barrier()
         readable = store.cluster.readable(entry)
         got = store.get(bid) if comm.rank else None
