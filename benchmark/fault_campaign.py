@@ -2,20 +2,26 @@
 
 ``python -m benchmark.fault_campaign [--rounds N] [--out DIR]`` prints a table and writes
 ``benchmark/results/cascade_faults_1n_{timestamp}.json``. Per fault: how often it was
-injected, acknowledged blocks lost (for blocks whose put had reached the file tier: must
-be 0), wrong bytes served (must be 0), faults detected, and the time to recover (reopen
-and index rebuild, or the end of a job with a dead rank). Mount-based faults need root.
+injected, faults detected, acknowledged blocks lost (for blocks whose put had reached the
+file tier, or that the store said it held: must be 0), wrong bytes served (must be 0),
+hangs (a call or job that did not end within its time limit: must be 0), and the time
+to recover (reopen and index rebuild, or the end of a job with a dead rank). Mount-based
+faults need root. Ctrl-C during a get is not in the campaign yet: it needs the store's
+resource guards (issue 18), which are not on main.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from cascade import CascadeStore, Config
+from cascade.errors import BlockNotFound, TierFull
+from cascade.tiers.shm import ShmPeerSlabs
 
 from .results import write_results
 
@@ -195,12 +203,207 @@ def enospc(rounds: int, base: str) -> dict[str, Any]:
             "recover_s": max(recover)}
 
 
+_CALL_LIMIT_S = 60.0  # a single store call (close included) past this counts as a hang
+_JOB_LIMIT_S = 120  # a multi-rank job past this counts as a hang
+
+
+def _ends(fn, limit: float = _CALL_LIMIT_S) -> bool:
+    """Run ``fn`` in a thread; False when it did not return within ``limit`` (a hang)."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(limit)
+    return not worker.is_alive()
+
+
+def full_disk_churn(rounds: int, rnd: random.Random, base: str, ops_per_round: int = 600) -> dict[str, Any]:
+    """Per round: a store whose file tier sits on a 512 KiB tmpfs churns (puts that
+    evict and demote, gets that promote, deletes) until and while the disk is full, then
+    restarts. Counted: gets and deletes that raised, blocks the store said it held but
+    could not serve (lost), wrong bytes (a deleted block served counts too), closes that
+    hung, deleted or evicted blocks served again after the restart (resurrected)."""
+    name = "full disk mid-churn (file tier on a 512 KiB tmpfs)"
+    if os.geteuid() != 0:
+        return {"fault": name, "skipped": "needs root to mount a small tmpfs"}
+    lost = wrong = raised = hangs = resurrected = detected = ops = rejected = 0
+    recover = []
+    for _ in range(rounds):
+        mnt = tempfile.mkdtemp(prefix="fault-full-", dir=base)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", mnt], check=True)
+        try:
+            cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=56 * 8192, file_dir=mnt + "/agg",
+                         shm_dir=mnt + "/shm", file_segment_bytes=1 << 20)
+            s = CascadeStore(cfg)
+            data: dict[str, int] = {}
+            gone: set[str] = set()
+            seed = 0
+            for _ in range(ops_per_round):
+                ops += 1
+                roll = rnd.random()
+                if roll < 0.6 or not data:
+                    try:
+                        data[s.put(*_block(s.spec, seed))] = seed
+                    except TierFull:  # allowed: nothing stored, nothing lost
+                        rejected += 1
+                    seed += 1
+                    continue
+                bid = rnd.choice(list(data))
+                try:
+                    if roll < 0.85:
+                        held = s.contains(bid)
+                        got = s.get(bid)
+                        lost += held and got is None
+                        wrong += _wrong(got, _block(s.spec, data[bid])) or (bid in gone and got is not None)
+                    elif s.contains(bid):
+                        s.delete(bid)
+                        gone.add(bid)
+                except Exception:  # a get or delete must never fail on a full disk
+                    raised += 1
+            lustre = s.stats()["tiers"]["file"]
+            detected += int(lustre["full_events"] + lustre.get("compactions_deferred", 0) > 0)
+            gone |= {bid for bid in data if not s.contains(bid)}  # evicted: must stay gone
+            hangs += not _ends(s.close)
+            t0 = time.perf_counter()
+            with CascadeStore(cfg) as again:
+                recover.append(time.perf_counter() - t0)
+                for bid in data:
+                    got = again.get(bid)
+                    resurrected += bid in gone and got is not None
+                    wrong += _wrong(got, _block(again.spec, data[bid]))
+        finally:
+            subprocess.run(["umount", "-l", mnt], check=False)
+    return {"fault": name, "injected": rounds, "operations": ops, "acked_blocks": None, "acked_lost": lost,
+            "wrong_served": wrong, "detected": detected, "hangs": hangs, "raised": raised,
+            "resurrected": resurrected, "puts_rejected": rejected, "recover_s": max(recover)}
+
+
+def _invisible_pid() -> int:
+    """A PID no process of this namespace has: how a store in another container looks."""
+    pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
+
+
+_HOLDER = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+           "print('locked', flush=True); sys.stdin.read()")
+
+
+def foreign_slab_owner(rounds: int, base: str) -> dict[str, Any]:
+    """Per round: a live SHM slab whose owner's PID is not visible here (a store of
+    another PID namespace sharing the directory; its lock held by another process) sits
+    beside a store that opens: the store must keep it (removed counts as lost, changed
+    bytes as wrong). Then the owner goes: the next store removes the slab as stale, and
+    a peer read of it is a miss (an exception, or a slab left behind, counts as raised)."""
+    kept = lost = wrong = raised = hangs = 0
+    for _ in range(rounds):
+        d = tempfile.mkdtemp(prefix="fault-slab-", dir=base)
+        slab = os.path.join(d, f"cascade-{_invisible_pid()}-{secrets.token_hex(16)}")
+        content = secrets.token_bytes(1 << 16)
+        Path(slab).write_bytes(content)
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, slab], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        cfg = Config(model="tiny", shm_bytes=64 * 4096, file_bytes=0, shm_dir=d)
+        try:
+            holder.stdout.readline()
+            with CascadeStore(cfg) as s:
+                s.put(*_block(s.spec, 1))
+            present = os.path.exists(slab)
+            kept += present
+            lost += not present
+            wrong += present and Path(slab).read_bytes() != content
+        finally:
+            holder.stdin.close()
+            try:
+                holder.wait(timeout=_CALL_LIMIT_S)
+            except subprocess.TimeoutExpired:
+                hangs += 1
+                holder.kill()
+        with CascadeStore(cfg):
+            pass  # its owner is gone: the slab is stale now
+        peers = ShmPeerSlabs()
+        try:
+            peers.read_into(slab, 0, [bytearray(64)])
+            raised += 1  # read a slab that should have been cleaned up
+        except BlockNotFound:
+            pass
+        except Exception:
+            raised += 1
+        finally:
+            peers.close()
+    return {"fault": "a foreign SHM slab owner (PID of another namespace, flock held)", "injected": rounds,
+            "acked_blocks": rounds, "acked_lost": lost, "wrong_served": wrong, "detected": kept, "hangs": hangs,
+            "raised": raised, "recover_s": 0.0}
+
+
+def _rank_job(d: str, module: str, phase: str) -> tuple[subprocess.CompletedProcess | None, float]:
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", module, d, phase]
+    t0 = time.perf_counter()
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=_JOB_LIMIT_S), time.perf_counter() - t0
+    except subprocess.TimeoutExpired:  # a hang
+        return None, time.perf_counter() - t0
+
+
+def rank_open_failure(rounds: int) -> dict[str, Any]:
+    """Per round: in a 4-rank job one rank's part of the collective open fails (another
+    tier holds its file-tier lock). Detected: every rank raised, each naming the failing
+    rank or the cause; then the same job opens the store and reads back what it puts."""
+    detected = wrong = hangs = 0
+    end_s = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="fault-open-") as d:
+            out, took = _rank_job(d, "benchmark.fault_rank_job", "open_fail")
+            end_s.append(took)
+            if out is None:
+                hangs += 1
+                continue
+            lines = out.stdout.strip().splitlines()
+            if out.returncode != 0 or not lines:
+                raise RuntimeError(f"open_fail job failed ({out.returncode}): {out.stderr[-800:]}")
+            report = json.loads(lines[-1])
+            detected += report["raised"] == report["named"] == report["reopened"] == 4
+            wrong += report["wrong"]
+    return {"fault": "a rank failing at the collective open (4 ranks)", "injected": rounds, "acked_blocks": None,
+            "acked_lost": None, "wrong_served": wrong, "detected": detected, "hangs": hangs,
+            "recover_s": max(end_s)}
+
+
+def rank_close_death(rounds: int) -> dict[str, Any]:
+    """Per round: a 4-rank job puts into the file tier, then rank 2 SIGKILLs itself just
+    before the collective close. Detected: the job ends with an error (no hang); a fresh
+    job then reads every acknowledged block."""
+    detected = hangs = acked = missing = wrong = 0
+    end_s, restart_s = [], []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="fault-close-") as d:
+            out, took = _rank_job(d, "benchmark.fault_rank_job", "close_death")
+            end_s.append(took)
+            hangs += out is None
+            detected += out is not None and out.returncode != 0
+            ids_path = Path(d) / "ids.json"
+            acked += sum(len(ids) for ids in json.loads(ids_path.read_text())) if ids_path.exists() else 0
+            back, took = _rank_job(d, "cascade.testing.rank_failure_job", "read")
+            restart_s.append(took)
+            if back is None or back.returncode != 0:
+                raise RuntimeError(f"restart job failed: {back.stderr[-800:] if back else 'hung'}")
+            report = json.loads(back.stdout.strip().splitlines()[-1])
+            missing += report["missing"]
+            wrong += report["wrong"]
+    return {"fault": "a rank SIGKILLed just before the collective close (4 ranks)", "injected": rounds,
+            "acked_blocks": acked, "acked_lost": missing, "wrong_served": wrong, "detected": detected,
+            "hangs": hangs, "job_end_s": max(end_s), "recover_s": max(restart_s)}
+
+
 def dead_rank(rounds: int) -> dict[str, Any]:
     """Per round: a 4-rank job writes, rank 2 SIGKILLs itself; a fresh job reads back.
     Counted, not assumed: acknowledged blocks are the ids the job saved after every put
     returned; a fault is detected when the job ends with an error instead of hanging."""
-    import json
-
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     fail_s, restart_s, codes = [], [], []
     wrong = missing = acked = detected = recovered = 0
@@ -230,16 +433,19 @@ def dead_rank(rounds: int) -> dict[str, Any]:
         recovered += report["recovered"]
     return {"fault": "a rank SIGKILLed in a 4-rank job, then a restart", "injected": rounds,
             "acked_blocks": acked, "acked_lost": missing, "wrong_served": wrong, "detected": detected,
+            "hangs": codes.count(None),
             "recovered_records": recovered, "job_returncodes": codes,
             "job_end_s": max(fail_s), "recover_s": max(restart_s)}
 
 
-FAULTS = ("sigkill", "byte_flips", "header", "shm_flips", "enospc", "dead_rank")
+FAULTS = ("sigkill", "byte_flips", "header", "shm_flips", "enospc", "full_disk_churn", "foreign_slab",
+          "dead_rank", "rank_open_failure", "rank_close_death")
 
 
 def campaign(rounds: int, faults: tuple[str, ...] = FAULTS, seed: int = 2026) -> list[dict[str, Any]]:
-    """Run the selected faults ``rounds`` times each (byte flips 4x, ENOSPC and a dead
-    rank rounds/5, at least once); every temporary file is removed afterwards."""
+    """Run the selected faults ``rounds`` times each (byte flips 4x; ENOSPC, full-disk
+    churn and the multi-rank faults rounds/5, at least once); every temporary file is
+    removed afterwards."""
     rnd = random.Random(seed)
     unknown = set(faults) - set(FAULTS)
     if unknown:
@@ -247,7 +453,9 @@ def campaign(rounds: int, faults: tuple[str, ...] = FAULTS, seed: int = 2026) ->
     few = max(1, rounds // 5)
     runs = {"sigkill": lambda b: sigkill_mid_put(rounds, rnd, b), "byte_flips": lambda b: byte_flips(4 * rounds, rnd, b),
             "header": lambda b: header_and_truncation(rounds, rnd, b), "shm_flips": lambda b: shm_flips(rounds, rnd),
-            "enospc": lambda b: enospc(few, b), "dead_rank": lambda b: dead_rank(few)}
+            "enospc": lambda b: enospc(few, b), "full_disk_churn": lambda b: full_disk_churn(few, rnd, b),
+            "foreign_slab": lambda b: foreign_slab_owner(rounds, b), "dead_rank": lambda b: dead_rank(few),
+            "rank_open_failure": lambda b: rank_open_failure(few), "rank_close_death": lambda b: rank_close_death(few)}
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as base:
         return [runs[name](base) for name in FAULTS if name in faults]
 
@@ -265,17 +473,21 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     path = write_results("cascade", "faults", {"rows": rows}, config={"rounds": args.rounds, "faults": args.faults}, directory=args.out)
-    print("| fault | injected | acked blocks lost | wrong bytes served | detected | time to recover |")
-    print("|---|---|---|---|---|---|")
+    print("| fault | injected | detected | acked blocks lost | wrong bytes served | hangs | calls raised "
+          "| deleted blocks back after restart | time to recover |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['fault']} | skipped: {r['skipped']} | | | | |")
+            print(f"| {r['fault']} | skipped: {r['skipped']} | | | | | | | |")
             continue
         lost = "n/a" if r["acked_lost"] is None else r["acked_lost"]
         detected = r["detected"] if "expected_detections" not in r else f"{r['detected']} of {r['expected_detections']} records hit"
-        print(f"| {r['fault']} | {r['injected']} | {lost} | {r['wrong_served']} | {detected} | {r['recover_s']:.3f} s |")
+        print(f"| {r['fault']} | {r['injected']} | {detected} | {lost} | {r['wrong_served']} | {r.get('hangs', 0)} "
+              f"| {r.get('raised', 'n/a')} | {r.get('resurrected', 'n/a')} | {r['recover_s']:.3f} s |")
     print(f"results: {path}")
-    return 0 if all(r.get("wrong_served", 0) == 0 and not r.get("acked_lost") for r in rows) else 1
+    clean = all(r.get("wrong_served", 0) == 0 and not r.get("acked_lost") and not r.get("hangs")
+                and not r.get("raised") and not r.get("resurrected") for r in rows)
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ Every benchmark figure is also reported as a ratio to one of these: memcpy (DRAM
 raw O_DIRECT sequential read and buffered write of the file system under test, the same
 with several threads at once (:func:`memcpy_threads`, :func:`raw_read_threads`), and (in
 multi-rank runs) a raw mpi4py ``Get`` (see ``benchmark.workloads.mpi_micro``).
+
+Each limit is measured the way Cascade moves the bytes: memcpy at the block size over a
+working set larger than the last-level cache (a copy never finds its source or target
+cached, as a block fetched from a store does not), and O_DIRECT reads with Cascade's file
+tier's request size and requests in flight (:func:`odirect_plan`).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -42,12 +48,84 @@ def machine_facts() -> dict[str, Any]:
             "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version()}
 
 
+def llc_bytes() -> int:
+    """Size of the largest CPU cache (sysfs; 64 MiB when unknown)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+            best = max(best, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    except (OSError, ValueError):
+        pass
+    return best or 64 << 20
+
+
+def working_set(nbytes: int) -> int:
+    """How many ``nbytes`` buffers a copy rotates through so that none is cached when it
+    comes round again: at least two, and at least twice the last-level cache per side."""
+    return max(2, -(-2 * llc_bytes() // max(nbytes, 1)))
+
+
 def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float]:
-    """numpy copy between two pre-touched buffers of ``nbytes`` (median GB/s)."""
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.zeros(nbytes, dtype=np.uint8)
-    s = summarize(time_calls(lambda: np.copyto(dst, src), repeats))
-    return {"gbps": gbps(nbytes, s["median"]), "block_bytes": nbytes, **{f"t_{k}": v for k, v in s.items()}}
+    """numpy copies of ``nbytes`` (median GB/s), each from and to the next of
+    :func:`working_set` pre-touched source and target buffers, so neither is cache-resident
+    (one buffer copied again and again would be served from the cache below ~LLC size)."""
+    n = working_set(nbytes)
+    src = np.ones(n * nbytes, dtype=np.uint8)
+    dst = np.zeros(n * nbytes, dtype=np.uint8)
+    slot = iter(range(1 << 62))
+
+    def copy() -> None:
+        lo = (next(slot) % n) * nbytes
+        np.copyto(dst[lo:lo + nbytes], src[lo:lo + nbytes])
+
+    for _ in range(n):  # one untimed pass: every page mapped
+        copy()
+    s = summarize(time_calls(copy, max(repeats, n)))
+    return {"gbps": gbps(nbytes, s["median"]), "block_bytes": nbytes, "working_set_bytes": 2 * n * nbytes,
+            "llc_bytes": llc_bytes(), **{f"t_{k}": v for k, v in s.items()}}
+
+
+def odirect_plan(block_bytes: int) -> tuple[int, int]:
+    """(bytes per request, requests in flight) of an O_DIRECT read of one ``block_bytes``
+    record by Cascade's file tier (``cascade/tiers/file_tier.py``: records of 8 MiB and
+    more as 1 MiB requests, up to 8 in flight, from one process-wide pool; smaller ones
+    as one request). The raw O_DIRECT limits read the same way."""
+    from cascade.tiers import file_tier
+
+    if block_bytes >= file_tier._PARALLEL_MIN and file_tier._READERS >= 2:
+        return file_tier._CHUNK, file_tier._READERS
+    return block_bytes, 1
+
+
+class _Reader:
+    """``preadv`` of a buffer at an offset as :func:`odirect_plan` cuts it: requests of
+    ``request`` bytes, ``in_flight`` at once from one pool shared by every caller."""
+
+    def __init__(self, fd: int, request: int, in_flight: int) -> None:
+        self.fd, self.request = fd, request
+        self.pool = ThreadPoolExecutor(in_flight, thread_name_prefix="raw-read") if in_flight > 1 else None
+
+    def read(self, views: Sequence[Any], offset: int) -> int:
+        if self.pool is None:
+            return os.preadv(self.fd, list(views), offset)
+        futures = []
+        for view in views:
+            view = memoryview(view).cast("B")
+            for lo in range(0, view.nbytes, self.request):
+                futures.append(self.pool.submit(os.preadv, self.fd, [view[lo:lo + self.request]], offset + lo))
+            offset += view.nbytes
+        return sum(f.result() for f in futures)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _aligned(nbytes: int) -> mmap.mmap:
@@ -56,8 +134,10 @@ def _aligned(nbytes: int) -> mmap.mmap:
 
 def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect: bool = True) -> dict[str, Any]:
     """Write a ``total_bytes`` file in ``block_bytes`` chunks (buffered + fsync), then read
-    it back sequentially with O_DIRECT (page cache bypassed), then buffered after evicting
-    it from the page cache (``posix_fadvise(DONTNEED)``; kernel readahead on). GB/s of each."""
+    it back sequentially with O_DIRECT (page cache bypassed; each block cut into requests
+    as Cascade's file tier cuts a record, :func:`odirect_plan`), then buffered, one
+    ``preadv`` per block, after evicting it from the page cache (``posix_fadvise(DONTNEED)``;
+    kernel readahead on). GB/s of each."""
     total_bytes = max(total_bytes // block_bytes, 1) * block_bytes
     path = os.path.join(directory, f"raw_limit_{os.getpid()}.bin")
     buf = _aligned(block_bytes)
@@ -74,12 +154,15 @@ def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect
             rfd = os.open(path, flags)
         except OSError:
             rfd, odirect = os.open(path, os.O_RDONLY), False
+        request, in_flight = odirect_plan(block_bytes) if odirect else (block_bytes, 1)
+        reader = _Reader(rfd, request, in_flight)
         try:
             t0 = time.perf_counter()
             for off in range(0, total_bytes, block_bytes):
-                os.preadv(rfd, [buf], off)
+                reader.read([buf], off)
             read_s = time.perf_counter() - t0
         finally:
+            reader.close()
             os.close(rfd)
         # the same file read through the page cache after evicting it (kernel readahead on)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -92,6 +175,7 @@ def raw_file_gbps(directory: str, block_bytes: int, total_bytes: int, *, odirect
         os.unlink(path)
         buf.close()
     return {"block_bytes": block_bytes, "total_bytes": total_bytes, "odirect": odirect,
+            "odirect_request_bytes": request, "odirect_in_flight": in_flight,
             "write_gbps": gbps(total_bytes, write_s), "read_gbps": gbps(total_bytes, read_s),
             "buffered_cold_read_gbps": gbps(total_bytes, buffered_s)}
 
@@ -163,8 +247,10 @@ def write_file(path: str, parts: Iterable[Any]) -> int:
 def raw_read_threads(path: str, outs: Sequence[Sequence[Any]], threads: int, how: str) -> dict[str, Any]:
     """``threads`` threads ``preadv`` their contiguous share of a file's blocks at once:
     block ``j`` (at ``j`` x its size) into the buffers ``outs[j]`` (page-aligned for
-    O_DIRECT). ``how``: ``odirect`` (page cache bypassed; buffered if the file system
-    refuses O_DIRECT, then ``odirect`` is False), ``buffered_cold`` (the file evicted
+    O_DIRECT). ``how``: ``odirect`` (page cache bypassed, blocks cut into requests as
+    Cascade's file tier cuts them, :func:`odirect_plan`, from one pool shared by the
+    threads; buffered if the file system refuses O_DIRECT, then ``odirect`` is False),
+    ``buffered_cold`` (the file evicted
     first by :func:`drop_page_cache`; kernel readahead on) or ``buffered_hot`` (after an
     untimed pass). GB/s = bytes / wall time."""
     block = sum(memoryview(b).nbytes for b in outs[0])
@@ -175,14 +261,17 @@ def raw_read_threads(path: str, outs: Sequence[Sequence[Any]], threads: int, how
         if not odirect:
             raise
         fd, odirect = os.open(path, os.O_RDONLY), False
+    request, in_flight = odirect_plan(block) if odirect else (block, 1)
+    reader = _Reader(fd, request, in_flight)
 
     def read(share: range) -> None:
         for j in share:
-            if os.preadv(fd, outs[j], j * block) != block:
+            if reader.read(outs[j], j * block) != block:
                 raise OSError(f"{path}: short read of block {j}")
 
     jobs = [partial(read, s) for s in shares(len(outs), threads)]
-    out: dict[str, Any] = {"how": how, "threads": threads, "odirect": odirect}
+    out: dict[str, Any] = {"how": how, "threads": threads, "odirect": odirect,
+                           "request_bytes": request, "requests_in_flight": in_flight}
     try:
         if how == "buffered_cold":
             out["page_cache"] = drop_page_cache([path])
@@ -190,6 +279,7 @@ def raw_read_threads(path: str, outs: Sequence[Sequence[Any]], threads: int, how
             run_threads(jobs)
         wall, _ = run_threads(jobs)
     finally:
+        reader.close()
         os.close(fd)
     nbytes = block * len(outs)
     out.update(bytes=nbytes, seconds=wall, gbps=gbps(nbytes, wall))
@@ -335,13 +425,18 @@ def memcpy_aggregate(comm, nbytes: int, repeats: int = 7, min_seconds: float = 0
     bytes copied by all ranks / wall time of the whole run (first start to last end on
     the node's monotonic clock; across nodes the slowest rank's time), median of
     ``repeats`` runs. Ranks that outnumber the cores share them, and wall time shows it
-    (a rank's own time would not). The DRAM ceiling of N ranks."""
+    (a rank's own time would not). Each rank rotates through :func:`working_set` buffers,
+    so no copy finds its bytes cached. The DRAM ceiling of N ranks."""
     from mpi4py import MPI
 
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.zeros(nbytes, dtype=np.uint8)
+    n = working_set(nbytes)
+    srcs = np.ones(n * nbytes, dtype=np.uint8)
+    dsts = np.zeros(n * nbytes, dtype=np.uint8)
+    for k in range(n):  # map every page, untimed
+        np.copyto(dsts[k * nbytes:(k + 1) * nbytes], srcs[k * nbytes:(k + 1) * nbytes])
+    pairs = [(srcs[k * nbytes:(k + 1) * nbytes], dsts[k * nbytes:(k + 1) * nbytes]) for k in range(n)]
     t0 = time.perf_counter()
-    np.copyto(dst, src)
+    np.copyto(pairs[0][1], pairs[0][0])
     one = max(time.perf_counter() - t0, 1e-7)
     copies = comm.allreduce(max(1, int(min_seconds / one)), op=MPI.MAX)  # every run >= ~min_seconds
     one_node = len(set(comm.allgather(os.uname().nodename))) == 1
@@ -349,7 +444,8 @@ def memcpy_aggregate(comm, nbytes: int, repeats: int = 7, min_seconds: float = 0
     for i in range(repeats + 1):
         _idle_barrier(comm)
         t0 = time.perf_counter()
-        for _ in range(copies):
+        for c in range(copies):
+            src, dst = pairs[c % n]
             np.copyto(dst, src)
         t1 = time.perf_counter()
         if one_node:
@@ -359,6 +455,7 @@ def memcpy_aggregate(comm, nbytes: int, repeats: int = 7, min_seconds: float = 0
         if i:
             walls.append(wall)
     return {"block_bytes": nbytes, "ranks": comm.Get_size(), "copies_per_rank": copies, "method": "bytes / wall time",
+            "working_set_bytes": 2 * n * nbytes,
             "aggregate_gbps": gbps(nbytes * copies * comm.Get_size(), summarize(walls)["median"])}
 
 

@@ -29,6 +29,8 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "scaling": ("scaling", SCALING_SYSTEMS, "aggregate put/get GB/s at 1, 2, 4 ranks (mpiexec)"),
     "queue_hints": ("queue_hints", ("cascade",), "hit ratio with scheduler hints at queue depths vs LRU/Belady"),
     "thread_scaling": ("thread_scaling", ("cascade",), "aggregate get GB/s at 1/2/4 threads vs raw reads at that depth"),
+    "device_io": ("device_io", ("cascade",), "GPU buffers through every tier vs raw D2D, pinned and pageable copies"),
+    "small_blocks": ("small_blocks", ("cascade",), "per-block cost vs a dict, batch vs loop, 4 KiB-16 MiB, hot and cold"),
 }
 
 

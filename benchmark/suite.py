@@ -51,7 +51,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
                         "--seeds", "0"],
         "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "1", "--rank-counts", "1,2,4"],
         "thread_scaling": ["--sizes", "2M,16M", "--threads", "1,2,4", "--total-bytes", "384M", "--rounds", "3"],
-        "tier_bandwidth": ["--sizes", "64K,1M,16M,64M", "--total-bytes", "128M"],
+        "tier_bandwidth": ["--sizes", "64K,1M,2M,16M,64M", "--total-bytes", "128M"],
         "mpi_micro": ["--sizes", "64K,1M,16M", "--ids-per-rank", "5000", "--lookups", "2000"],
         "cross_node": [],
         "stress_mpi": ["--hits", "12000", "--seconds", "30"],
@@ -174,7 +174,7 @@ METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio",
            "vs_lru", "vs_belady", "resident_blocks", "us_per_reference", "misses", "tier_gbps", "raw_get_gbps",
            "ratio", "injected", "detected", "acked_blocks", "acked_lost", "wrong_served", "recover_s",
            "overhead_bytes_per_block", "overhead_fraction", "speedup_vs_1_thread")
-NESTED = ("vs_systems", "vs_limit", "speedup_vs_1_rank", "latency_s")
+NESTED = ("vs_systems", "vs_best", "vs_limit", "speedup_vs_1_rank", "latency_s")
 Figure = tuple[dict[str, Any], str, float]
 OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips"),
               "stress_mpi": ("total", "phases")}

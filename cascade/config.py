@@ -15,15 +15,15 @@ gpu_bytes                   0                GPU tier capacity per rank (0 = off
 shm_bytes                   1 GiB            /dev/shm tier capacity per rank
 remote_bytes                0                DRAM each rank exposes to others (MPI window)
 file_bytes                  16 GiB           file (Lustre) tier capacity per rank (0 = off)
-shm_dir                     ``"/dev/shm"``   directory of the SHM slab
+shm_dir                     see below        directory of the SHM slab (private, like ``file_dir``)
 file_dir                    see below        aggregated-file directory
-file_segment_bytes          1 GiB            roll to a new aggregated file at this size
+file_segment_bytes          1 GiB            roll to a new aggregated file at this size (1 MiB .. 1 TiB; see below)
 file_odirect                True             allow O_DIRECT file-tier reads (False: always buffered)
 file_read_mode              ``"auto"``       ``auto``: O_DIRECT on Lustre, page cache elsewhere; or ``direct`` / ``buffered``
 file_fsync                  False            fsync after each file-tier append (power-loss safety)
-compact_dead_fraction       0.5              compact a sealed file when this much of it is dead
-lustre_stripe_count         4                ``lfs setstripe -c`` (only on Lustre)
-lustre_stripe_size          4 MiB            ``lfs setstripe -S`` (only on Lustre)
+compact_dead_fraction       0.5              compact a file when this much of it is dead (0 .. 0.9]
+lustre_stripe_count         4                ``lfs setstripe -c`` (only on Lustre; -1 = all OSTs, else 1 .. 2000)
+lustre_stripe_size          4 MiB            ``lfs setstripe -S`` (only on Lustre; a multiple of 64 KiB below 4 GiB)
 policy                      ``"semantic"``   eviction policy: ``semantic`` or ``lru``
 ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_use``
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
@@ -33,13 +33,23 @@ cache_cluster_reads         False            keep a private copy of blocks read 
 hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
 io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
-directory_slots             65536            global-directory entries per rank (multi-rank runs)
+directory_slots             65536            global-directory entries per rank (multi-rank runs; 82 B each, at most 2**26)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
 stats_interval              10.0             seconds between stats-file refreshes
 ==========================  ===============  ==================================================
 
 ``file_dir`` defaults to ``$SCRATCH/cascade`` when ``SCRATCH`` is set (Lustre on
 Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMPDIR).
+``shm_dir`` defaults to ``/dev/shm/cascade-<uid>`` (a shared sticky directory such as
+``/dev/shm`` given as ``shm_dir`` stands for its ``cascade-<uid>``). Both are created 0700
+and refused (:class:`~cascade.errors.ConfigError`) when another user owns them or can
+write to them.
+
+The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
+max(seal, one record)`` with ``seal = min(file_segment_bytes, file_bytes / 4)``: 2.25x
+``file_bytes`` at the defaults (see :mod:`cascade.tiers.file_tier`). Values that would
+only fail later (an offset past the file tier's 40-bit record offsets, a directory too
+big for any node's memory, a stripe size ``lfs`` refuses) are refused here.
 """
 from __future__ import annotations
 
@@ -66,6 +76,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # or a bare "B". "1iB", "4KB B" or "1e3" are errors, not some other size.
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_DEAD_FRACTION = 0.9  # the file tier's disk bound is file_bytes / (1 - f): 10x at 0.9
+MAX_SEGMENT_BYTES = 1 << 40  # the file tier addresses records by 40-bit offsets
+MAX_DIRECTORY_SLOTS = 1 << 26  # 82 B each: 5.1 GiB of every rank's memory
 
 
 def _default_file_dir() -> str:
@@ -73,6 +86,11 @@ def _default_file_dir() -> str:
     if scratch:
         return os.path.join(scratch, "cascade")
     return os.path.join(tempfile.gettempdir(), f"cascade-{os.getuid()}")
+
+
+def default_shm_dir() -> str:
+    """``/dev/shm/cascade-<uid>``: a directory of this user's own inside ``/dev/shm``."""
+    return f"/dev/shm/cascade-{os.getuid()}"
 
 
 def parse_size(value: Any, key: str = "size") -> int:
@@ -104,7 +122,7 @@ class Config:
     shm_bytes: int = 1 << 30
     remote_bytes: int = 0
     file_bytes: int = 16 << 30
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = field(default_factory=default_shm_dir)
     file_dir: str = field(default_factory=_default_file_dir)
     file_segment_bytes: int = 1 << 30
     file_odirect: bool = True
@@ -135,14 +153,18 @@ class Config:
             raise ConfigError(f"model: unknown preset {self.model!r}; known: {sorted(MODEL_PRESETS)}")
         if self.block_tokens < 1:
             raise ConfigError(f"block_tokens: must be >= 1, got {self.block_tokens}")
-        if not 0.0 < self.compact_dead_fraction <= 1.0:
-            raise ConfigError("compact_dead_fraction: must be in (0, 1]")
-        if self.file_segment_bytes < 1 << 20:
-            raise ConfigError("file_segment_bytes: must be at least 1 MiB")
+        if not 0.0 < self.compact_dead_fraction <= MAX_DEAD_FRACTION:  # NaN fails this too
+            raise ConfigError(f"compact_dead_fraction: must be in (0, {MAX_DEAD_FRACTION}] (disk use is bounded "
+                              f"by file_bytes / (1 - compact_dead_fraction)), got {self.compact_dead_fraction!r}")
+        if not 1 << 20 <= self.file_segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ConfigError(f"file_segment_bytes: must be in 1 MiB .. 1 TiB (records are addressed by 40-bit "
+                              f"offsets), got {self.file_segment_bytes}")
         if not 1 <= self.io_threads <= 256:
             raise ConfigError(f"io_threads: must be in 1..256, got {self.io_threads}")
-        if self.directory_slots < 8:
-            raise ConfigError("directory_slots: must be at least 8")
+        if not 8 <= self.directory_slots <= MAX_DIRECTORY_SLOTS:
+            raise ConfigError(f"directory_slots: must be in 8 .. {MAX_DIRECTORY_SLOTS} (each slot takes 82 bytes of "
+                              f"every rank's memory: {self.directory_slots} would need "
+                              f"{self.directory_slots * 82 / 2**30:.1f} GiB), got {self.directory_slots}")
         for key in ("default_ttl", "compact_dead_fraction", "stats_interval"):
             if not math.isfinite(getattr(self, key)):
                 raise ConfigError(f"{key}: must be a finite number, got {getattr(self, key)!r}")
@@ -158,8 +180,11 @@ class Config:
         _check_dir_value("shm_dir", self.shm_dir)
         if self.stats_dir:
             _check_dir_value("stats_dir", self.stats_dir)
-        if self.lustre_stripe_count < -1 or self.lustre_stripe_count == 0:
-            raise ConfigError("lustre_stripe_count: -1 (all OSTs) or >= 1")
+        if self.lustre_stripe_count < -1 or self.lustre_stripe_count == 0 or self.lustre_stripe_count > 2000:
+            raise ConfigError(f"lustre_stripe_count: -1 (all OSTs) or 1 .. 2000, got {self.lustre_stripe_count}")
+        if not (0 < self.lustre_stripe_size < 4 << 30 and self.lustre_stripe_size % (64 << 10) == 0):
+            raise ConfigError(f"lustre_stripe_size: must be a multiple of 64 KiB below 4 GiB (lfs setstripe -S), "
+                              f"got {self.lustre_stripe_size}")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from .core.writes import WritePath
 from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
+from .namespace_victims import NamespaceVictims
 from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
 from .tiers.base import Tier
@@ -97,7 +98,8 @@ class CascadeStore(BatchCalls):
         self.rank = rank
         nbytes = self.spec.block_bytes
         capacity_blocks = sum(t.capacity for t in self.tiers) // max(nbytes, 1)
-        self.policy = Policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode,
+        policy = NamespaceVictims if self.config.namespace_share > 0 else Policy  # per-namespace order
+        self.policy = policy(len(self.tiers), self.config.policy, ttl_mode=self.config.ttl_mode,
                              history=_HISTORY_PER_BLOCK * capacity_blocks)
         self.metrics = StoreMetrics(len(self.tiers))
         self._lock = threading.RLock()  # metadata only: data moves outside it
@@ -113,7 +115,8 @@ class CascadeStore(BatchCalls):
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
                                default_ttl=self.config.default_ttl, promote_on_hit=self.config.promote_on_hit,
-                               cache_cluster_reads=self.config.cache_cluster_reads)
+                               cache_cluster_reads=self.config.cache_cluster_reads,
+                               ttl_on_use=self.config.ttl_mode == "last_use")
         with self._lock:
             open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
                         comm=comm if clustered else None, layout=self.layout if tiers is None else None)

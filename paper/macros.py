@@ -69,6 +69,27 @@ def size(nbytes: float) -> str:
     return f"{int(nbytes)}\\,B"
 
 
+#: The block sizes the text quotes side by side wherever a run measured them.
+QUOTED_SIZES = (2 << 20, 16 << 20)
+
+
+def quoted_sizes(measured: list[int], fallback: int) -> list[int]:
+    """The sizes of :data:`QUOTED_SIZES` a run measured, in order; ``[fallback]`` if none."""
+    found = [s for s in QUOTED_SIZES if s in measured]
+    return found or [fallback]
+
+
+def and_list(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def per_size(values: list[tuple[int, str]], unit: str = "") -> str:
+    r"""``"9.1\,GB/s at 2\,MiB and 8.0\,GB/s at 16\,MiB"``: one formatted value per block size
+    (``unit`` appended to each), so a sentence quotes every quoted size at once."""
+    return and_list([f"{v}{unit} at {size(s)}" for s, v in values])
+
+
 @dataclass
 class Macro:
     name: str

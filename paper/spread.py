@@ -75,6 +75,19 @@ class Spread(float):
     def __pos__(self): return self
 
 
+def pairwise(op: Callable[[float, float], float], a: Any, b: Any) -> Any:
+    """``op`` of two measured values repetition by repetition (``pairwise(max, x, y)`` is
+    the better of two limits in each repetition, not of their medians)."""
+    if isinstance(a, Spread) or isinstance(b, Spread):
+        n = len(a.reps) if isinstance(a, Spread) else len(b.reps)
+        ra = a.reps if isinstance(a, Spread) else (float(a),) * n
+        rb = b.reps if isinstance(b, Spread) else (float(b),) * n
+        if len(ra) != len(rb):
+            raise ValueError(f"spreads of {len(ra)} and {len(rb)} repetitions do not combine")
+        return Spread([op(x, y) for x, y in zip(ra, rb)])
+    return op(a, b)
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -3,7 +3,7 @@
 One test body per property, run against each registered adapter. An adapter whose
 system cannot start here is skipped with its reason — unless its name is listed in
 ``CASCADE_REQUIRE_ADAPTERS`` (comma-separated, or ``installed`` for redis, hdf5,
-mooncake and the three LMCache variants), which CI sets after third_party/install.sh so a
+mooncake, the LMCache backends and every variant), which CI sets after third_party/install.sh so a
 broken install fails instead of skipping.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from benchmark.adapters import ADAPTER_NAMES, AdapterUnavailable, available_adapters, load_adapter
 
 CAPACITY = 32 << 20
-_INSTALLED_HERE = ("redis", "hdf5", "mooncake", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk")
+_INSTALLED_HERE = ("redis", "redis_unix", "hdf5", "hdf5_nocache", "mooncake", "lmcache_cpu", "lmcache_disk",
+                   "lmcache_disk_odirect", "lmcache_cpu_disk")
 
 
 def _required() -> set[str]:
@@ -229,7 +230,7 @@ def _is_loopback(addr: str) -> bool:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", ["redis", "mooncake"])
+@pytest.mark.parametrize("name", ["redis", "redis_unix", "mooncake"])
 def test_servers_listen_on_loopback_only_and_stop_at_close(name, tmp_path):
     try:
         store = load_adapter(name)
@@ -266,8 +267,8 @@ def _is_zombie(pid: int) -> bool:
 # -- registry --------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_registry_names_and_cheap_availability_report():
-    assert set(ADAPTER_NAMES) == {"cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk",
-                                  "redis", "hdf5", "mooncake", "pdc"}
+    assert set(ADAPTER_NAMES) == {"cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_disk_odirect",
+                                  "lmcache_cpu_disk", "redis", "redis_unix", "hdf5", "hdf5_nocache", "mooncake", "pdc"}
     report = {name: (ok, reason) for name, ok, reason in available_adapters()}
     assert set(report) == set(ADAPTER_NAMES)
     for name, (ok, reason) in report.items():
@@ -276,6 +277,63 @@ def test_registry_names_and_cheap_availability_report():
         assert report[name][0], f"{name}: {report[name][1]}"
     with pytest.raises(KeyError):
         load_adapter("no_such_system")
+
+
+def test_variants_name_their_family_and_carry_their_setting(tmp_path):
+    """A variant is its family's adapter with one documented setting fixed: it reports its
+    own name, the setting shows in describe(), and a caller cannot override the setting."""
+    from benchmark.adapters import default_variants, family, variant_note
+
+    expect = {"hdf5_nocache": ("hdf5", "rdcc_nbytes", 0), "redis_unix": ("redis", "unix_socket", True),
+              "lmcache_disk_odirect": ("lmcache_disk", "use_odirect", True)}
+    for name, (fam, option, value) in expect.items():
+        assert family(name) == fam and family(fam) == fam and variant_note(name) and variant_note(fam)
+        store = load_adapter(name)
+        assert store.name == name and getattr(store, "_" + {"rdcc_nbytes": "rdcc"}.get(option, option)) == value
+        with pytest.raises(TypeError, match="fixed by the adapter name"):
+            load_adapter(name, **{option: value})
+    assert default_variants(list(ADAPTER_NAMES)) == [n for n in ADAPTER_NAMES if n not in expect]
+    assert family("cascade_lru") == "cascade_lru"  # names outside the registry are their own family
+
+
+@pytest.mark.timeout(60)
+def test_variant_settings_take_effect(tmp_path):
+    """What each variant sets reaches the system: LMCache writes its files with O_DIRECT (none
+    of their pages cached), HDF5 opens with no chunk cache, Redis answers on its Unix socket."""
+    import numpy as np
+
+    from benchmark.machine import files_under, resident_bytes
+
+    ran = 0
+    for name in ("lmcache_disk_odirect", "hdf5_nocache", "redis_unix"):
+        try:
+            store = load_adapter(name)
+            store.initialize(CAPACITY, str(tmp_path / name))
+        except AdapterUnavailable as exc:
+            if name in _required():
+                pytest.fail(f"{name} is required but unavailable: {exc}")
+            continue
+        try:
+            rng = np.random.default_rng(3)
+            bid, k, v = _block(rng, 1 << 20)
+            store.put(bid, k, v)
+            store.flush()
+            desc = store.describe()
+            if name == "lmcache_disk_odirect":
+                files = [p for p in files_under(desc["disk_dir"]) if p.endswith(".pt")]
+                assert files and desc["read_mode"] == "direct"
+                assert resident_bytes(files)[0] == 0, "O_DIRECT writes left pages in the page cache"
+            elif name == "hdf5_nocache":
+                assert store._file.id.get_access_plist().get_cache()[2] == 0
+            else:
+                assert desc["unix_socket"] and store._client.connection_pool.connection_kwargs.get("path")
+            got = store.get(bid)
+            assert got is not None and got[1] == v.tobytes()
+            ran += 1
+        finally:
+            store.close()
+    if not ran:
+        pytest.skip("no variant's system is installed here")
 
 
 @pytest.mark.timeout(30)

@@ -174,3 +174,64 @@ def test_flush_fsyncs_every_aggregated_file(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
         s.flush()
     assert files >= 2 and len(synced) == files
+
+
+def _on_disk(directory: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(directory, "agg_rank000_*.bin")))
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.9])
+def test_disk_use_stays_within_the_documented_multiple_of_file_bytes(tmp_path, fraction):
+    """Churn (puts that evict, deletes, re-puts) on an 80 KiB file tier: the files on disk
+    never exceed file_bytes / (1 - compact_dead_fraction) + max(seal bytes, one record),
+    seal bytes = min(file_segment_bytes, file_bytes / 4) (cascade/tiers/file_tier.py)."""
+    record = 8192  # a tiny-model block (4 KiB) with its header page
+    cfg = Config(model="tiny", shm_bytes=0, file_bytes=10 * record, file_dir=str(tmp_path / "agg"),
+                 file_segment_bytes=1 << 30, compact_dead_fraction=fraction)
+    seal = max(min(cfg.file_segment_bytes, cfg.file_bytes // 4), 2 * 4096)
+    bound = int(cfg.file_bytes / (1 - cfg.compact_dead_fraction)) + max(seal, record)
+    rng = np.random.default_rng(5)
+    peak = 0
+    with CascadeStore(cfg) as s:
+        data = blocks(s.spec, 64)
+        ids = []
+        for step in range(600):
+            n = int(rng.integers(0, len(data)))
+            if ids and rng.random() < 0.3:
+                bid = ids[int(rng.integers(0, len(ids)))]
+                if s.contains(bid):
+                    s.delete(bid)
+            else:
+                ids.append(s.put(*data[n]))
+            peak = max(peak, _on_disk(cfg.file_dir))
+        assert s.stats()["tiers"]["file"]["evictions"] > 0 and s.stats()["deletes"] > 0
+    assert peak <= bound, f"{peak} bytes on disk for a {cfg.file_bytes}-byte tier (bound {bound})"
+
+
+def test_a_copy_left_by_a_crash_mid_compaction_does_not_bring_a_deleted_block_back(tmp_path):
+    """A crash after compaction copied a file's records but before it unlinked the file
+    leaves every record twice. Deleting such a block and compacting the copy away must
+    not let the older copy come back at the next restart."""
+    from cascade.tiers.file_tier import FileTier
+
+    d = str(tmp_path / "agg")
+    keys = [("ns", f"{i:032x}") for i in range(3)]
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    for i, key in enumerate(keys):
+        tier.put(key, [bytes([i + 1]) * 4096])
+    tier.close()
+    with open(os.path.join(d, "agg_rank000_000001.bin"), "rb") as src:  # the first record was copied
+        first = src.read(8192)
+    with open(os.path.join(d, "agg_rank000_000009.bin"), "wb") as dst:
+        dst.write(first)
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    assert sorted(tier) == sorted(keys)
+    del tier[keys[0]]  # nothing live is left in file 9: compaction drops it
+    assert not os.path.exists(os.path.join(d, "agg_rank000_000009.bin"))
+    tier.close()
+    tier = FileTier(64 << 20, d, segment_bytes=1 << 20)
+    try:
+        assert sorted(tier) == sorted(keys[1:])
+        assert [tier[k] for k in keys[1:]] == [bytes([2]) * 4096, bytes([3]) * 4096]
+    finally:
+        tier.close()

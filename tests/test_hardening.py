@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -10,8 +13,9 @@ import pytest
 
 from cascade import CascadeStore, Config, ConfigError, InvalidBlock
 from cascade.config import parse_size
-from cascade.errors import CascadeError, StoreClosed
+from cascade.errors import BlockNotFound, CascadeError, StoreClosed
 from cascade.tiers.file_tier import FileTier
+from cascade.tiers.shm import ShmPeerSlabs, ShmTier, remove_stale_slabs
 
 
 def _block(store, fill: int):
@@ -164,6 +168,11 @@ def test_bad_ttl_stores_nothing(tiny_config, ttl):
     ({"stats_interval": float("nan")}, "stats_interval"), ({"stats_interval": -1}, "stats_interval"),
     ({"stats_interval": 0}, "stats_interval"), ({"default_ttl": float("nan")}, "default_ttl"),
     ({"default_ttl": "inf"}, "default_ttl"), ({"compact_dead_fraction": float("nan")}, "compact_dead_fraction"),
+    # values that used to fail late (OOM, offsets past 40 bits, lfs refusing) or bound nothing
+    ({"compact_dead_fraction": 1.0}, "compact_dead_fraction"), ({"directory_slots": int(2e8)}, "directory_slots"),
+    ({"file_segment_bytes": "2T"}, "file_segment_bytes"), ({"lustre_stripe_size": 0}, "lustre_stripe_size"),
+    ({"lustre_stripe_size": "100K"}, "lustre_stripe_size"), ({"lustre_stripe_size": "4G"}, "lustre_stripe_size"),
+    ({"lustre_stripe_count": 5000}, "lustre_stripe_count"),
 ])
 def test_bad_config_values_are_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -254,3 +263,134 @@ def test_ttl_survives_demotion_to_the_file_tier(tmp_path):
     with CascadeStore(cfg) as store:
         assert store.get(first) is None
 
+
+
+def test_reads_keep_a_last_use_ttl_alive_across_a_restart(tmp_path):
+    """ttl_mode=last_use: the expiry a read moves is written to disk (in batches, not
+    once per read), so a restart keeps a block that reads kept alive."""
+    cfg = _file_only(tmp_path)
+    assert cfg.ttl_mode == "last_use"
+    with CascadeStore(cfg) as store:
+        bid = store.put(*_block(store, 1), ttl=3.0)
+        time.sleep(2.0)
+        assert store.get(bid) is not None  # expires 3 s from now, no longer 1 s from now
+        before = store.stats()["tiers"]["file"]["expiry_writes"]
+        for _ in range(100):
+            assert store.get(bid) is not None
+        assert store.stats()["tiers"]["file"]["expiry_writes"] - before <= 10  # not one write per read
+    time.sleep(1.5)  # past the expiry the put wrote (3 s after it), before the refreshed one (5 s)
+    with CascadeStore(cfg) as store:
+        assert store.get(bid) is not None
+
+
+# -- issue 21: shared /dev/shm, planted names, lazy SHM ------------------------------------
+def _invisible_pid() -> int:
+    """A PID no process of this namespace has (as a store in another container looks)."""
+    pid = int(open("/proc/sys/kernel/pid_max").read()) - 1
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
+
+
+def test_stale_slab_cleanup_keeps_slabs_locked_by_another_pid_namespace(tmp_path):
+    d = tmp_path / "shm"
+    d.mkdir(mode=0o700)
+    pid = _invisible_pid()
+    live, stale = d / f"cascade-{pid}-{'a' * 32}", d / f"cascade-{pid}-{'b' * 32}"
+    live.write_bytes(b"\0" * 4096)
+    stale.write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys
+        fd = os.open({str(live)!r}, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        removed = remove_stale_slabs(str(d))
+        assert removed == [str(stale)]  # the unlocked one of a dead process goes
+        assert live.exists()  # the one its owner holds stays, though its PID is not visible
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert remove_stale_slabs(str(d)) == [str(live)]  # once released, it is stale too
+
+
+def test_a_vanished_peer_slab_is_a_miss(tmp_path):
+    peers = ShmPeerSlabs()
+    out = bytearray(64)
+    with pytest.raises(BlockNotFound):
+        peers.read_into(str(tmp_path / ("cascade-1-" + "0" * 32)), 0, [out])
+    (tmp_path / "shm").mkdir(mode=0o700)
+    tier = ShmTier(1 << 20, str(tmp_path / "shm"))
+    with pytest.raises(BlockNotFound):  # past its end: an owner that restarted smaller
+        peers.read_into(tier.path, (1 << 20) - 32, [out])
+    tier.close()
+    peers.close()
+
+
+@pytest.mark.parametrize("kind", ["shared", "symlink", "foreign"])
+def test_shm_dir_gets_the_same_privacy_checks_as_file_dir(tmp_path, kind):
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    shm = tmp_path / "shm"
+    if kind == "shared":
+        shm.mkdir()
+        shm.chmod(0o777)
+    elif kind == "symlink":
+        shm.symlink_to(target)
+    else:
+        shm.mkdir(mode=0o700)
+        os.chown(shm, 12345, 12345) if os.geteuid() == 0 else pytest.skip("chown needs root")
+    cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shm), file_bytes=0)
+    with pytest.raises(ConfigError, match="shm_dir"):
+        CascadeStore(cfg)
+    assert os.listdir(target) == []
+
+
+def test_a_shared_sticky_shm_dir_stands_for_a_private_subdirectory(tmp_path):
+    """shm_dir = /dev/shm (the old default, sticky and writable by all): the slab goes to
+    /dev/shm-like/cascade-<uid>, created 0700, never into the shared directory itself."""
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shared), file_bytes=0)
+    with CascadeStore(cfg) as store:
+        private = shared / f"cascade-{os.getuid()}"
+        assert os.path.dirname(store.tiers[0].path) == str(private)
+        assert private.stat().st_mode & 0o777 == 0o700
+        assert [p.name for p in shared.iterdir()] == [private.name]
+
+
+def test_shm_tier_commits_memory_lazily(tmp_path):
+    capacity = 256 << 20
+    (tmp_path / "shm").mkdir(mode=0o700)
+    tier = ShmTier(capacity, str(tmp_path / "shm"))
+    try:
+        assert os.stat(tier.path).st_blocks == 0  # an empty tier holds no memory
+        tier.put(("ns", "0" * 32), [bytes(4096)])
+        held = os.stat(tier.path).st_blocks * 512
+        assert 4096 <= held <= tier.stats()["backed_bytes"] < capacity
+    finally:
+        tier.close()
+
+
+def test_a_planted_file_just_above_the_last_record_file_does_not_block_opening(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        bid = store.put(*_block(store, 1))
+    d = tmp_path / "files"
+    files = sorted(p.name for p in d.glob("agg_rank000_*.bin"))
+    last = int(files[-1][len("agg_rank000_"):-len(".bin")])
+    (d / f"agg_rank000_{last + 1:06d}.bin").symlink_to(tmp_path / "elsewhere.bin")
+    (d / f"agg_rank000_{last + 2:06d}.bin").mkdir()
+    with CascadeStore(cfg) as store:  # the new active file takes an id above every name seen
+        assert store.get(bid) is not None
+        store.put(*_block(store, 2))
+    assert not (tmp_path / "elsewhere.bin").exists()

@@ -71,3 +71,32 @@ def test_one_namespace_cannot_pin_more_than_its_share(tmp_path):
 def test_namespace_share_is_validated():
     with pytest.raises(ConfigError, match="namespace_share"):
         Config(namespace_share=1.5)
+
+
+class _CountingDict(dict):
+    """The store's block table, counting the entries any scan of it visits."""
+
+    visited = 0
+
+    def values(self):
+        for value in super().values():
+            _CountingDict.visited += 1
+            yield value
+
+
+def test_a_put_at_its_share_does_not_scan_every_block(tmp_path):
+    """A tenant at its share moves its own lowest-value block out with a heap lookup: the
+    put visits far fewer entries than the store holds (it used to visit all of them)."""
+    others = 2000
+    with store_for(tmp_path, 0.5, shm_bytes=16 * 4096, file_bytes=(others + 64) * 8192,
+                   file_dir=str(tmp_path / "files")) as s:
+        for i in range(others):
+            s.put(*block(s.spec, i), namespace="big")
+        for i in range(8):  # tenant "a" fills its share of the SHM tier (8 of 16 blocks)
+            s.put(*block(s.spec, 10_000 + i), namespace="a")
+        s._index.blocks = _CountingDict(s._index.blocks)  # the block index behind the store
+        _CountingDict.visited = 0
+        for i in range(8, 16):  # each put is at the share: one of a's blocks moves down first
+            s.put(*block(s.spec, 10_000 + i), namespace="a")
+        assert sum(1 for k in s.tiers[0] if k[0] == "a") == 8
+        assert _CountingDict.visited < others // 10, _CountingDict.visited

@@ -194,4 +194,5 @@ class HDF5Adapter(StorageAdapter):
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "path": self._path, "chunk_bytes": self._chunk,
-                "rdcc_nbytes": self._rdcc, "driver": self._driver or "sec2"}
+                "rdcc_nbytes": self._rdcc, "driver": self._driver or "sec2",
+                "read_mode": "buffered" if self._driver in (None, "sec2") else None}

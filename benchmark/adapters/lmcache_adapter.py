@@ -10,6 +10,11 @@ Three adapters share this module:
                    to both tiers; a disk hit is written back into the CPU tier by LMCache)
 =================  ====================================================================
 
+``use_odirect=True`` (the registry's ``lmcache_disk_odirect``) sets the disk backend's
+documented ``extra_config.use_odirect``: LMCache then writes and reads each chunk file
+with ``O_DIRECT`` when its size is a multiple of the file system's block size (else
+buffered, with a warning), bypassing the page cache.
+
 How a block maps onto LMCache (what a vLLM connector would hand it):
 
 * key: ``CacheEngineKey(model_name, world_size=1, worker_id=rank, chunk_hash, uint8)``
@@ -89,7 +94,8 @@ class _LMCacheAdapter(StorageAdapter):
     def __init__(self, model_name: str = "cascade-bench", chunk_tokens: int = 16,
                  cpu_bytes: int | None = None, staging_bytes: int = 256 << 20,
                  wait_for_disk: bool | None = None, torch_threads: int = 1,
-                 disk_io_threads: int | None = None, keep_files: bool = False) -> None:
+                 disk_io_threads: int | None = None, keep_files: bool = False,
+                 use_odirect: bool = False) -> None:
         """Options:
 
         ``model_name``/``chunk_tokens``: recorded in LMCache's metadata and keys;
@@ -99,9 +105,12 @@ class _LMCacheAdapter(StorageAdapter):
         LMCache needs as a staging buffer in ``lmcache_disk``; ``wait_for_disk``:
         ``put`` returns only once the disk write finished (default off: LMCache writes
         behind, and :meth:`flush`, timed inside every put phase, waits for the writes); ``torch_threads``: ``torch.set_num_threads``; ``disk_io_threads``:
-        LMCache's ``disk_io_threads``; ``keep_files``: leave the disk files at close.
+        LMCache's ``disk_io_threads``; ``keep_files``: leave the disk files at close;
+        ``use_odirect``: LMCache's ``use_odirect`` for the disk backend (O_DIRECT file I/O).
         """
         super().__init__()
+        if use_odirect and not self._use_disk:
+            raise ValueError(f"{self.name}: use_odirect applies to LMCache's disk backend, which is off here")
         self._model = model_name
         self._chunk_tokens = int(chunk_tokens)
         self._cpu_bytes = cpu_bytes
@@ -112,6 +121,7 @@ class _LMCacheAdapter(StorageAdapter):
         self._torch_threads = int(torch_threads)
         self._disk_io_threads = disk_io_threads
         self._keep_files = keep_files
+        self._use_odirect = bool(use_odirect)
         self._lm: dict[str, Any] = {}
         self._sm = None
         self._disk = None
@@ -158,8 +168,13 @@ class _LMCacheAdapter(StorageAdapter):
             os.makedirs(self._disk_dir, exist_ok=True)
             cfg["local_disk"] = self._disk_dir + "/"
             cfg["max_local_disk_size"] = cap_gb
+            extra: dict[str, object] = {}
             if self._disk_io_threads:
-                cfg["extra_config"] = {"disk_io_threads": int(self._disk_io_threads)}
+                extra["disk_io_threads"] = int(self._disk_io_threads)
+            if self._use_odirect:
+                extra["use_odirect"] = True
+            if extra:
+                cfg["extra_config"] = extra
         self._config_summary = {k: v for k, v in cfg.items()}
         # LMCache's metrics logger sets PROMETHEUS_MULTIPROC_DIR (to /tmp/lmcache_prometheus)
         # for the whole process if unset; keep it inside our directory and unset after.
@@ -370,7 +385,8 @@ class _LMCacheAdapter(StorageAdapter):
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "lmcache_config": self._config_summary,
                 "wait_for_disk": self._wait_for_disk, "disk_dir": self._disk_dir,
-                "torch_threads": self._torch_threads}
+                "torch_threads": self._torch_threads, "use_odirect": self._use_odirect,
+                **({"read_mode": "direct" if self._use_odirect else "buffered"} if self._use_disk else {})}
 
 
 class LMCacheCPUAdapter(_LMCacheAdapter):

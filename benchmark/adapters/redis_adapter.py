@@ -5,7 +5,11 @@ The adapter starts its own server on a free loopback port with no persistence
 server's own ``used_memory`` (measured at start) and
 ``allkeys-lru`` (so Redis evicts on its own: ``has_eviction``), and stops it by PID at
 :meth:`close`. The server's launch options live in ``third_party/redis/redis.conf``;
-the port, memory limit and directory are given on the command line.
+the port, memory limit and directory are given on the command line. With
+``unix_socket=True`` (the registry's ``redis_unix``) the client talks to the server over a
+Unix socket in a private directory of its own (mode 0700, short enough for a socket
+path), which Redis documents as faster than TCP
+loopback; the server still listens on loopback TCP, used only to see it come up.
 
 Block layout: one string key per block, ``<prefix><id>``, whose value is
 ``uint32 key length || key bytes || value bytes``: Redis' LRU evicts whole blocks (two
@@ -25,6 +29,7 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -58,6 +63,7 @@ class RedisAdapter(StorageAdapter):
         self._port = 0
         self._prefix = b""
         self._workdir = ""
+        self._sockdir = ""
         self._server_version = ""
         self._baseline = 0
 
@@ -99,8 +105,11 @@ class RedisAdapter(StorageAdapter):
             "--logfile", log_path,
             "--daemonize", "no",
         ]
-        sock_path = os.path.join(self._workdir, "redis.sock")
+        sock_path = ""
         if self._unix_socket:
+            # a socket path must fit sun_path (108 bytes): a private short directory
+            self._sockdir = tempfile.mkdtemp(prefix="redis-")
+            sock_path = os.path.join(self._sockdir, "redis.sock")
             args += ["--unixsocket", sock_path, "--unixsocketperm", "700"]
         args += list(self._extra_args)
         try:
@@ -190,9 +199,10 @@ class RedisAdapter(StorageAdapter):
             self._client = None
         stop_process(self._proc)
         self._proc = None
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = ""
+        for path in (self._workdir, self._sockdir):
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
+        self._workdir = self._sockdir = ""
 
     def server_pids(self) -> list[int]:
         return [self._proc.pid] if self._proc is not None else []

@@ -164,11 +164,15 @@ def run(options: dict[str, Any], workload: str, make: type[Measure], *, vs_metri
             limits[str(size)] = lim
             for row in size_rows:
                 row.update(block_bytes=size, blocks=meas_n, warmup_blocks=warm_n, capacity_bytes=capacity)
+                mode = row.get("describe", {}).get("read_mode")
+                if mode and row.get("mode") != "put":
+                    row["read_mode"] = mode  # the file read path that ran: buffered or direct
                 row["vs_limit"] = vs_limit(row, lim)
                 row.update(limit_noise(row, lim))
             rows.extend(size_rows)
             problems.extend({**p, "block_bytes": size} for p in size_problems)
     common.add_ratios(rows, vs_metric, ("block_bytes", "mode"), higher_is_better=higher_is_better)
+    best = common.add_best_variants(rows, vs_metric, ("block_bytes", "mode"), higher_is_better=higher_is_better)
     ranks = int(options.get("ranks") or 1)
     load.append(common.loadavg())
     return {
@@ -185,6 +189,7 @@ def run(options: dict[str, Any], workload: str, make: type[Measure], *, vs_metri
         "mpi_limits": mpi_limits_via_mpiexec(ranks, sizes) if ranks > 1 else
         {"skipped": "single-process workload run with --ranks 1 (pass --ranks N to also measure raw MPI Get)"},
         "rows": rows,
+        "best_variants": best,
         "not_run": problems,
         "loadavg_before_after": load,
     }
@@ -240,9 +245,19 @@ def _run_size(make: type[Measure], systems: list[str], warm: list[Block], meas: 
     return rows, problems
 
 
+def same_mode_limit(row: dict[str, Any]) -> str | None:
+    """The raw read limit in the read mode a cold row ran (``read_mode``), or None."""
+    if row.get("mode") != "cold" or row.get("read_mode") not in ("buffered", "direct"):
+        return None
+    return "raw_odirect_read_gbps" if row["read_mode"] == "direct" else "raw_buffered_cold_read_gbps"
+
+
 def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
-    """A row's figure as a fraction of the machine's limits (1.0 = at the limit)."""
+    """A row's figure as a fraction of the machine's limits (1.0 = at the limit); a cold
+    row that knows its read mode also against the raw read of that mode
+    (``raw_read_same_mode``)."""
     out: dict[str, float] = {}
+    same = same_mode_limit(row)
     if "put_gbps" in row:
         out["memcpy"] = row["put_gbps"] / lim["memcpy_gbps"]
         out["raw_write"] = row["put_gbps"] / lim["raw_write_gbps"]
@@ -250,11 +265,15 @@ def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
         out["memcpy"] = row["get_gbps"] / lim["memcpy_gbps"]
         out["raw_odirect_read"] = row["get_gbps"] / lim["raw_odirect_read_gbps"]
         out["raw_buffered_cold_read"] = row["get_gbps"] / lim["raw_buffered_cold_read_gbps"]
+        if same:
+            out["raw_read_same_mode"] = row["get_gbps"] / lim[same]
     if "latency_s" in row:
         p50 = row["latency_s"]["p50"]
         out["memcpy"] = lim["memcpy_s_p50"] / p50
         out["raw_odirect_read"] = row["block_bytes"] / (lim["raw_odirect_read_gbps"] * 1e9) / p50
         out["raw_buffered_cold_read"] = row["block_bytes"] / (lim["raw_buffered_cold_read_gbps"] * 1e9) / p50
+        if same:
+            out["raw_read_same_mode"] = row["block_bytes"] / (lim[same] * 1e9) / p50
     return out
 
 
@@ -269,7 +288,7 @@ def limit_noise(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, Any]:
     the same run: read it as "at the limit, within its noise", not as a ceiling broken)."""
     ranges: dict[str, list[float]] = {}
     for name, ratio in row.get("vs_limit", {}).items():
-        key = _LIMIT_KEYS.get(name)
+        key = same_mode_limit(row) if name == "raw_read_same_mode" else _LIMIT_KEYS.get(name)
         b, a = lim.get("before", {}).get(key), lim.get("after", {}).get(key)
         if name == "memcpy" and "latency_s" in row:  # a time-based limit: use memcpy_s_p50
             b, a = lim.get("before", {}).get("memcpy_s_p50"), lim.get("after", {}).get("memcpy_s_p50")

@@ -18,12 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import ADAPTER_NAMES, AdapterUnavailable, StorageAdapter, adapter_class, load_adapter
+from ..adapters import ADAPTER_NAMES, AdapterUnavailable, StorageAdapter, adapter_class, family, load_adapter
 from ..machine import memcpy_gbps, raw_file_gbps
 
 PAGE = 4096
-#: Systems whose blocks live in files: the ones a cold (page cache dropped) read means something for.
+#: Systems (and their variants) whose blocks live in files: the ones a cold (page cache
+#: dropped) read means something for.
 FILE_BACKED = ("cascade_file", "lmcache_disk", "hdf5")
+
+
+def file_backed(name: str) -> bool:
+    """Whether ``name`` or the peer it is a variant of keeps its blocks in files."""
+    return family(name) in FILE_BACKED
 #: File-backed, but a DRAM tier in front keeps every block of the run: reads never reach the files.
 DRAM_FRONTED = {"lmcache_cpu_disk": "its CPU backend (capacity = the run's capacity) holds every block, "
                                     "so reads are served from DRAM whatever the page cache holds"}
@@ -92,14 +98,17 @@ def aligned_pair(half: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def machine_limits(block_bytes: int, file_dir: str, total_bytes: int) -> dict[str, Any]:
-    """memcpy of one block; raw sequential write, O_DIRECT read and cold buffered read
-    (page cache evicted, readahead on) of ``total_bytes`` in ``block_bytes`` requests on
+    """memcpy of one block (rotating over buffers larger than the cache); raw sequential
+    write, O_DIRECT read (requests cut as Cascade's file tier cuts them) and cold buffered
+    read (page cache evicted, readahead on, one request per block) of ``total_bytes`` on
     ``file_dir``'s file system."""
     os.makedirs(file_dir, exist_ok=True)
     mem = memcpy_gbps(block_bytes)
     raw = raw_file_gbps(file_dir, block_bytes, max(block_bytes, total_bytes))
-    return {"memcpy_gbps": mem["gbps"], "memcpy_s_p50": mem["t_p50"], "raw_odirect_read_gbps": raw["read_gbps"],
-            "raw_buffered_cold_read_gbps": raw["buffered_cold_read_gbps"], "raw_write_gbps": raw["write_gbps"], "raw_odirect": raw["odirect"], "raw_total_bytes": raw["total_bytes"],
+    return {"memcpy_gbps": mem["gbps"], "memcpy_s_p50": mem["t_p50"], "memcpy_working_set_bytes": mem["working_set_bytes"],
+            "raw_odirect_read_gbps": raw["read_gbps"], "raw_buffered_cold_read_gbps": raw["buffered_cold_read_gbps"],
+            "raw_write_gbps": raw["write_gbps"], "raw_odirect": raw["odirect"], "raw_total_bytes": raw["total_bytes"],
+            "raw_odirect_request_bytes": raw["odirect_request_bytes"], "raw_odirect_in_flight": raw["odirect_in_flight"],
             "measured_at": time.strftime("%H:%M:%S")}
 
 
@@ -109,6 +118,9 @@ def merge_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     keys = ("memcpy_gbps", "raw_odirect_read_gbps", "raw_buffered_cold_read_gbps", "raw_write_gbps")
     out = {k: max(before[k], after[k]) for k in keys}
     out["memcpy_s_p50"] = min(before["memcpy_s_p50"], after["memcpy_s_p50"])
+    for how in ("memcpy_working_set_bytes", "raw_odirect_request_bytes", "raw_odirect_in_flight"):
+        if how in before:  # how the limits were measured (the same both times)
+            out[how] = before[how]
     # the limit's own noise: ratios to it are only as good as this spread
     out["spread"] = {k: [min(before[k], after[k]), max(before[k], after[k])] for k in (*keys, "memcpy_s_p50")}
     out["before"], out["after"] = before, after
@@ -133,21 +145,57 @@ def add_ratios(rows: list[dict[str, Any]], metric: str, group: Sequence[str], *,
                 vs[other["system"]] = a / b if higher_is_better else b / a
 
 
+def add_best_variants(rows: list[dict[str, Any]], metric: str, group: Sequence[str], *,
+                      higher_is_better: bool = True) -> dict[str, dict[str, dict[str, str]]]:
+    """Pick, among rows that share the ``group`` fields, the best variant of every peer
+    (:func:`benchmark.adapters.family`) by ``metric`` measured in this run; mark each row
+    with its ``family`` and ``best_variant`` (bool) and give it ``vs_best[family]``: its
+    ratio to that family's best variant (> 1: this row did better), for every other family.
+    Returns ``{family: {group value(s): winner}}`` (the group values joined by ``/``)."""
+    buckets: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        buckets.setdefault(tuple(row.get(g) for g in group), []).append(row)
+    chosen: dict[str, dict[str, str]] = {}
+    for key, bucket in buckets.items():
+        winners: dict[str, dict[str, Any]] = {}
+        for row in bucket:
+            row["family"] = family(row["system"])
+            if not row.get(metric):
+                continue
+            best = winners.get(row["family"])
+            better = best is None or (row[metric] > best[metric] if higher_is_better else row[metric] < best[metric])
+            if better:
+                winners[row["family"]] = row
+        for row in bucket:
+            row["best_variant"] = winners.get(row["family"]) is row
+            vs = row.setdefault("vs_best", {})
+            for fam, win in winners.items():
+                if fam != row["family"] and row.get(metric):
+                    vs[fam] = row[metric] / win[metric] if higher_is_better else win[metric] / row[metric]
+        label = "/".join(str(k) for k in key)
+        for fam, win in winners.items():
+            chosen.setdefault(fam, {})[label] = win["system"]
+    return chosen
+
+
 def find(rows: list[dict[str, Any]], **fields: Any) -> dict[str, Any] | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in fields.items())), None)
 
 
 def target(name: str, rows: list[dict[str, Any]], metric: str, system: str, other: str,
            threshold: float, **fields: Any) -> dict[str, Any]:
-    """A stated target ``system's metric >= threshold x other's`` checked on this run."""
-    a, b = find(rows, system=system, **fields), find(rows, system=other, **fields)
+    """A stated target ``system's metric >= threshold x other's`` checked on this run;
+    ``other`` is a peer, taken at its best variant of the run when it has several
+    (:func:`add_best_variants`; ``other_variant`` names it)."""
+    a = find(rows, system=system, **fields)
+    b = find(rows, family=other, best_variant=True, **fields) or find(rows, system=other, **fields)
     out: dict[str, Any] = {"name": name, "system": system, "other": other, "metric": metric,
                            "threshold": threshold, **fields}
     if a is None or b is None or not b.get(metric):
         out.update(value=None, met=None, note="not measured in this run")
         return out
     value = a[metric] / b[metric]
-    out.update(value=value, met=value >= threshold)
+    out.update(value=value, met=value >= threshold, other_variant=b["system"])
     return out
 
 

@@ -28,7 +28,7 @@ class Measure(blockio.Measure):
         self.ops = int(self.ctx.options.get("ops") or max(200, len(self.meas)))
         self.hot_order = [rng.randrange(len(self.meas)) for _ in range(self.ops)]
         self.cold_orders = [rng.sample(range(len(self.meas)), len(self.meas)) for _ in range(self.ctx.rounds)]
-        self.cold = self.name in common.FILE_BACKED
+        self.cold = common.file_backed(self.name)
         self.samples: dict[str, list[float]] = {"hot": [], "cold": []}
         self.misses = {"hot": 0, "cold": 0}
         self.drops: list[dict[str, Any]] = []

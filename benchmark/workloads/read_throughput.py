@@ -8,7 +8,7 @@ rounds run interleaved across systems (:mod:`.blockio`); each round has
 * ``hot``: get the warm-up blocks (untimed), then time ``get_into`` of every measured
   block into the same page-aligned buffers (the data was just written: in DRAM, or in
   the page cache for file-backed systems);
-* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5): first empty the
+* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5 and their variants): first empty the
   system's in-process cache (``drop_process_cache``: HDF5 reopens its file, so its chunk
   cache starts empty), then evict the system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
   file under its directory; as root ``drop_caches`` too if pages stayed), checked with
@@ -50,7 +50,7 @@ class Measure(blockio.Measure):
     def start(self) -> None:
         self.adapter = self.stack.enter_context(self.open_system())
         self.held = load(self.adapter, self.warm, self.meas)
-        self.modes = ["hot"] + (["cold"] if self.name in common.FILE_BACKED else [])
+        self.modes = ["hot"] + (["cold"] if common.file_backed(self.name) else [])
         self.round_s = {m: [] for m in self.modes}
         self.op_s = {m: [] for m in self.modes}
         self.misses = {m: 0 for m in self.modes}
@@ -89,7 +89,7 @@ def not_applicable(systems: list[str]) -> list[dict[str, Any]]:
     for name in systems:
         if name in common.DRAM_FRONTED:
             out.append({"system": name, "mode": "cold", "reason": common.DRAM_FRONTED[name]})
-        elif name not in common.FILE_BACKED:
+        elif not common.file_backed(name):
             out.append({"system": name, "mode": "cold", "reason": "in-memory system: nothing to read cold"})
     return out
 

@@ -48,8 +48,8 @@ from ..machine import memcpy_aggregate, mpi_get_limits, mpiexec_command
 from ..timing import gbps
 from . import common
 
-SYSTEMS: tuple[str, ...] = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk",
-                            "hdf5", "redis", "mooncake", "pdc")
+SYSTEMS: tuple[str, ...] = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_disk_odirect",
+                            "lmcache_cpu_disk", "hdf5", "hdf5_nocache", "redis", "redis_unix", "mooncake", "pdc")
 WHY_NOT: dict[str, str] = {
     "mooncake": ("not run: Mooncake's scaling is many clients of one shared master, but the adapter starts a "
                  "private master per instance (in a private network namespace per process), so N processes "

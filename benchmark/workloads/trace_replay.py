@@ -12,7 +12,10 @@ blocks: one reusable random payload, ids from the trace), and evicts by itself:
   of the request) and pins for blocks of the request in flight, semantic policy.
   ``cascade_lru`` is the same store with ``policy="lru"``, a check against the reference.
 * Peers through their adapters (``get_into`` / ``put``); a put the system refuses
-  (full, nothing evictable) counts in ``rejected`` and the block stays uncached.
+  (full, nothing evictable) counts in ``rejected`` and the block stays uncached. A peer's
+  variants that change only its transport or I/O path (``redis_unix``,
+  ``lmcache_disk_odirect``: :func:`benchmark.adapters.family`) keep and evict the same
+  blocks, so only the default variant replays (hit ratios are what this workload measures).
 
 Every system replays the same prefix of the trace, ``compare_requests`` requests
 (:data:`COMPARE_REQUESTS`, ``--requests N`` to change), at every capacity: those rows

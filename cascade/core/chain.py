@@ -155,19 +155,25 @@ class TierChain:
 
     def _keep_share(self, t: int, nbytes: int, namespace: str) -> None:
         """Move ``namespace``'s own blocks out of tier ``t`` until ``nbytes`` more stay
-        within its share; :class:`TierFull` when its movable blocks do not suffice."""
+        within its share; :class:`TierFull` when its movable blocks do not suffice.
+        O(log n) per victim (the policy keeps each namespace's victim order)."""
         share = self._share * self.tiers[t].capacity
-        skipped: set[BlockKey] = set()
-        while self.index.ns_bytes[t].get(namespace, 0) + nbytes > share:
-            victim = self.index.namespace_victim(t, namespace, skipped)
-            if victim is None:
-                self.metrics.tiers[t].full_events += 1
-                raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
-                               f"({self._share:g} of the tier) and none of its blocks there can move")
-            try:
-                self.demote(victim)
-            except Busy:
-                skipped.add(victim.key)
+        set_aside: list[BlockMeta] = []
+        try:
+            while self.index.ns_bytes[t].get(namespace, 0) + nbytes > share:
+                victim = self.index.namespace_victim(t, namespace)
+                if victim is None:
+                    self.metrics.tiers[t].full_events += 1
+                    raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
+                                   f"({self._share:g} of the tier) and none of its blocks there can move")
+                try:
+                    self.demote(victim)
+                except Busy:  # another rank pins it: not now
+                    self.index.set_aside(victim)
+                    set_aside.append(victim)
+        finally:
+            for meta in set_aside:
+                self.index.changed(meta)
 
     def demote(self, meta: BlockMeta) -> None:
         """Under the lock: move ``meta`` to the next slower tier that takes it, or drop
@@ -292,11 +298,12 @@ class TierChain:
         rank pins it, the bytes stay (its reads verify the checksum), a later read retries."""
         self.withdraw_and_drop(meta)
 
-    def persist_ttl(self, meta: BlockMeta) -> None:
-        """Under the lock: record ``meta``'s expiry in its tier, if the tier keeps TTLs."""
+    def persist_ttl(self, meta: BlockMeta, *, batched: bool = False) -> None:
+        """Under the lock: record ``meta``'s expiry in its tier, if the tier keeps TTLs;
+        ``batched`` (a read's refresh): written with others later (the tier's choice)."""
         tier = self.tiers[meta.tier]
         if tier.records_ttl:
             try:
-                tier.set_expiry(meta.key, self.index.wall_expiry(meta.key))
+                tier.set_expiry(meta.key, self.index.wall_expiry(meta.key), batched=batched)
             except OSError as exc:  # the block still expires in this process
                 log.warning("cannot record the TTL of %s: %s", meta.key[1], exc)

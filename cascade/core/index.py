@@ -144,12 +144,10 @@ class BlockIndex:
         """The block of tier ``t`` to move down or drop next (None: none may go)."""
         return self._policy.victim(t)
 
-    def namespace_victim(self, t: int, namespace: str, skipped: set[BlockKey]) -> BlockMeta | None:
-        """The lowest-valued movable block of ``namespace`` in tier ``t`` outside
-        ``skipped``; costs a scan of the index."""
-        own = [m for m in self.blocks.values()
-               if m.tier == t and m.key[0] == namespace and m.key not in skipped and self._policy.eligible(m)]
-        return min(own, key=self._policy.score) if own else None
+    def namespace_victim(self, t: int, namespace: str) -> BlockMeta | None:
+        """The block of ``namespace`` in tier ``t`` to move down next (namespace quotas:
+        the policy is a :class:`~cascade.namespace_victims.NamespaceVictims`)."""
+        return self._policy.victim_in(t, namespace)
 
     def changed(self, meta: BlockMeta) -> None:
         """Pins, hints, readers, children, priority or TTL of ``meta`` changed (a block

@@ -33,11 +33,13 @@ class ReadPath:
     """Gets of blocks of ``nbytes`` through ``chain`` (its index, tiers and peers)."""
 
     def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, *, nbytes: int,
-                 rank: int, default_ttl: float, promote_on_hit: bool, cache_cluster_reads: bool) -> None:
+                 rank: int, default_ttl: float, promote_on_hit: bool, cache_cluster_reads: bool,
+                 ttl_on_use: bool) -> None:
         self.chain, self.index, self.metrics = chain, chain.index, chain.metrics
         self._inflight, self._lock = inflight, lock
         self._nbytes, self._rank, self._ttl = nbytes, rank, default_ttl
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
+        self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
 
     def read(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs``: True on a hit, False on a miss (a corrupt
@@ -116,6 +118,8 @@ class ReadPath:
             if meta.hints:  # the queued request it was hinted for has come
                 self.index.release_hint(meta)
             self.index.touched(meta)
+            if meta.ttl and self._ttl_on_use:  # the read moved its expiry: recorded with others later
+                self.chain.persist_ttl(meta, batched=True)
         return True
 
     # -- promotion -------------------------------------------------------------------------

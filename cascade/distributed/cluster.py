@@ -170,7 +170,10 @@ class Cluster:
         kind = TierKind(entry.tier)
         if kind is TierKind.SHM:
             if self._same_node_shm(entry.rank):
-                self._peers.read_into(self.shm_paths[entry.rank], entry.location, list(outs))
+                try:
+                    self._peers.read_into(self.shm_paths[entry.rank], entry.location, list(outs))
+                except BlockNotFound:  # the peer's slab is gone (it closed or died): a miss
+                    return False
                 self.same_node_reads += 1
             else:
                 self.shm_window.get_into(entry.rank, entry.location, outs)

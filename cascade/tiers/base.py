@@ -206,8 +206,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         """A block's recorded wall-clock expiry (0 = none, or a tier that keeps none)."""
         return 0.0
 
-    def set_expiry(self, key: BlockKey, expires: float) -> None:
-        """Record a block's wall-clock expiry (tiers with ``records_ttl``)."""
+    def set_expiry(self, key: BlockKey, expires: float, *, batched: bool = False) -> None:
+        """Record a block's wall-clock expiry (tiers with ``records_ttl``); ``batched``:
+        it may be written later, with others."""
         raise NotImplementedError(f"{self.name} tier does not record TTLs")
 
     def sync(self) -> None:

@@ -7,12 +7,32 @@ them at the same time. On open the index is rebuilt by scanning the files (warm
 restart): torn tails and records with a bad header are skipped and counted, and every
 payload is verified against its checksum when read, so corrupted bytes are never served.
 
-Deletes append a tombstone naming the killed record; a sealed file whose dead fraction
-passes ``compact_dead_fraction`` is compacted (live records copied to the active file,
-then the file is unlinked). Reads (``read_mode``): on Lustre O_DIRECT (through an
+A delete kills its record in place: the record's header is rewritten as a tombstone of
+the same length (one page, no new space: deletes stay durable on a full disk; a restart
+forgets the record and every earlier record of its key). A delete whose rewrite fails
+(an I/O error) is kept pending, retried at every later change and counted
+(``pending_deletes``). Older files may also hold appended tombstones (records that name a
+killed record elsewhere); they are read and carried along as long as their target lives.
+
+Disk use is bounded: a file is sealed (the next record goes to a new one) at
+``seal_bytes = min(segment_bytes, capacity // 4)`` (at least one record per file), and
+any file, the active one once it reaches ``seal_bytes``, whose dead fraction reaches
+``compact_dead_fraction`` (f, at most 0.9) is compacted: its live records are copied to
+the active file, fsynced, and only then is the old file unlinked. So, once no read or
+write is in flight, ``disk_bytes <= capacity / (1 - f) + max(seal_bytes, largest
+record)`` (``disk_bound`` in :meth:`stats`). A compaction that finds the disk full undoes
+its copies (nothing is forgotten before its copy is durable), is counted
+(``compactions_deferred``, with the dead bytes it could not reclaim in
+``dead_bytes_stuck``) and is retried at later changes; neither gets nor deletes ever fail
+because of it. Reads (``read_mode``): on Lustre O_DIRECT (through an
 aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
 records of 8 MiB and more are read as chunks with several reads in flight.
+
+Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
+its header rewritten in batches (``set_expiry(batched=True)``: at most every
+``EXPIRY_FLUSH_S`` seconds or ``EXPIRY_BATCH`` blocks, and at sync and close), so a restart
+keeps blocks that reads kept alive; a crash can make them expire up to that window early.
 
 Writes and reads run outside the store's lock in two phases (see :mod:`.base`): a write
 reserves its record's range at the end of the active file, then ``pwritev``s it; a read
@@ -29,6 +49,7 @@ import os
 import re
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,8 +59,9 @@ import numpy as np
 import xxhash
 
 from ..checksum import checksum
-from ..errors import BlockNotFound, CascadeError, CorruptBlock, TierFull
 from ..buffers import as_byte_view, host_bytes
+from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
+from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
 from .base import BlockKey, Memory, Tier, TierKind
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
@@ -49,7 +71,9 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 READ_MODES = ("auto", "direct", "buffered")
-_MIN_COMPACT_ACTIVE = 64 << 20  # seal and compact a mostly-dead active file past this size
+EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
+EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
+_RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
 # Never follow a symlink planted in place of one of our files; close-on-exec as usual.
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -137,8 +161,23 @@ class FileTier(Tier):
         self._bounces: list[mmap.mmap] = []  # spare page-aligned buffers for O_DIRECT reads
         self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
-                         "compactions": 0, "full_events": 0, "lost_tombstones": 0, "bad_files": 0,
-                         "adopted": 0}
+                         "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
+                         "expiry_writes": 0, "adopted": 0}
+        if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
+            raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
+        if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ConfigError(f"segment_bytes must be in 1 .. {MAX_SEGMENT_BYTES} (40-bit offsets), got {segment_bytes}")
+        # Seal files relative to the capacity, so the dead space they carry stays bounded by it.
+        self.seal_bytes = max(min(segment_bytes, capacity // 4), 2 * PAGE)
+        self._next_id = 1  # above every file name seen, ours or not
+        self._pending_kills: list[tuple[BlockKey, int, int, int]] = []  # (key, file, offset, length)
+        self._compacting = False
+        self._changes = 0  # deletes and commits: paces compaction retries after a full disk
+        self._retry_at = 0
+        self._retry_step = 16
+        self._disk_full = False  # a write found the disk full since the last compaction
+        self._dirty_expiries: set[BlockKey] = set()  # refreshed expiries not yet written (set_expiry)
+        self._expiries_flushed = time.monotonic()
         # Set by the store: key -> wall-clock expiry to write into a new record (0 = none),
         # so a block demoted here keeps its TTL across restarts.
         self.expiry_of: Callable[[BlockKey], float] | None = None
@@ -148,7 +187,7 @@ class FileTier(Tier):
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         if read_mode not in READ_MODES:
-            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+            raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn), elsewhere the
         # page cache with readahead, which measured faster cold (and serves hot reads).
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
@@ -158,7 +197,8 @@ class FileTier(Tier):
         self._lock_fd = self._take_lock()
         try:
             self._recover()
-            self._active = self._open_file(max(self._files, default=0) + 1, create=True)
+            self._active = self._new_file()
+            self._after_change()  # files left mostly dead by the last run (best effort)
         except BaseException:
             self.close()
             raise
@@ -191,10 +231,22 @@ class FileTier(Tier):
         self._files[file_id] = f
         return f
 
+    def _new_file(self) -> _File:
+        """A fresh file with an id above every file name seen (a name taken meanwhile,
+        e.g. planted by someone else, is passed over)."""
+        for _ in range(64):
+            file_id, self._next_id = self._next_id, self._next_id + 1
+            try:
+                return self._open_file(file_id, create=True)
+            except FileExistsError:
+                continue
+        raise CascadeError(f"{self.name}: 64 file names in a row are taken in {self.directory}")
+
     def _recover(self) -> None:
         # \d{6,}: ids are zero-padded to 6 digits and keep growing past 999999.
         pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6,}})\.bin$")
         ids = sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n)))
+        self._next_id = max(ids, default=0) + 1  # skipped names too: never reuse one
         for file_id in ids:
             try:
                 f = self._open_file(file_id)
@@ -223,13 +275,20 @@ class FileTier(Tier):
                 self.counters["torn_records"] += 1
                 break
             key = (header.namespace, header.block_id)
-            if header.tombstone:
+            if header.tombstone and (header.target_file, header.target_offset) == (f.file_id, offset):
+                if key in self._index:  # killed in place: every earlier record of the key is dead too
+                    self._forget(key)
+            elif header.tombstone:
                 f.tombstones.append((key, header.target_file, header.target_offset))
                 loc = self._index.get(key)
                 if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
                     self._forget(key)
             else:
                 loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
+                old = self._index.get(key)
+                if old is not None:  # an older copy (e.g. a crash mid-compaction): kill it for good
+                    self._forget(key)
+                    self._write_kill(key, old.file_id, old.offset, old.length)
                 self._remember(key, loc)
                 last = (key, loc)
             offset += header.record_bytes
@@ -279,7 +338,7 @@ class FileTier(Tier):
 
     def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reservation:
         """Claim the next record's room at the end of the active file (rolling to a new
-        file at ``segment_bytes``). :class:`TierFull` when over capacity."""
+        file at ``seal_bytes``). :class:`TierFull` when over capacity."""
         if not self.fits(nbytes):
             raise TierFull(f"{self.name}: no room for {nbytes} bytes ({self.free} of {self._capacity} free)")
         expires = self.expiry_of(key) if self.expiry_of is not None else 0.0
@@ -305,13 +364,15 @@ class FileTier(Tier):
     def commit(self, key: BlockKey, reservation: _Reservation) -> None:
         header, f = reservation.header, reservation.file
         self._unreserve(reservation)
+        if key in self._index:  # replaced: the old record must not come back at a restart
+            self._kill(key)
         self._remember(key, _Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
                                  header.parent, header.expires))
-        self._maybe_compact_after_change()
+        self._after_change()
 
     def discard(self, reservation: _Reservation) -> None:
-        """Give the room back: cut it off the file's end when it is last, else mark a
-        written record dead with a tombstone (a failed write leaves no valid record)."""
+        """Give the room back: cut it off the file's end when it is last, else kill a
+        written record in place (a failed write leaves no valid record)."""
         self._unreserve(reservation)
         f, size = reservation.file, reservation.header.record_bytes
         if f.size == reservation.offset + size:
@@ -322,17 +383,17 @@ class FileTier(Tier):
             except OSError:
                 pass
         if reservation.written:
-            key = (reservation.header.namespace, reservation.header.block_id)
-            self._tombstone(key, f.file_id, reservation.offset)
+            header = reservation.header
+            self._kill_record((header.namespace, header.block_id), f.file_id, reservation.offset, header.payload_len)
 
     def _unreserve(self, reservation: _Reservation) -> None:
         reservation.file.users -= 1
         self._reserved_bytes -= reservation.header.record_bytes
 
     def _room_for(self, record_bytes: int) -> _File:
-        """The active file, or a new one when this record would pass ``segment_bytes``."""
-        if self._active.size and self._active.size + record_bytes > self._segment_bytes:
-            self._active = self._open_file(self._active.file_id + 1, create=True)
+        """The active file, or a new one when this record would pass ``seal_bytes``."""
+        if self._active.size and self._active.size + record_bytes > self.seal_bytes:
+            self._active = self._new_file()
         return self._active
 
     def _write_record(self, f: _File, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
@@ -345,6 +406,7 @@ class FileTier(Tier):
         except OSError as exc:
             if exc.errno in _FULL_ERRNOS:
                 self.counters["full_events"] += 1
+                self._disk_full = True
                 raise TierFull(f"{self.name}: {f.path}: {exc.strerror}") from exc
             raise
 
@@ -464,26 +526,43 @@ class FileTier(Tier):
         return f.direct_fd
 
     def __delitem__(self, key: BlockKey) -> None:
+        """Forget ``key`` and kill its record in place. Never fails on a full disk."""
         self._loc(key)
         self._kill(key)
-        self._maybe_compact_after_change()
+        self._after_change()
 
     def _kill(self, key: BlockKey) -> None:
-        """Forget ``key`` and append a tombstone so a restart forgets it too."""
+        """Forget ``key`` and kill its record on disk, so a restart forgets it too."""
         loc = self._forget(key)
-        self._tombstone(key, loc.file_id, loc.offset)
+        self._kill_record(key, loc.file_id, loc.offset, loc.length)
 
-    def _tombstone(self, key: BlockKey, target_file: int, target_offset: int) -> None:
-        tomb = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=target_file, target_offset=target_offset)
+    def _kill_record(self, key: BlockKey, file_id: int, offset: int, length: int) -> None:
+        """Rewrite a record's header as a tombstone of itself (same length: needs no new
+        space). On an I/O error the kill is kept pending (retried at later changes)."""
+        if not self._write_kill(key, file_id, offset, length):
+            self._pending_kills.append((key, file_id, offset, length))
+            if len(self._pending_kills) == 1:
+                log.warning("%s: cannot record a delete in %s: kept pending (retried at later changes; "
+                            "a restart before it is written may serve the block again)", self.name, self.directory)
+
+    def _write_kill(self, key: BlockKey, file_id: int, offset: int, length: int) -> bool:
+        """Write one kill; True when done (or moot: its file is gone)."""
+        f = self._files.get(file_id)
+        if f is None:
+            return True
+        tomb = RecordHeader(key[0], key[1], length, 0, tombstone=True, target_file=file_id, target_offset=offset)
         try:
-            file_id, _ = self._append(tomb, [])
-        except (TierFull, OSError) as exc:
-            # Without the tombstone a restart may bring the block back: still correct data.
-            if not self.counters["lost_tombstones"]:
-                log.warning("%s: cannot record deletes (%s): a restart may bring such blocks back", self.name, exc)
-            self.counters["lost_tombstones"] += 1
-            return
-        self._files[file_id].tombstones.append((key, target_file, target_offset))
+            if os.pwrite(f.fd, tomb.pack(), offset) != HEADER_BYTES:
+                return False
+            if self._fsync:
+                os.fsync(f.fd)
+        except OSError:
+            return False
+        return True
+
+    def _retry_kills(self) -> None:
+        if self._pending_kills:
+            self._pending_kills = [k for k in self._pending_kills if not self._write_kill(*k)]
 
     def __iter__(self) -> Iterator[BlockKey]:
         return iter(list(self._index))
@@ -507,56 +586,151 @@ class FileTier(Tier):
         """The wall-clock expiry recorded with ``key`` (0 = none; survives restarts)."""
         return self._loc(key).expires
 
-    def set_expiry(self, key: BlockKey, expires: float) -> None:
+    def set_expiry(self, key: BlockKey, expires: float, *, batched: bool = False) -> None:
         """Record a new wall-clock expiry for ``key`` by rewriting its header in place
-        (one page; a torn write fails the header CRC and loses only this block)."""
+        (one page; a torn write fails the header CRC and loses only this block).
+
+        ``batched`` (reads refreshing a last-use TTL): only noted now; the header is
+        written, once per block however often it was refreshed, when
+        ``EXPIRY_BATCH`` blocks are waiting or ``EXPIRY_FLUSH_S`` seconds have passed
+        since the last batch (checked at each call and change), and at :meth:`sync` and
+        :meth:`close`. A crash loses at most that window of refreshes: such blocks then
+        expire up to ``EXPIRY_FLUSH_S`` seconds early (never late)."""
         loc = self._loc(key)
         if loc.expires == expires:
             return
+        loc.expires = expires
+        if batched:
+            self._dirty_expiries.add(key)
+            self._maybe_flush_expiries()
+            return
+        self._dirty_expiries.discard(key)
+        self._write_header(key, loc)
+
+    def _write_header(self, key: BlockKey, loc: _Loc) -> None:
         f = self._files[loc.file_id]
-        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=expires)
+        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
         os.pwrite(f.fd, header.pack(), loc.offset)
         if self._fsync:
             os.fsync(f.fd)
-        loc.expires = expires
+        self.counters["expiry_writes"] += 1
+
+    def _maybe_flush_expiries(self) -> None:
+        if self._dirty_expiries and (len(self._dirty_expiries) >= EXPIRY_BATCH
+                                     or time.monotonic() - self._expiries_flushed >= EXPIRY_FLUSH_S):
+            self._flush_expiries()
+
+    def _flush_expiries(self) -> None:
+        """Write the refreshed expiries noted since the last batch (best effort: a block
+        whose header cannot be written keeps its older, earlier expiry on disk)."""
+        dirty, self._dirty_expiries = self._dirty_expiries, set()
+        self._expiries_flushed = time.monotonic()
+        for key in dirty:
+            loc = self._index.get(key)
+            if loc is not None and loc.file_id in self._files:
+                try:
+                    self._write_header(key, loc)
+                except OSError as exc:
+                    log.debug("%s: cannot refresh the expiry of %s: %s", self.name, key[1], exc)
 
     # -- compaction -----------------------------------------------------------------------
     def _needed_tombstones(self, f: _File) -> list[tuple[BlockKey, int, int]]:
         return [t for t in f.tombstones if t[1] in self._files and t[1] != f.file_id]
 
-    def _maybe_compact_after_change(self) -> None:
-        for f in list(self._files.values()):
-            if f.users or f.size == 0 or 1.0 - f.live / f.size < self._compact_fraction:
-                continue  # (a file read or written outside the lock waits for a later change)
-            # The active file is compacted too once it is big enough to be worth sealing.
-            if f is not self._active or f.size >= min(self._segment_bytes, _MIN_COMPACT_ACTIVE):
-                self.compact(f.file_id)
+    def _after_change(self) -> None:
+        """After a delete or commit: retry pending kills, then compact what is due.
+        Never raises: a compaction that cannot run now is counted and retried later."""
+        self._changes += 1
+        self._retry_kills()
+        self._maybe_flush_expiries()
+        if self._compacting or self._changes < self._retry_at:
+            return
+        for f in self._due():
+            if f.file_id in self._files and not self.compact(f.file_id):
+                break  # the disk is full: the bigger ones would fail too
 
-    def compact(self, file_id: int) -> None:
+    def _due(self) -> list[_File]:
+        """Files to compact: dead fraction at ``compact_dead_fraction`` or more (the
+        active file only once it is ``seal_bytes`` long or the disk is full), no read or
+        write in flight."""
+        return sorted((f for f in self._files.values()
+                if not f.users and f.size and 1.0 - f.live / f.size >= self._compact_fraction
+                and (f is not self._active or f.size >= self.seal_bytes or self._disk_full)),
+                key=lambda f: f.live)  # cheapest first: a dead file needs no room
+
+    def compact(self, file_id: int) -> bool:
         """Move ``file_id``'s live records (and still-needed tombstones) to the active
-        file, then unlink it. Local; costs one read and one write per live record."""
+        file, fsync them, then unlink it. Local; one read and one write per live record.
+        Failure-atomic: on a full disk (or any I/O error) the copies are undone, the file
+        stays as it was, and False is returned (counted in ``compactions_deferred``)."""
         f = self._files[file_id]
-        if f is self._active:
-            self._active = self._open_file(max(self._files) + 1, create=True)
-        moved: list[BlockKey] = []
-        for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
-            buf = bytearray(loc.length)
-            try:
-                self.read_parts_into(key, [buf])
-            except CorruptBlock:
-                continue  # counted and dropped by the read
-            self._forget(key)
-            header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
-            new_file, new_offset = self._append(header, [memoryview(buf)])
-            self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
-            moved.append(key)
-        if moved and self.on_relocate is not None:
-            self.on_relocate(moved)
-        for key, tfile, toff in self._needed_tombstones(f):
-            new_file, _ = self._append(RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff), [])
-            self._files[new_file].tombstones.append((key, tfile, toff))
+        moved: list[tuple[BlockKey, _Loc, int, int]] = []
+        carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
+        self._compacting = True
+        mark = (self._active, self._active.size, self._next_id)
+        try:
+            if f is self._active:
+                self._active = self._new_file()
+            need = sum(l.record_bytes for l in self._index.values() if l.file_id == file_id)
+            need += HEADER_BYTES * len(self._needed_tombstones(f))
+            st = os.statvfs(self.directory)
+            if st.f_bavail * st.f_frsize < need:  # cheap to find out: no backoff
+                self.counters["compactions_deferred"] += 1
+                self._undo_copies(*mark)
+                return False
+            for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
+                buf = bytearray(loc.length)
+                try:
+                    self.read_parts_into(key, [buf])  # verified; a corrupt one is killed, not copied
+                except CorruptBlock:
+                    continue
+                header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
+                moved.append((key, loc, *self._append(header, [memoryview(buf)])))
+            for tomb in self._needed_tombstones(f):
+                key, tfile, toff = tomb
+                header = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff)
+                carried.append((self._append(header, [])[0], tomb))
+            for copy_id in {m[2] for m in moved} | {c[0] for c in carried}:
+                os.fsync(self._files[copy_id].fd)  # durable before the originals go
+        except (OSError, CascadeError) as exc:  # CascadeError: no file name left to take
+            self._undo_copies(*mark)
+            self.counters["compactions_deferred"] += 1
+            self._retry_at = self._changes + self._retry_step
+            self._retry_step = min(2 * self._retry_step, _RETRY_MAX)
+            if self.counters["compactions_deferred"] == 1:
+                log.warning("%s: cannot compact %s now (%s): its dead space stays until there is room",
+                            self.name, f.path, exc)
+            return False
+        finally:
+            self._compacting = False
+        relocated = []
+        for key, loc, new_file, new_offset in moved:
+            if self._index.get(key) is loc:
+                self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
+                relocated.append(key)
+            else:  # (not expected: the store's lock is held) a copy nobody maps must not come back
+                self._kill_record(key, new_file, new_offset, loc.length)
+        if relocated and self.on_relocate is not None:  # other ranks' readers learn the new places
+            self.on_relocate(relocated)
+        for copy_id, tomb in carried:
+            self._files[copy_id].tombstones.append(tomb)
         self._drop_file(f)
         self.counters["compactions"] += 1
+        self._retry_step = 16
+        self._disk_full = False
+        return True
+
+    def _undo_copies(self, active: _File, size: int, next_id: int) -> None:
+        """Cut a failed compaction's copies off: files it opened go, the active file it
+        started from is truncated back to ``size`` and is active again."""
+        for file_id in [i for i in self._files if i >= next_id]:
+            self._drop_file(self._files[file_id])
+        self._active, self._next_id = active, next_id
+        try:
+            os.ftruncate(active.fd, size)
+        except OSError:  # the copies stay as dead bytes (later records win at a restart)
+            return
+        active.size = size
 
     def remove_files(self) -> None:
         """Unlink every file of this tier: its blocks are gone (after another rank adopted
@@ -574,8 +748,18 @@ class FileTier(Tier):
         for fd in (f.fd, f.direct_fd):
             if fd is not None:
                 os.close(fd)
-        os.unlink(f.path)
         del self._files[f.file_id]
+        try:
+            os.unlink(f.path)
+        except FileNotFoundError:
+            pass
+
+    def disk_bound(self, largest_record: int | None = None) -> int:
+        """Most bytes this tier's files hold once no read or write is in flight and no
+        compaction is deferred: ``capacity / (1 - f) + max(seal_bytes, largest record)``."""
+        record = largest_record if largest_record is not None else max(
+            (l.record_bytes for l in self._index.values()), default=0)
+        return int(self._capacity / (1.0 - self._compact_fraction)) + max(self.seal_bytes, record)
 
     # -- misc -----------------------------------------------------------------------------
     def _loc(self, key: BlockKey) -> _Loc:
@@ -587,10 +771,18 @@ class FileTier(Tier):
     def sync(self) -> None:
         """fsync every file of this rank. Also what an O_DIRECT read of freshly written
         records would otherwise do implicitly (the kernel writes dirty pages back first)."""
+        self._retry_kills()
+        self._flush_expiries()
         for f in self._files.values():
             os.fsync(f.fd)
 
     def close(self) -> None:
+        if self._files:
+            self._flush_expiries()
+        self._retry_kills()
+        if self._pending_kills:
+            log.warning("%s: %d deletes could not be written to %s: a restart may serve those blocks again",
+                        self.name, len(self._pending_kills), self.directory)
         for f in self._files.values():
             for fd in (f.fd, f.direct_fd):
                 if fd is not None:
@@ -606,8 +798,11 @@ class FileTier(Tier):
 
     def stats(self) -> dict[str, Any]:
         disk = sum(f.size for f in self._files.values())
+        stuck = sum(f.size - f.live for f in self._due())
         return {**super().stats(), **self.counters, "files": len(self._files), "disk_bytes": disk,
-                "dead_bytes": disk - self._live_bytes, "odirect": self._odirect, "read_mode": self.read_mode,
+                "dead_bytes": disk - self._live_bytes, "dead_bytes_stuck": stuck, "disk_bound": self.disk_bound(),
+                "seal_bytes": self.seal_bytes, "pending_deletes": len(self._pending_kills),
+                "odirect": self._odirect, "read_mode": self.read_mode,
                 "on_lustre": self.on_lustre,
                 "directory": self.directory}
 

@@ -17,6 +17,11 @@ payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
     88      n     namespace (UTF-8)
     88+n    4     CRC-32 of bytes [0, 88+n)
 
+A tombstone whose target is its own position is a record killed in place (a delete
+rewrites the header and keeps the payload length, so the scan skips the old payload): it
+kills every earlier record of its (namespace, id). Any other tombstone kills the one
+record it names.
+
 A header whose magic or CRC does not match is not a record; a payload whose checksum
 does not match is corrupt. Neither is ever served as data. The payload checksum is
 seeded with the record's (namespace, id), so a record copied or planted under another

@@ -1,32 +1,70 @@
 """SHM tier: blocks in a node-local ``/dev/shm`` slab (mmap).
 
-The slab is one file, mode 0600, named ``cascade-<pid>-<128 random bits>`` so no other
-user can guess or open it. It is removed on :meth:`close`, at interpreter exit, and, for
-slabs whose process died (SIGKILL), by the next tier opened in the same directory.
+The slab is one file, mode 0600, named ``cascade-<pid>-<128 random bits>`` in a private
+directory (``shm_dir``, default ``/dev/shm/cascade-<uid>``, checked like ``file_dir``:
+see :mod:`.private_dir`; a shared sticky directory such as ``/dev/shm`` itself stands for
+its subdirectory ``cascade-<uid>``). Its owner holds an exclusive ``flock`` on it for as long as it
+is open; the lock is taken before the file gets its final name. A slab nobody holds a
+lock on (its process died, e.g. SIGKILL) is removed by the next tier opened in the same
+directory. Locks cross PID namespaces: a store in another container sharing the directory
+keeps its slab, even though its PID is not visible here. The slab is removed on
+:meth:`close` and at interpreter exit.
+
+Memory is committed lazily: the file is sparse, and room is reserved with
+``posix_fallocate`` only as far as the allocator has handed out ranges (in steps of
+``_BACKING_STEP``), so an empty tier costs no memory and opens in microseconds (measured
+here: a 2 GiB tier opened in 0.2 ms, against 8-11 s when the whole slab was reserved and
+prefaulted at open). The kernel zeroes each page once either way: a put that crosses a
+step pays for that step (a few ms). Pages are faulted in by the first copy into them. A
+tmpfs that is full raises :class:`TierFull` at reserve time (never SIGBUS at copy time):
+the put goes to a slower tier.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
 import re
 import secrets
+import stat
+import time
 import weakref
 from typing import Any
 
 import numpy as np
 
 from .. import buffers
-from ..errors import TierFull
+from ..config import default_shm_dir
+from ..errors import BlockNotFound, TierFull
 from .base import TierKind
-from .slab_tier import SlabTier
+from .private_dir import ensure_private_dir
+from .slab_tier import SlabTier, _Slot
 
 log = logging.getLogger(__name__)
-_NAME_RE = re.compile(r"^cascade-(\d+)-[0-9a-f]{32}$")
+_NAME_RE = re.compile(r"^\.?cascade-(\d+)-[0-9a-f]{32}(?:\.init)?$")
+_BACKING_STEP = 4 << 20  # posix_fallocate the slab in steps of this (or to its end)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_STAGING_GRACE_S = 60.0  # a slab still under its staging name is left alone this long
+
+
+def slab_dir(directory: str) -> str:
+    """Where slabs of ``shm_dir`` = ``directory`` go: the directory itself, or, for a
+    shared sticky directory such as ``/dev/shm`` or ``/tmp``, its ``cascade-<uid>``."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return directory
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH:
+        return os.path.join(directory, f"cascade-{os.getuid()}")
+    return directory
 
 
 def remove_stale_slabs(directory: str) -> list[str]:
-    """Delete this user's slab files whose owning process is gone; return their paths."""
+    """Delete this user's slab files in ``slab_dir(directory)`` that no process holds a
+    lock on (and whose PID, for slabs of older versions that took no lock, is not alive
+    here); return their paths. A slab held by a process of another PID namespace is kept."""
+    directory = slab_dir(directory)
     removed = []
     try:
         names = os.listdir(directory)
@@ -34,15 +72,29 @@ def remove_stale_slabs(directory: str) -> list[str]:
         return removed
     for name in names:
         m = _NAME_RE.match(name)
-        if not m or _pid_alive(int(m.group(1))):
+        if not m or _pid_alive(int(m.group(1))):  # (checked first: a slab being made is not locked yet)
             continue
         path = os.path.join(directory, name)
         try:
-            if os.stat(path).st_uid == os.getuid():
-                os.unlink(path)
-                removed.append(path)
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        except OSError:  # gone meanwhile, or a symlink planted in its place
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            if name.endswith(".init") and time.time() - st.st_mtime < _STAGING_GRACE_S:
+                continue  # being made right now, maybe not locked yet (by a process we cannot see)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: its owner is alive, wherever it runs
+                continue
+            os.unlink(path)
+            removed.append(path)
         except OSError:
             pass
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -64,41 +116,70 @@ def _unlink_quietly(path: str) -> None:
 
 
 class ShmTier(SlabTier):
-    """A ``capacity``-byte mmap'd slab in ``directory`` (default ``/dev/shm``).
-
-    Pages are only backed by memory once written, so a large capacity costs nothing
-    until used. Filling tmpfs beyond its size raises :class:`TierFull` (SIGBUS is avoided
-    by reserving the file's blocks with ``posix_fallocate`` up front).
-    """
+    """A ``capacity``-byte mmap'd slab in :func:`slab_dir` of ``directory`` (default
+    :func:`default_shm_dir`; created 0700 if missing, refused with a :class:`ConfigError` if another user owns it
+    or can write to it). Memory is committed as ranges are first handed out (see the
+    module docstring); :class:`TierFull` when the file system cannot back a range."""
 
     name = "shm"
     kind = TierKind.SHM
 
-    def __init__(self, capacity: int, directory: str = "/dev/shm", *, verify: bool = False) -> None:
+    def __init__(self, capacity: int, directory: str | None = None, *, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)
-        self.path = os.path.join(directory, f"cascade-{os.getpid()}-{secrets.token_hex(16)}")
+        directory = ensure_private_dir(slab_dir(directory or default_shm_dir()), "shm_dir")
+        name = f"cascade-{os.getpid()}-{secrets.token_hex(16)}"
+        self.path = os.path.join(directory, name)
         self._mmap: mmap.mmap | None = None
         self._view: memoryview | None = None
+        self._fd: int | None = None
+        self._backed = 0  # bytes from the start reserved with posix_fallocate
+        self._finalizer = None
         if capacity == 0:
-            self._finalizer = None
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        staging = os.path.join(directory, f".{name}.init")
+        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # before the final name (a cleaner may hold it for a moment)
+            os.ftruncate(fd, capacity)  # sparse: no memory yet
+            os.rename(staging, self.path)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(staging)
+            raise
+        self._fd = fd
         # Unlink at exit even if close() is never called; weakref keeps the tier collectable.
         self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
         try:
-            try:
-                os.posix_fallocate(fd, 0, capacity)
-            except OSError as exc:
-                raise TierFull(f"shm: cannot reserve {capacity} bytes in {directory}: {exc.strerror}") from exc
-            # MAP_POPULATE: fault the (already reserved) pages in now, not on the first puts
-            self._mmap = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            self._mmap = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
         except BaseException:
-            os.close(fd)
-            self._finalizer()
+            self.close()
             raise
-        os.close(fd)
         self._view = memoryview(self._mmap)
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
+        free = _free_bytes(directory)
+        if free is not None and free < capacity:
+            log.warning("shm: %s has %d bytes free, less than the tier's %d: puts go to slower tiers "
+                        "once it is full", directory, free, capacity)
+
+    def reserve(self, key, nbytes: int, *, parent: str | None = None) -> _Slot:
+        """Claim slab space, backing it with memory first if it lies past what is backed
+        (:class:`TierFull` when the file system cannot: nothing is claimed then)."""
+        slot = super().reserve(key, nbytes, parent=parent)
+        end = slot.offset + nbytes
+        if end > self._backed:
+            target = min(self._capacity, -(-end // _BACKING_STEP) * _BACKING_STEP)
+            try:
+                os.posix_fallocate(self._fd, self._backed, target - self._backed)
+            except OSError as exc:
+                try:  # a smaller step may still fit
+                    os.posix_fallocate(self._fd, self._backed, end - self._backed)
+                    target = end
+                except OSError:
+                    self.discard(slot)
+                    raise TierFull(f"shm: cannot back {end - self._backed} more bytes in "
+                                   f"{os.path.dirname(self.path)}: {exc.strerror}") from exc
+            self._backed = target
+        return slot
 
     # numpy copies release the GIL (memoryview slice assignment does not), so a put's
     # copy overlaps the content hashing running in another thread.
@@ -121,6 +202,9 @@ class ShmTier(SlabTier):
             self._mmap = None
         if self._finalizer is not None:
             self._finalizer()
+        if self._fd is not None:  # releases the lock: only after the name is gone
+            os.close(self._fd)
+            self._fd = None
         self._index.clear()
 
     @property
@@ -130,7 +214,15 @@ class ShmTier(SlabTier):
         return self._mmap
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "path": self.path}
+        return {**super().stats(), "path": self.path, "backed_bytes": self._backed}
+
+
+def _free_bytes(directory: str) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 
@@ -145,8 +237,11 @@ class ShmPeerSlabs:
         self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
 
     def read_into(self, path: str, offset: int, outs: list[Any]) -> None:
-        """Copy the bytes at ``offset`` of the slab ``path`` into ``outs`` (in order)."""
+        """Copy the bytes at ``offset`` of the slab ``path`` into ``outs`` (in order).
+        :class:`BlockNotFound` (a miss) when the slab is gone or shorter than that."""
         view = self._view(path)
+        if offset < 0 or offset + sum(buffers.nbytes(o, "output buffer") for o in outs) > view.nbytes:
+            raise BlockNotFound(f"shm slab {path} holds no such range (its owner closed or restarted)")
         pos = offset
         for out in outs:
             dst = buffers.as_byte_view(out, "output buffer", writable=True)
@@ -156,9 +251,14 @@ class ShmPeerSlabs:
     def _view(self, path: str) -> memoryview:
         entry = self._maps.get(path)
         if entry is None:
-            fd = os.open(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+            except OSError as exc:  # its owner closed it or died and it was cleaned up
+                raise BlockNotFound(f"shm slab {path} is gone: {exc.strerror}") from None
             try:
                 mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            except (OSError, ValueError) as exc:  # e.g. an empty file
+                raise BlockNotFound(f"shm slab {path} cannot be mapped: {exc}") from None
             finally:
                 os.close(fd)
             entry = self._maps[path] = (mm, memoryview(mm))

@@ -51,7 +51,7 @@ SYSTEMS_CAPTION = (r"Trace replay, every system (Cascade: SHM tier, semantic pol
 
 MACROS = ("TrRequests", "TrReferences", "TrCapacity", "TrLruPct", "TrBeladyPct", "TrSemanticPct", "TrCascadeLruPct",
           "TrGapClosedPct", "TrSemanticTokenPct", "TrMinCapacity", "TrMaxCapacity", "TrBestPeer", "TrBestPeerGapPct",
-          "TrBestPeerRequests", "TrPeersReplayed", "TrTraceKind")
+          "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct", "TrPeersReplayed", "TrTraceKind")
 
 
 def _rows(rf: ResultsFile) -> list[dict]:
@@ -202,21 +202,38 @@ def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[i
           rf.source("rows", i, "cascade_semantic", "gap_closed"))
     m.add("TrSemanticTokenPct", pct(rf.num("rows", i, "cascade_semantic", "token_hit_ratio")),
           rf.source("rows", i, "cascade_semantic", "token_hit_ratio"))
-    peers = [(r["gap_closed"], k, r) for k, r in srows
-             if not str(r["system"]).startswith("cascade") and r["capacity_blocks"] == quoted["capacity_blocks"]
-             and r.get("gap_closed") is not None]
     names = sorted({str(r["system"]) for _, r in srows if not str(r["system"]).startswith("cascade")}, key=_order)
     m.add("TrPeersReplayed", escape(", ".join(style.label(s) for s in names)) or "none",
           f"{rf.name}: system_rows[*].system (peers)")
-    if peers:
-        gap, k, best = max(peers, key=lambda p: (p[0], -p[1]))
-        m.add("TrBestPeer", escape(style.label(str(best["system"]))),
-              rf.source("system_rows", k, "system") + " (largest gap_closed among peers at TrCapacity)")
-        m.add("TrBestPeerGapPct", pct(gap, 0), rf.source("system_rows", k, "gap_closed"))
-        m.add("TrBestPeerRequests", integer(best["requests"]), rf.source("system_rows", k, "requests"))
-    else:
-        for macro in ("TrBestPeer", "TrBestPeerGapPct", "TrBestPeerRequests"):
-            m.add(macro, "--", f"{rf.name}: no peer replayed {quoted['capacity_blocks']} blocks")
+    _peer_macros(m, rf, srows)
+
+
+def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]]) -> None:
+    """The peers replay a shorter prefix than Cascade's headline: quote them where they ran,
+    at the capacity of their replay with the widest LRU-to-Belady gap, beside Cascade's
+    semantic policy on exactly those requests."""
+    peer = lambda r: not str(r["system"]).startswith("cascade")  # noqa: E731
+    done = [(k, r) for k, r in srows if peer(r) and r.get("gap_closed") is not None and not r.get("truncated")]
+    caps = sorted({r["capacity_blocks"] for _, r in done})
+    cascade = {r["capacity_blocks"]: (k, r) for k, r in srows if r["system"] == "cascade" and r.get("scope") == "compare"}
+    caps = [c for c in caps if c in cascade]
+    if not caps:
+        reason = f"{rf.name}: no peer finished a replay that Cascade also ran"
+        for macro in ("TrBestPeer", "TrBestPeerGapPct", "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct"):
+            m.add(macro, "--", reason)
+        return
+    cap = max(caps, key=lambda c: (cascade[c][1]["belady_block_hit_ratio"] - cascade[c][1]["lru_block_hit_ratio"], -c))
+    k_c, mine = cascade[cap]
+    gap, k, best = max(((r["gap_closed"], k, r) for k, r in done if r["capacity_blocks"] == cap),
+                       key=lambda p: (p[0], -p[1]))
+    m.add("TrPeerCapacity", integer(cap), rf.source("system_rows", k, "capacity_blocks")
+          + " (of the peers' finished replays, the capacity with the widest LRU-to-Belady gap)")
+    m.add("TrPeerRequests", integer(best["requests"]), rf.source("system_rows", k, "requests"))
+    m.add("TrBestPeer", escape(style.label(str(best["system"]))),
+          rf.source("system_rows", k, "system") + " (largest gap_closed among peers at TrPeerCapacity)")
+    m.add("TrBestPeerGapPct", pct(gap, 0), rf.source("system_rows", k, "gap_closed"))
+    m.add("TrCascadePeerGapPct", pct(rf.num("system_rows", k_c, "gap_closed"), 0),
+          rf.source("system_rows", k_c, "gap_closed") + " (cascade, scope compare: the same requests)")
 
 
 def _tables(ctx: Context, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]],

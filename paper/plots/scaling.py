@@ -23,7 +23,8 @@ from ..macros import MacroBook, integer, pct, sig, size
 from ..results import ResultsFile
 from ..tables import escape
 
-ORDER = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk", "redis", "hdf5", "mooncake",
+ORDER = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_disk_odirect", "lmcache_cpu_disk", "redis",
+         "redis_unix", "hdf5", "hdf5_nocache", "mooncake",
          "pdc")
 
 CAPTION = (r"Weak scaling on one node: aggregate put (left) and get (right) throughput against the number of "

@@ -17,13 +17,15 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .. import style
 from ..core import Context, FigureSpec, absent
-from ..macros import MacroBook, pct, sig, size
+from ..macros import MacroBook, and_list, pct, per_size, quoted_sizes, sig, size
 from ..results import ResultsError, ResultsFile
+from ..spread import pairwise
 from ..tables import escape
 from .common import default_block_bytes, reference_row
 
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency")
-ORDER = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_cpu_disk", "redis", "hdf5", "mooncake",
+ORDER = ("cascade", "cascade_file", "lmcache_cpu", "lmcache_disk", "lmcache_disk_odirect", "lmcache_cpu_disk", "redis",
+         "redis_unix", "hdf5", "hdf5_nocache", "mooncake",
          "pdc")
 HATCH = "////"
 
@@ -34,18 +36,31 @@ CAPTION = (r"The compared systems on the same blocks from one shared data direct
            r"maximum. "
            r"Solid: hot (just written or cached); hatched: cold, after the system's files were dropped "
            r"from the page cache (file-backed systems only). Lines: this machine's limits measured in the "
-           r"same runs --- memcpy of a block and a raw file written, then read with \texttt{O\_DIRECT}, "
-           r"on the file system the systems write to. Cascade's put \SysCascadePutHashing. Logarithmic axes.")
+           r"same runs --- memcpy of a block (over buffers larger than the last-level cache) and a raw file "
+           r"written, then read cold with \texttt{O\_DIRECT} (the file tier's request size and depth; dotted) "
+           r"and through the page cache (dash-dotted), on the file system the systems write to. A peer's "
+           r"variants (its documented settings the harness tries) are bars of their own. Cascade's put "
+           r"\SysCascadePutHashing. Logarithmic axes.")
 
 TABLE_CAPTION = (r"The compared systems per block size: put and get throughput (GB/s, medians of rounds) and "
                  r"per-get latency (ms), hot and cold, with the machine's limits of the same runs; "
                  r"``vs Cascade'' is Cascade's hot get throughput over the system's (above one: Cascade "
-                 r"is faster).")
+                 r"is faster). Each variant of a peer is a row of its own; the text compares Cascade with the "
+                 r"best variant of each peer in each repetition.")
 
-MACROS = ("SysRefBlock", "SysCascadePutGBps", "SysCascadeGetGBps", "SysCascadeGetPctMemcpy", "SysCascadePFiftyMs",
-          "SysCascadePNinetyNineMs", "SysPutVsLmcacheCpu", "SysGetVsLmcacheCpu", "SysGetVsRedis", "SysGetVsMooncake",
-          "SysGetVsHdf", "SysLatVsLmcacheCpu", "SysFileColdGetGBps", "SysFilePctRawRead", "SysFileColdVsLmcacheDisk",
-          "SysFileColdVsHdf", "SysBestPeerGet", "SysBestPeerGetGBps", "SysNotRun", "SysCascadePutHashing")
+MACROS = ("SysRefBlock", "SysQuotedBlocks", "SysCascadePutGBps", "SysCascadeGetGBps", "SysCascadeGetPctMemcpy",
+          "SysCascadePFiftyMs", "SysCascadePNinetyNineMs", "SysPutVsLmcacheCpu", "SysGetVsLmcacheCpu", "SysGetVsRedis",
+          "SysRedisBest", "SysGetVsMooncake", "SysGetVsHdf", "SysHdfBestHot", "SysLatVsLmcacheCpu", "SysFileColdGetGBps",
+          "SysFileReadMode", "SysFilePctRawRead", "SysFileRawKind", "SysFileColdVsLmcacheDisk", "SysLmcacheDiskBestCold",
+          "SysFileColdVsHdf", "SysHdfBestCold", "SysBestPeerGet", "SysNotRun", "SysCascadePutHashing")
+GBPS, MS, PCT, TIMES = r"\,GB/s", r"\,ms", r"\,\%", r"$\times$"
+#: What each read mode means for a cold row (``read_mode``) and the raw read it is compared with.
+READ_MODES = {
+    "buffered": (r"through the page cache (its \texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre)",
+                 "raw buffered cold read"),
+    "direct": (r"with \texttt{O\_DIRECT}", r"raw \texttt{O\_DIRECT} read with the tier's request size and depth"),
+    None: ("in a mode this run did not record", r"better of the raw \texttt{O\_DIRECT} and buffered cold reads"),
+}
 
 
 class Run:
@@ -136,9 +151,13 @@ def build(ctx: Context) -> list[ResultsFile]:
     ax_put.hlines(put.limit(ref, "raw_write_gbps"), *span, colors=style.LIMIT_COLOR, linestyles=":", lw=1.1)
     ax_get.hlines(get.limit(ref, "memcpy_gbps"), *span, colors="black", linestyles="--", lw=0.9)
     ax_get.hlines(get.limit(ref, "raw_odirect_read_gbps"), *span, colors=style.LIMIT_COLOR, linestyles=":", lw=1.1)
+    ax_get.hlines(get.limit(ref, "raw_buffered_cold_read_gbps"), *span, colors=style.LIMIT_COLOR, linestyles="-.",
+                  lw=0.9)
     ax_lat.hlines(1e3 * lat.limit(ref, "memcpy_s_p50"), *span, colors="black", linestyles="--", lw=0.9)
     ax_lat.hlines(1e3 * ref / (lat.limit(ref, "raw_odirect_read_gbps") * 1e9), *span, colors=style.LIMIT_COLOR,
                   linestyles=":", lw=1.1)
+    ax_lat.hlines(1e3 * ref / (lat.limit(ref, "raw_buffered_cold_read_gbps") * 1e9), *span, colors=style.LIMIT_COLOR,
+                  linestyles="-.", lw=0.9)
     for ax, ylabel in ((ax_put, "put (GB/s)"), (ax_get, "get (GB/s)"), (ax_lat, "get latency (ms)")):
         ax.set_yscale("log")
         _decades(ax)
@@ -149,6 +168,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     ax_lat.set_xticklabels([style.label(s) for s in systems], rotation=35, ha="right", rotation_mode="anchor")
     handles = [Line2D([], [], color="black", ls="--", lw=0.9, label="memcpy"),
                Line2D([], [], color=style.LIMIT_COLOR, ls=":", lw=1.1, label="raw file (put: write, get: O_DIRECT read)"),
+               Line2D([], [], color=style.LIMIT_COLOR, ls="-.", lw=0.9, label="raw buffered cold read"),
                Patch(facecolor="#777777", label="hot"),
                Patch(facecolor="white", edgecolor="#777777", hatch=HATCH, label="cold"),
                Line2D([], [], color="black", lw=0.7, marker="_", label="min-max"),
@@ -160,7 +180,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     extra = (f"Not run here: {escape(not_run)}." if not_run else "")
     ctx.save(fig, sources, caption_extra=extra)
 
-    _macros(ctx.macros, runs, ref, not_run)
+    _macros(ctx.macros, runs, ref, quoted_sizes(common_sizes, ref), not_run)
     _table(ctx, runs, systems, common_sizes, sources)
     return sources
 
@@ -185,32 +205,97 @@ def _not_run(runs: dict[str, Run]) -> str:
     return ", ".join(f"{style.label(s)} ({status})" for s, status in sorted(seen.items(), key=lambda kv: _order(kv[0])))
 
 
-def _ratio(m: MacroBook, macro: str, run: Run, system: str, nbytes: int, mode: str, other: str) -> None:
-    found = run.row(system, nbytes, mode)
-    rf = run.rf
-    if found is None or other not in found[1]["vs_systems"]:
-        m.add(macro, "--", f"{rf.name}: no {system}/{mode} row or no {other} to compare with at {nbytes} bytes")
-        return
-    i, row = found
-    m.add(macro, sig(rf.num("rows", i, "vs_systems", other)), rf.source("rows", i, "vs_systems", other))
+def _best_variant(run: Run, family: str, nbytes: int, mode: str) -> list[str]:
+    """The variant of peer ``family`` that won at (``nbytes``, ``mode``) in each repetition
+    (``best_variants`` of the run; a run without it had one variant per peer)."""
+    out = []
+    for rep in run.rf.reps:
+        chosen = rep.doc.get("best_variants", {}).get(family, {}).get(f"{nbytes}/{mode}")
+        out.append(str(chosen) if chosen else family)
+    return out
 
 
-def _value(m: MacroBook, macro: str, run: Run, system: str, nbytes: int, mode: str, keys: tuple, scale: float = 1.0,
-           fmt=sig) -> None:
+def _variant_phrase(run: Run, family: str, sizes: list[int], mode: str) -> tuple[str, str]:
+    """(``"Redis (Unix socket)"``, provenance): the best variant of ``family`` at the quoted
+    sizes, naming where sizes or repetitions disagree."""
+    per = {s: _best_variant(run, family, s, mode) for s in sizes}
+    every = {w for ws in per.values() for w in ws}
+    source = f"{run.rf.name} and its repetitions: best_variants.{family} (best {mode} variant per size)"
+    if len(every) == 1:
+        return escape(style.label(every.pop())), source
+    parts = []
+    for s, ws in per.items():
+        counts = sorted(((ws.count(w), w) for w in set(ws)), reverse=True)
+        names = and_list([escape(style.label(w)) + (f" in {k} of {len(ws)} repetitions" if len(counts) > 1 else "")
+                          for k, w in counts])
+        parts.append(f"{names} at {size(s)}")
+    return "its best variant: " + "; ".join(parts), source
+
+
+def _row_value(run: Run, system: str, nbytes: int, mode: str, keys: tuple) -> tuple[object, str] | None:
     found = run.row(system, nbytes, mode)
     if found is None:
-        m.add(macro, "--", f"{run.rf.name}: no {system}/{mode} row at {nbytes} bytes")
-        return
-    i = found[0]
-    m.add(macro, fmt(scale * run.rf.num("rows", i, *keys)), run.rf.source("rows", i, *keys))
+        return None
+    return run.rf.num("rows", found[0], *keys), run.rf.source("rows", found[0], *keys)
 
 
-def _macros(m: MacroBook, runs: dict[str, Run], ref: int, not_run: str) -> None:
+def _each(m: MacroBook, macro: str, run: Run, system: str, sizes: list[int], mode: str, get_value,
+          fmt=sig, unit: str = "") -> None:
+    """One macro with ``get_value(nbytes) -> (value, source) | None`` at every quoted size
+    (``--`` and a reason where a size has no value)."""
+    values, sources = [], []
+    for s in sizes:
+        got = get_value(s)
+        if got is None:
+            values.append((s, "--"))
+            sources.append(f"{run.rf.name}: no {system}/{mode} value at {s} bytes")
+        else:
+            values.append((s, fmt(got[0])))
+            sources.append(got[1])
+    m.add(macro, per_size(values, unit if any(v != "--" for _, v in values) else ""), "; ".join(sources))
+
+
+def _vs_best(run: Run, system: str, mode: str, family: str):
+    """``get_value`` for ``system``'s ratio to the best variant of ``family`` (``vs_best``;
+    a run without variants compares with the family's one system, ``vs_systems``)."""
+    def get(nbytes: int):
+        found = run.row(system, nbytes, mode)
+        if found is None:
+            return None
+        i, row = found
+        for key in ("vs_best", "vs_systems"):
+            if family in row.get(key, {}):
+                return run.rf.num("rows", i, key, family), run.rf.source("rows", i, key, family)
+        return None
+    return get
+
+
+def _same_mode(run: Run, nbytes: int, mode: str):
+    """(read mode or None, ratio to the raw read of that mode, source) of cascade_file's cold row."""
+    found = run.row("cascade_file", nbytes, mode)
+    if found is None:
+        return None
+    i, row = found
+    read_mode = row.get("read_mode")
+    if read_mode in ("buffered", "direct") and "raw_read_same_mode" in row.get("vs_limit", {}):
+        return read_mode, run.rf.num("rows", i, "vs_limit", "raw_read_same_mode"), \
+            run.rf.source("rows", i, "vs_limit", "raw_read_same_mode")
+    # an older run: its mode is unknown, so compare with the better of both raw reads
+    best = pairwise(max, run.limit(nbytes, "raw_odirect_read_gbps"), run.limit(nbytes, "raw_buffered_cold_read_gbps"))
+    return None, run.rf.num("rows", i, "get_gbps") / best, \
+        run.rf.source("rows", i, "get_gbps") + " over the better of limits.raw_odirect_read_gbps and " \
+        "limits.raw_buffered_cold_read_gbps (read_mode not recorded)"
+
+
+def _macros(m: MacroBook, runs: dict[str, Run], ref: int, sizes: list[int], not_run: str) -> None:
     put, get, lat = runs["write_throughput"], runs["read_throughput"], runs["read_latency"]
     i = put.row("cascade", ref, "put")
     m.add("SysRefBlock", size(ref), put.rf.source("rows", i[0] if i else 0, "block_bytes")
           + " (smallest size measured by all three workloads >= the default block)")
-    _value(m, "SysCascadePutGBps", put, "cascade", ref, "put", ("put_gbps",))
+    m.add("SysQuotedBlocks", and_list([size(s) for s in sizes]),
+          put.rf.source("rows", i[0] if i else 0, "block_bytes") + " (2 and 16 MiB where measured)")
+    value = lambda run, system, mode, *keys: (lambda s: _row_value(run, system, s, mode, keys))  # noqa: E731
+    _each(m, "SysCascadePutGBps", put, "cascade", sizes, "put", value(put, "cascade", "put", "put_gbps"), unit=GBPS)
     found = put.row("cascade", ref, "put")
     hashing = found[1].get("describe", {}).get("hash_on_put") if found else None
     m.add("SysCascadePutHashing",
@@ -218,30 +303,52 @@ def _macros(m: MacroBook, runs: dict[str, Run], ref: int, not_run: str) -> None:
           "takes precomputed block ids, as an engine passes token-prefix ids, so no system hashes KV data "
           "in its timed put" if hashing is False else "(hashing not recorded by the run)",
           put.rf.source("rows", found[0], "describe", "hash_on_put") if found else f"{put.rf.name}: no cascade row")
-    _value(m, "SysCascadeGetGBps", get, "cascade", ref, "hot", ("get_gbps",))
-    _value(m, "SysCascadeGetPctMemcpy", get, "cascade", ref, "hot", ("vs_limit", "memcpy"), fmt=lambda v: pct(v, 0))
-    _value(m, "SysCascadePFiftyMs", lat, "cascade", ref, "hot", ("latency_s", "p50"), 1e3)
-    _value(m, "SysCascadePNinetyNineMs", lat, "cascade", ref, "hot", ("latency_s", "p99"), 1e3)
-    _ratio(m, "SysPutVsLmcacheCpu", put, "cascade", ref, "put", "lmcache_cpu")
-    _ratio(m, "SysGetVsLmcacheCpu", get, "cascade", ref, "hot", "lmcache_cpu")
-    _ratio(m, "SysGetVsRedis", get, "cascade", ref, "hot", "redis")
-    _ratio(m, "SysGetVsMooncake", get, "cascade", ref, "hot", "mooncake")
-    _ratio(m, "SysGetVsHdf", get, "cascade", ref, "hot", "hdf5")
-    _ratio(m, "SysLatVsLmcacheCpu", lat, "cascade", ref, "hot", "lmcache_cpu")
-    _value(m, "SysFileColdGetGBps", get, "cascade_file", ref, "cold", ("get_gbps",))
-    _value(m, "SysFilePctRawRead", get, "cascade_file", ref, "cold", ("vs_limit", "raw_odirect_read"),
-           fmt=lambda v: pct(v, 0))
-    _ratio(m, "SysFileColdVsLmcacheDisk", get, "cascade_file", ref, "cold", "lmcache_disk")
-    _ratio(m, "SysFileColdVsHdf", get, "cascade_file", ref, "cold", "hdf5")
-    peers = [(row["get_gbps"], s, i) for (s, nbytes, mode), (i, row) in get.rows.items()
-             if nbytes == ref and mode == "hot" and not s.startswith("cascade")]
-    if peers:
-        best, system, i = max(peers)
-        m.add("SysBestPeerGet", escape(style.label(system)), get.rf.source("rows", i, "system") + " (fastest hot get)")
-        m.add("SysBestPeerGetGBps", sig(best), get.rf.source("rows", i, "get_gbps"))
-    else:
-        m.add("SysBestPeerGet", "--", f"{get.rf.name}: no peer ran")
-        m.add("SysBestPeerGetGBps", "--", f"{get.rf.name}: no peer ran")
+    _each(m, "SysCascadeGetGBps", get, "cascade", sizes, "hot", value(get, "cascade", "hot", "get_gbps"), unit=GBPS)
+    _each(m, "SysCascadeGetPctMemcpy", get, "cascade", sizes, "hot", value(get, "cascade", "hot", "vs_limit", "memcpy"),
+          fmt=lambda v: pct(v, 0), unit=PCT)
+    _each(m, "SysCascadePFiftyMs", lat, "cascade", sizes, "hot",
+          lambda s: (lambda g: g and (1e3 * g[0], g[1]))(_row_value(lat, "cascade", s, "hot", ("latency_s", "p50"))),
+          unit=MS)
+    _each(m, "SysCascadePNinetyNineMs", lat, "cascade", sizes, "hot",
+          lambda s: (lambda g: g and (1e3 * g[0], g[1]))(_row_value(lat, "cascade", s, "hot", ("latency_s", "p99"))),
+          unit=MS)
+    _each(m, "SysPutVsLmcacheCpu", put, "cascade", sizes, "put", _vs_best(put, "cascade", "put", "lmcache_cpu"), unit=TIMES)
+    _each(m, "SysGetVsLmcacheCpu", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "lmcache_cpu"), unit=TIMES)
+    _each(m, "SysGetVsRedis", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "redis"), unit=TIMES)
+    m.add("SysRedisBest", *_variant_phrase(get, "redis", sizes, "hot"))
+    _each(m, "SysGetVsMooncake", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "mooncake"), unit=TIMES)
+    _each(m, "SysGetVsHdf", get, "cascade", sizes, "hot", _vs_best(get, "cascade", "hot", "hdf5"), unit=TIMES)
+    m.add("SysHdfBestHot", *_variant_phrase(get, "hdf5", sizes, "hot"))
+    _each(m, "SysLatVsLmcacheCpu", lat, "cascade", sizes, "hot", _vs_best(lat, "cascade", "hot", "lmcache_cpu"),
+          unit=TIMES)
+    _each(m, "SysFileColdGetGBps", get, "cascade_file", sizes, "cold", value(get, "cascade_file", "cold", "get_gbps"),
+          unit=GBPS)
+    same = {s: _same_mode(get, s, "cold") for s in sizes}
+    modes = {v[0] for v in same.values() if v is not None}
+    where = "; ".join(f"{get.rf.name}: rows[cascade_file/cold/{s}].read_mode" for s in sizes)
+    mode = modes.pop() if len(modes) == 1 else None
+    m.add("SysFileReadMode", READ_MODES[mode][0] if not modes else "in modes that differ by size", where)
+    m.add("SysFileRawKind", READ_MODES[mode][1] if not modes else "raw read of each size's mode", where)
+    _each(m, "SysFilePctRawRead", get, "cascade_file", sizes, "cold",
+          lambda s: same[s] and (same[s][1], same[s][2]), fmt=lambda v: pct(v, 0), unit=PCT)
+    _each(m, "SysFileColdVsLmcacheDisk", get, "cascade_file", sizes, "cold",
+          _vs_best(get, "cascade_file", "cold", "lmcache_disk"), unit=TIMES)
+    m.add("SysLmcacheDiskBestCold", *_variant_phrase(get, "lmcache_disk", sizes, "cold"))
+    _each(m, "SysFileColdVsHdf", get, "cascade_file", sizes, "cold", _vs_best(get, "cascade_file", "cold", "hdf5"),
+          unit=TIMES)
+    m.add("SysHdfBestCold", *_variant_phrase(get, "hdf5", sizes, "cold"))
+    best, sources = [], []
+    for s in sizes:
+        peers = [(row["get_gbps"], sy, i) for (sy, nbytes, mode), (i, row) in get.rows.items()
+                 if nbytes == s and mode == "hot" and not sy.startswith("cascade")]
+        if peers:
+            gb, sy, i = max(peers)
+            best.append((s, f"{escape(style.label(sy))} ({sig(gb)}{GBPS})"))
+            sources.append(get.rf.source("rows", i, "get_gbps") + " (fastest hot get of a peer)")
+        else:
+            best.append((s, "none"))
+            sources.append(f"{get.rf.name}: no peer ran at {s} bytes")
+    m.add("SysBestPeerGet", per_size(best), "; ".join(sources))
     m.add("SysNotRun", escape(not_run) or "none", ", ".join(r.rf.name for r in runs.values()) + ": not_run")
 
 

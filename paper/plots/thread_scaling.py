@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import Context, FigureSpec, absent
-from ..macros import integer, pct, sig, size
+from ..macros import and_list, integer, pct, per_size, quoted_sizes, sig, size
 from ..results import ResultsError, ResultsFile
 from ..tables import escape
 from .common import default_block_bytes, reference_row
@@ -25,7 +25,7 @@ LIMITS = {"memcpy": "memcpy", "raw_odirect_read": r"raw \texttt{O\_DIRECT} read"
           "raw_buffered_cold_read": "raw buffered read, cold", "raw_buffered_hot_read": "raw buffered read, hot"}
 #: per cache state: the ``vs_limit`` ratio shown, and the limit rows it is computed from
 SHOWN = {"dram": ("memcpy", ("memcpy",)),
-         "cold": ("best_raw_cold_read", ("raw_odirect_read", "raw_buffered_cold_read")),
+         "cold": (None, ()),  # the raw cold read of the mode the row read in: :func:`_cold_limit`
          "hot": ("raw_buffered_hot_read", ("raw_buffered_hot_read",))}
 
 TABLE_CAPTION = (
@@ -37,13 +37,13 @@ TABLE_CAPTION = (
     r"\texttt{get\_into} on its share of the blocks; \emph{batch}: one \texttt{get\_many\_into} with $N$ "
     r"workers. File tier alone, read mode \texttt{auto} (what it chose here in parentheses) or \texttt{direct}. "
     r"``ratio'': Cascade over the limit that bounds the row at the same depth, taken within each round (DRAM: "
-    r"memcpy; cold: the better of the two raw cold reads; hot: the raw buffered hot read); last column: the "
+    r"memcpy; cold: the raw cold read of the mode the file tier read in, buffered or \texttt{O\_DIRECT}; hot: the raw buffered hot read); last column: the "
     r"speed-up from one thread to the most. --: not measured in every repetition.")
 
 MACROS = ("ThrBlock", "ThrTop", "ThrMemcpyOneGBps", "ThrMemcpyTopGBps", "ThrMemcpySpeedup", "ThrShmTopGBps",
           "ThrShmPctMemcpy", "ThrShmBatchPctMemcpy", "ThrShmSpeedup", "ThrColdAutoPctRaw", "ThrColdDirectPctRaw",
           "ThrColdDirectBatchPctRaw", "ThrColdAutoSpeedup", "ThrColdDirectSpeedup", "ThrRawDirectSpeedup",
-          "ThrRawColdSpeedup", "ThrHotPctRaw", "ThrHotSpeedup", "ThrRawHotSpeedup")
+          "ThrRawColdSpeedup", "ThrHotPctRaw", "ThrHotSpeedup", "ThrRawHotSpeedup", "ThrAutoMode")
 
 Config = tuple[Any, ...]  # ("limit", name) or (tier, file read mode, cache, form)
 Index = dict[tuple[int, int, Config], tuple[int, dict[str, Any]]]
@@ -82,11 +82,19 @@ def _ratio(rf: ResultsFile, index: Index, block: int, n: int, config: Config) ->
     was not measured in every repetition."""
     if (block, n, config) not in index:
         return None
+    i, row = index[(block, n, config)]
     name, limits = SHOWN[config[2]]
+    if config[2] == "cold":
+        name = _cold_limit(row)
+        limits = (name,)
     if any((block, n, ("limit", lim)) not in index for lim in limits):
         return None
-    i, row = index[(block, n, config)]
     return rf.num("vs_limit", name, within=row, prefix=("rows", i))
+
+
+def _cold_limit(row: dict[str, Any]) -> str:
+    """The raw cold read a cold row is compared with: the mode its file tier read in."""
+    return "raw_odirect_read" if row.get("effective_read_mode") == "direct" else "raw_buffered_cold_read"
 
 
 def _speedup(rf: ResultsFile, index: Index, block: int, n: int, config: Config) -> float | None:
@@ -117,36 +125,48 @@ def _pct(v: float) -> str:
 
 
 def _macros(ctx: Context, rf: ResultsFile, index: Index, blocks: list[int], counts: list[int]) -> None:
-    block = reference_row([{"block_bytes": b} for b in blocks], default_block_bytes())["block_bytes"]
+    ref = reference_row([{"block_bytes": b} for b in blocks], default_block_bytes())["block_bytes"]
+    quoted = quoted_sizes(blocks, ref)
     top = counts[-1]
     m = ctx.macros
-    m.add("ThrBlock", size(block), rf.source("block_sizes") + " (smallest >= the default block, paper/plots/common.py)")
+    m.add("ThrBlock", and_list([size(b) for b in quoted]),
+          rf.source("block_sizes") + " (2 and 16 MiB where measured, else the smallest >= the default block)")
     m.add("ThrTop", integer(top), rf.source("thread_counts") + " (the most)")
 
-    def field(name: str, n: int, config: Config, *keys: str, fmt: Callable[[float], str] = _times) -> None:
-        i, row = _at(rf, index, block, n, config)
-        m.add(name, fmt(rf.num(*keys, within=row, prefix=("rows", i))), rf.source("rows", i, *keys))
+    def field(name: str, n: int, config: Config, *keys: str, fmt: Callable[[float], str] = _times,
+              unit: str = "") -> None:
+        values, sources = [], []
+        for block in quoted:
+            i, row = _at(rf, index, block, n, config)
+            got = [_cold_limit(row) if k == "raw_read_same_mode" else k for k in keys]
+            values.append((block, fmt(rf.num(*got, within=row, prefix=("rows", i)))))
+            sources.append(rf.source("rows", i, *got))
+        m.add(name, per_size(values, unit), "; ".join(sources))
 
-    field("ThrMemcpyOneGBps", 1, ("limit", "memcpy"), "get_gbps", fmt=sig)
-    field("ThrMemcpyTopGBps", top, ("limit", "memcpy"), "get_gbps", fmt=sig)
-    field("ThrMemcpySpeedup", top, ("limit", "memcpy"), "speedup_vs_1_thread")
-    field("ThrRawDirectSpeedup", top, ("limit", "raw_odirect_read"), "speedup_vs_1_thread")
-    field("ThrRawColdSpeedup", top, ("limit", "raw_buffered_cold_read"), "speedup_vs_1_thread")
-    field("ThrRawHotSpeedup", top, ("limit", "raw_buffered_hot_read"), "speedup_vs_1_thread")
+    gbps, pc, x = (sig, r"\,GB/s"), (_pct, r"\,\%"), r"$\times$"
+    field("ThrMemcpyOneGBps", 1, ("limit", "memcpy"), "get_gbps", fmt=gbps[0], unit=gbps[1])
+    field("ThrMemcpyTopGBps", top, ("limit", "memcpy"), "get_gbps", fmt=gbps[0], unit=gbps[1])
+    field("ThrMemcpySpeedup", top, ("limit", "memcpy"), "speedup_vs_1_thread", unit=x)
+    field("ThrRawDirectSpeedup", top, ("limit", "raw_odirect_read"), "speedup_vs_1_thread", unit=x)
+    field("ThrRawColdSpeedup", top, ("limit", "raw_buffered_cold_read"), "speedup_vs_1_thread", unit=x)
+    field("ThrRawHotSpeedup", top, ("limit", "raw_buffered_hot_read"), "speedup_vs_1_thread", unit=x)
     shm, auto_cold = ("shm", None, "dram", "threads"), ("file", "auto", "cold", "threads")
     direct_cold, hot = ("file", "direct", "cold", "threads"), ("file", "auto", "hot", "threads")
-    field("ThrShmTopGBps", top, shm, "get_gbps", fmt=sig)
-    field("ThrShmPctMemcpy", top, shm, "vs_limit", "memcpy", fmt=_pct)
-    field("ThrShmBatchPctMemcpy", top, ("shm", None, "dram", "batch"), "vs_limit", "memcpy", fmt=_pct)
-    field("ThrShmSpeedup", top, shm, "speedup_vs_1_thread")
-    field("ThrColdAutoPctRaw", top, auto_cold, "vs_limit", "best_raw_cold_read", fmt=_pct)
-    field("ThrColdDirectPctRaw", top, direct_cold, "vs_limit", "best_raw_cold_read", fmt=_pct)
-    field("ThrColdDirectBatchPctRaw", top, ("file", "direct", "cold", "batch"), "vs_limit", "best_raw_cold_read",
-          fmt=_pct)
-    field("ThrColdAutoSpeedup", top, auto_cold, "speedup_vs_1_thread")
-    field("ThrColdDirectSpeedup", top, direct_cold, "speedup_vs_1_thread")
-    field("ThrHotPctRaw", top, hot, "vs_limit", "raw_buffered_hot_read", fmt=_pct)
-    field("ThrHotSpeedup", top, hot, "speedup_vs_1_thread")
+    field("ThrShmTopGBps", top, shm, "get_gbps", fmt=gbps[0], unit=gbps[1])
+    field("ThrShmPctMemcpy", top, shm, "vs_limit", "memcpy", fmt=pc[0], unit=pc[1])
+    field("ThrShmBatchPctMemcpy", top, ("shm", None, "dram", "batch"), "vs_limit", "memcpy", fmt=pc[0], unit=pc[1])
+    field("ThrShmSpeedup", top, shm, "speedup_vs_1_thread", unit=x)
+    field("ThrColdAutoPctRaw", top, auto_cold, "vs_limit", "raw_read_same_mode", fmt=pc[0], unit=pc[1])
+    field("ThrColdDirectPctRaw", top, direct_cold, "vs_limit", "raw_read_same_mode", fmt=pc[0], unit=pc[1])
+    field("ThrColdDirectBatchPctRaw", top, ("file", "direct", "cold", "batch"), "vs_limit", "raw_read_same_mode",
+          fmt=pc[0], unit=pc[1])
+    field("ThrColdAutoSpeedup", top, auto_cold, "speedup_vs_1_thread", unit=x)
+    field("ThrColdDirectSpeedup", top, direct_cold, "speedup_vs_1_thread", unit=x)
+    field("ThrHotPctRaw", top, hot, "vs_limit", "raw_buffered_hot_read", fmt=pc[0], unit=pc[1])
+    field("ThrHotSpeedup", top, hot, "speedup_vs_1_thread", unit=x)
+    i, row = _at(rf, index, quoted[0], top, auto_cold)
+    m.add("ThrAutoMode", escape(str(rf.get("effective_read_mode", within=row, prefix=("rows", i)))),
+          rf.source("rows", i, "effective_read_mode"))
 
 
 def _cells(rf: ResultsFile, index: Index, block: int, counts: list[int], config: Config) -> list[str]:

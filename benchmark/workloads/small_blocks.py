@@ -1,0 +1,174 @@
+"""small_blocks: per-block cost of Cascade's calls against the plainest in-process store,
+and batch calls against the same calls in a loop, 4 KiB to 16 MiB.
+
+Per block size (key + value; default 4 KiB, 64 KiB, 2 MiB, 16 MiB) and round, in one
+process and one run, alternating:
+
+* ``dict``: the floor of any in-process cache: ``d[id] = (k.copy(), v.copy())`` for a put,
+  ``k, v = d[id]`` then two ``np.copyto`` into preallocated outputs for a get. Outputs
+  are faulted in before any pass, and every hot read form runs once untimed first.
+* Cascade, SHM tier (hot): ``put(k, v, block_id=)`` one by one (``loop``) and
+  ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
+  ``get_many_into`` of the same ids into the same outputs.
+* Cascade, file tier only (``cold``: the files dropped from the page cache before each
+  pass): ``get_into`` loop and ``get_many_into`` batch, default read mode.
+
+Reported per row: microseconds per block (median over rounds) and the ratios the issue
+sets targets for: ``get_vs_dict`` and ``put_vs_dict`` (hot; target <= 3 at 4 KiB),
+``batch_vs_loop`` (every size, hot and cold; target <= 1). Blocks are compared with
+their sources after each read pass (wrong bytes would void the row).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+
+from ..machine import drop_page_cache, files_under
+from .blockio import size_label
+
+DEFAULT_SIZES = [4 << 10, 64 << 10, 2 << 20, 16 << 20]
+BYTES_PER_PASS = 64 << 20  # blocks per pass: this much data, at least 16 and at most 4096 blocks
+BATCH = 64
+GET_TARGET, PUT_TARGET = 3.0, 3.0
+
+
+def _blocks(spec: BlockSpec, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 255, spec.shape, dtype=np.uint8), rng.integers(0, 255, spec.shape, dtype=np.uint8))
+            for _ in range(count)]
+
+
+def _ids(count: int, salt: int) -> list[str]:
+    return [f"{salt:08x}{i:024x}" for i in range(count)]
+
+
+def _per_block_us(fn, count: int) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) / count * 1e6
+
+
+def _batched(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, float]:
+    spec = BlockSpec.flat(nbytes)
+    blocks = _blocks(spec, count, rnd)
+    outs = [spec.empty() for _ in range(count)]
+    for key_out, value_out in outs:  # fault the outputs in: no pass pays first-touch faults for another
+        key_out.fill(0)
+        value_out.fill(0)
+    row: dict[str, float] = {}
+
+    table: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    ids = _ids(count, 2 * rnd)
+
+    def dict_put() -> None:
+        for bid, (k, v) in zip(ids, blocks):
+            table[bid] = (k.copy(), v.copy())
+
+    def dict_get() -> None:
+        for bid, (ko, vo) in zip(ids, outs):
+            k, v = table[bid]
+            np.copyto(ko, k)
+            np.copyto(vo, v)
+
+    row["dict_put_us"] = _per_block_us(dict_put, count)
+    dict_get()  # warm, as the store's gets below are (each read form runs once untimed first)
+    row["dict_get_us"] = _per_block_us(dict_get, count)
+
+    shm = Config(shm_bytes=4 * count * (nbytes + 4096) + (8 << 20), file_bytes=0, remote_bytes=0,
+                 shm_dir=workdir, promote_on_hit=True)
+    with CascadeStore(shm, block_spec=spec) as store:
+        loop_ids, batch_ids = _ids(count, 2 * rnd), _ids(count, 2 * rnd + 1)
+        row["put_loop_us"] = _per_block_us(
+            lambda: [store.put(k, v, block_id=b) for b, (k, v) in zip(loop_ids, blocks)], count)
+        row["put_batch_us"] = _per_block_us(
+            lambda: [store.put_many(pairs, block_ids=b) for pairs, b in
+                     zip(_batched(blocks, BATCH), _batched(batch_ids, BATCH))], count)
+        def get_loop() -> None:
+            for b, (ko, vo) in zip(loop_ids, outs):
+                store.get_into(b, ko, vo)
+
+        def get_batch() -> None:
+            for b, o in zip(_batched(loop_ids, BATCH), _batched(outs, BATCH)):
+                store.get_many_into(b, o)
+
+        get_loop(), get_batch()
+        row["get_loop_us"] = _per_block_us(get_loop, count)
+        row["get_batch_us"] = _per_block_us(get_batch, count)
+        row["hot_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                               for o, b in zip(outs, blocks))
+
+    file_dir = tempfile.mkdtemp(prefix="small-", dir=workdir)
+    try:
+        cold = Config(shm_bytes=0, remote_bytes=0, file_bytes=2 * count * (nbytes + 8192) + (64 << 20),
+                      file_dir=file_dir, promote_on_hit=False)
+        with CascadeStore(cold, block_spec=spec) as store:
+            cold_ids = _ids(count, 2 * rnd)
+            store.put_many(blocks, block_ids=cold_ids)
+            store.flush()
+            for form in ("loop", "batch"):
+                drop_page_cache(files_under(file_dir))
+                if form == "loop":
+                    row["cold_get_loop_us"] = _per_block_us(
+                        lambda: [store.get_into(b, ko, vo) for b, (ko, vo) in zip(cold_ids, outs)], count)
+                else:
+                    row["cold_get_batch_us"] = _per_block_us(
+                        lambda: [store.get_many_into(b, o) for b, o in
+                                 zip(_batched(cold_ids, BATCH), _batched(outs, BATCH))], count)
+            row["cold_wrong"] = sum(not np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+            row["cold_read_mode"] = store.tiers[0].read_mode
+    finally:
+        shutil.rmtree(file_dir, ignore_errors=True)
+    return row
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    sizes = options.get("sizes") or DEFAULT_SIZES
+    rounds = options.get("rounds") or 3
+    workdir = options.get("file_dir") or tempfile.gettempdir()
+    rows = []
+    for nbytes in sizes:
+        count = options.get("blocks") or max(16, min(4096, BYTES_PER_PASS // nbytes))
+        passes = [_one_round(nbytes, count, r, workdir) for r in range(rounds)]
+        med = {k: statistics.median(p[k] for p in passes) for k in passes[0] if k.endswith("_us")}
+        row = {"size": nbytes, "size_label": size_label(nbytes), "blocks": count, "rounds": rounds,
+               "batch": BATCH, **{k: round(v, 3) for k, v in med.items()},
+               "cold_read_mode": passes[0]["cold_read_mode"],
+               "wrong": sum(p["hot_wrong"] + p["cold_wrong"] for p in passes),
+               "get_vs_dict": med["get_loop_us"] / med["dict_get_us"],
+               "put_vs_dict": med["put_loop_us"] / med["dict_put_us"],
+               "hot_get_batch_vs_loop": med["get_batch_us"] / med["get_loop_us"],
+               "put_batch_vs_loop": med["put_batch_us"] / med["put_loop_us"],
+               "cold_get_batch_vs_loop": med["cold_get_batch_us"] / med["cold_get_loop_us"],
+               "samples": passes}
+        row["targets"] = {
+            "get_vs_dict_le_3": row["get_vs_dict"] <= GET_TARGET if nbytes == 4 << 10 else None,
+            "put_vs_dict_le_3": row["put_vs_dict"] <= PUT_TARGET if nbytes == 4 << 10 else None,
+            "batch_never_slower": max(row["hot_get_batch_vs_loop"], row["put_batch_vs_loop"],
+                                      row["cold_get_batch_vs_loop"]) <= 1.0}
+        rows.append(row)
+    return {"rows": rows, "load_average": os.getloadavg()}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["size     dict get/put us   cascade get/put us (x dict)     batch/loop hot get, put, cold get",
+             "-------  ---------------   -----------------------------   ---------------------------------"]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['size_label']:<8} {r['dict_get_us']:6.1f} /{r['dict_put_us']:6.1f}   "
+            f"{r['get_loop_us']:7.1f} ({r['get_vs_dict']:4.1f}x) /{r['put_loop_us']:7.1f} ({r['put_vs_dict']:4.1f}x)   "
+            f"{r['hot_get_batch_vs_loop']:.2f}, {r['put_batch_vs_loop']:.2f}, {r['cold_get_batch_vs_loop']:.2f}"
+            f"{'' if not r['wrong'] else '  WRONG BYTES: ' + str(r['wrong'])}")
+    return "\n".join(lines)
