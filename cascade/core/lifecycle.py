@@ -44,8 +44,8 @@ def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float
         sizes = {tier.length(key) for key in keys}
         if sizes - {block_bytes}:
             raise ConfigError(
-                f"{tier.name} tier in {getattr(tier, 'directory', '?')} holds blocks of {sorted(sizes)} bytes "
-                f"but this store's blocks are {block_bytes} bytes ({what}): use another file_dir")
+                f"the {tier.name} tier holds blocks of {sorted(sizes)} bytes but this store's blocks are "
+                f"{block_bytes} bytes ({what}): use another file_dir")
         for key in keys:
             expires = tier.expires_of(key)
             if expires and expires <= wall:  # its TTL ran out while no store was open
@@ -120,13 +120,13 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
 
             shm = next((t for t in chain.tiers if t.kind is TierKind.SHM), None)
             remote = next((t for t in built if t.kind is TierKind.REMOTE), None)
-            cluster = Cluster(comm, shm_path=getattr(shm, "path", None), file_dir=config.file_dir,
-                              shm_buffer=getattr(shm, "mapping", None),
+            cluster = Cluster(comm, shm_path=shm.path if shm else None, file_dir=config.file_dir,
+                              shm_buffer=shm.mapping if shm else None,
                               remote=remote, directory_slots=config.directory_slots)
             chain.peers = Joined(cluster, chain.tiers, rank)
         try:
             adopt_found_blocks(chain, block_bytes=block_bytes, default_ttl=config.default_ttl,
-                               what=f"{config.model}, {config.block_tokens} tokens",
+                               what=f"{config.model}, {config.block_tokens} tokens; file_dir {config.file_dir}",
                                directory_slots=config.directory_slots)
             if layout is not None and rank == 0 and any(t.kind is TierKind.FILE for t in chain.tiers):
                 manifest.write(config.file_dir, layout, world_size=comm.Get_size() if comm is not None else 1,
