@@ -120,8 +120,8 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
 
             shm = next((t for t in chain.tiers if t.kind is TierKind.SHM), None)
             remote = next((t for t in built if t.kind is TierKind.REMOTE), None)
-            cluster = Cluster(comm, shm_path=shm.path if shm else None, file_dir=config.file_dir,
-                              shm_buffer=shm.mapping if shm else None,
+            cluster = Cluster(comm, shm_path=shm.path if shm is not None else None, file_dir=config.file_dir,
+                              shm_buffer=shm.mapping if shm is not None else None,
                               remote=remote, directory_slots=config.directory_slots)
             chain.peers = Joined(cluster, chain.tiers, rank)
         try:
