@@ -196,10 +196,10 @@ def test_eviction_demotes_to_file_tier_and_hits_promote(store):
 
 
 def test_ttl_expires_blocks(tiny_config, monkeypatch):
-    import cascade.store as store_mod
+    import time  # the clock every layer of the store reads
 
     clock = [1000.0]
-    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with CascadeStore(tiny_config) as s:
         bid = s.put(*make_block(s.spec, 900), ttl=10)
         clock[0] += 5
@@ -215,10 +215,10 @@ def test_ttl_expires_blocks(tiny_config, monkeypatch):
 
 
 def test_first_use_ttl(tiny_config, monkeypatch):
-    import cascade.store as store_mod
+    import time  # the clock every layer of the store reads
 
     clock = [0.0]
-    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with CascadeStore(tiny_config.replace(ttl_mode="first_use")) as s:
         bid = s.put(*make_block(s.spec, 902), ttl=10)
         clock[0] = 8

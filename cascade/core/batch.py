@@ -1,9 +1,11 @@
 """The batch and non-blocking calls of :class:`~cascade.store.CascadeStore` (mixed into
 it): each is the store's own single-block call, run for many blocks on the store's I/O
 threads, or later on its non-blocking-call threads (ordering and buffer rules:
-:mod:`cascade.async_ops`). Thread-safe, local."""
+:mod:`cascade.async_ops`), and the batched lookups (one directory round for many ids).
+Thread-safe, local."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -13,8 +15,8 @@ from ..identity import DEFAULT_NAMESPACE, check_id
 
 
 class BatchCalls:
-    """Batch and non-blocking forms of the store's calls (uses the store's checks,
-    ``_pools`` and ``_async``)."""
+    """Batch and non-blocking forms of the store's calls (uses the store's checks and
+    layers: ``_pools``, ``_async``, ``_index``, ``_chain``, ``_lock``)."""
 
     def put_many(
         self,
@@ -117,3 +119,33 @@ class BatchCalls:
     def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Whether a ``put_async`` of this id has not finished yet. Local."""
         return self._async.pending(self._key(block_id, namespace))
+
+    def contains_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        """``contains`` of each id; ids not cached here are looked up in the cluster
+        directory in one batch (multi-rank runs)."""
+        keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
+        with self._lock:
+            now = time.monotonic()
+            found = [(m := self._index.get(k)) is not None and not self._index.expired(m, now) for k in keys]
+            rest = [i for i, hit in enumerate(found) if not hit]
+            if rest:
+                for i, there in zip(rest, self._chain.peers.found_elsewhere([keys[i] for i in rest])):
+                    found[i] = there
+            return found
+
+    def longest_prefix(self, block_ids: Sequence[str] | None = None, *, tokens: Any = None,
+                       model_fingerprint: Any = None, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """How many leading blocks of a chain are cached (cluster-wide in multi-rank
+        runs): of ``block_ids``, or of the token-prefix ids of ``tokens`` (token ids,
+        blocks of ``config.block_tokens``, :func:`cascade.prefix_ids` with
+        ``model_fingerprint``). Cached tokens = the result x ``config.block_tokens``.
+        Local; one batched directory lookup."""
+        if (block_ids is None) == (tokens is None):
+            raise InvalidBlock("longest_prefix: pass either block_ids or tokens (with model_fingerprint)")
+        if tokens is not None:
+            from ..prefix import prefix_ids
+
+            block_ids = prefix_ids(tokens, block_tokens=self.config.block_tokens, model_fingerprint=model_fingerprint)
+        found = self.contains_many(block_ids, namespace=namespace)
+        return found.index(False) if False in found else len(found)
