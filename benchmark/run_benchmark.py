@@ -30,7 +30,9 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "queue_hints": ("queue_hints", ("cascade",), "hit ratio with scheduler hints at queue depths vs LRU/Belady"),
     "thread_scaling": ("thread_scaling", ("cascade",), "aggregate get GB/s at 1/2/4 threads vs raw reads at that depth"),
     "device_io": ("device_io", ("cascade",), "GPU buffers through every tier vs raw D2D, pinned and pageable copies"),
+    "file_read_mode": ("file_read_mode", ("cascade",), "cold file-tier reads per read mode vs raw O_DIRECT and buffered reads"),
     "small_blocks": ("small_blocks", ("cascade",), "per-block cost vs a dict, batch vs loop, 4 KiB-16 MiB, hot and cold"),
+    "cluster_serving": ("cluster_serving", ("cascade",), "engines attached to cascade serve ranks: attach cost per block, shared vs private hit ratio"),
 }
 
 

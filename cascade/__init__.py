@@ -26,11 +26,12 @@ from .errors import (
 from .identity import block_id
 from .models import MODEL_PRESETS, BlockSpec, ModelPreset
 from .prefix import ModelFingerprint, model_fingerprint, prefix_ids
+from .serve import CascadeClient, connect
 from .store import CascadeStore
 
 __version__ = "0.1.0"
 __all__ = [
-    "CascadeStore", "Config", "block_id", "prefix_ids", "model_fingerprint", "ModelFingerprint", "BlockSpec", "ModelPreset", "MODEL_PRESETS",
+    "CascadeStore", "CascadeClient", "connect", "Config", "block_id", "prefix_ids", "model_fingerprint", "ModelFingerprint", "BlockSpec", "ModelPreset", "MODEL_PRESETS",
     "CascadeError", "ConfigError", "BlockNotFound", "BlockPinned", "CorruptBlock",
     "InvalidBlock", "LaunchError", "RankFailure", "TierFull",
 ]

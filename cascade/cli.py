@@ -1,4 +1,5 @@
-"""The ``cascade`` command: ``info``, ``run`` (the main job) and ``stats``."""
+"""The ``cascade`` command: ``info``, ``run`` (the main job), ``serve`` (a rank engines attach
+to) and ``stats``."""
 from __future__ import annotations
 
 import argparse
@@ -139,6 +140,15 @@ def _run_here(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run one rank of a Cascade job serving this node's engines (see cascade/serve/)."""
+    from .models import BlockSpec
+    from .serve.rank import serve
+
+    spec = BlockSpec.flat(args.block_bytes) if args.block_bytes else None
+    return serve(_config(args), block_spec=spec, socket_dir=args.socket_dir)
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print the stats files a running or finished job wrote (``stats_dir``)."""
     from .metrics import aggregate, prometheus_text
@@ -210,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results", help="write a results JSON into this directory")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    serve = sub.add_parser("serve", parents=[common],
+                           help="one rank of a job that local engines attach to (python -m mpi4py -m cascade serve)")
+    serve.add_argument("--socket-dir", help="node-local private directory of the rank sockets "
+                       "(default /tmp/cascade-<uid>, plus /j<SLURM_JOB_ID> in a SLURM job)")
+    serve.add_argument("--block-bytes", type=_count(2), help="raw blocks of this many bytes (default: the model's)")
+    serve.set_defaults(func=cmd_serve)
     stats = sub.add_parser("stats", parents=[common], help="stats of a running or finished job")
     stats.add_argument("dir", nargs="?", help="the job's stats_dir (default: config stats_dir)")
     stats.add_argument("--prometheus", action="store_true", help="Prometheus text format")

@@ -28,15 +28,21 @@ How chunks map onto Cascade:
 * never stalling the engine: ``batched_submit_put_task`` copies each chunk into a block
   buffer and returns; the store's ``put_async`` writes it in the background
   (``exists_in_put_tasks`` says which are still in flight, LMCache's completion callback
-  runs when one lands, a lookup or get of a chunk sees its pending put). LMCache's
+  runs when one lands, a lookup or get of a chunk sees its pending put; attached to a
+  rank, a put is done when it returns: its bytes are then in the rank's store). LMCache's
   asynchronous entry points (``enable_async_loading``: ``batched_async_contains``,
   ``batched_get_non_blocking``, ``get_non_blocking``) run the lookups and batched reads
   on worker threads, never on LMCache's event loop.
 
-Each LMCache worker (one per tensor-parallel rank) opens its own local store (no MPI);
-its file-tier files are named by the worker id, so workers of one instance can share a
-``file_dir`` (separate instances need separate directories). Tested with LMCache's
-``StorageManager`` on CPU (tests/test_lmcache_backend.py), not under vLLM.
+With ``cascade.endpoint`` (a rank's socket path, or ``auto``: this node's ``cascade serve``
+ranks, see cascade/serve/), the worker attaches to its node's rank of a Cascade job and
+every instance shares one cluster-wide cache; the block size is then the rank's, and a
+rank that is gone makes every lookup a miss (the engine recomputes) until it is back.
+Without it, each LMCache worker (one per tensor-parallel rank) opens its own local store
+(no MPI); its file-tier files are named by the worker id, so workers of one instance can
+share a ``file_dir`` (separate instances need separate directories). The log says which.
+Tested with LMCache's ``StorageManager`` on CPU (tests/test_lmcache_backend.py,
+tests/test_serve.py, tests/test_serve_lmcache.py), not under vLLM.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ import numpy as np
 
 from .. import buffers
 from ..config import Config
-from ..errors import BlockNotFound, BlockPinned, CascadeError, InvalidBlock
+from ..errors import BlockNotFound, BlockPinned, CascadeError, ConfigError, InvalidBlock
 from ..identity import ID_HEX_CHARS
 from ..models import BlockSpec
 from ..store import CascadeStore
@@ -106,15 +112,33 @@ class CascadeBackend(StoragePluginInterface):
         self.namespace = str(ours.pop("namespace", "lmcache"))
         block_bytes = ours.pop("block_bytes", None)
         config_file = ours.pop("config_file", None)
-        cascade_config = Config.load(config_file, **ours)
-        if block_bytes is None:
-            block_bytes = -(-(HEADER_BYTES + _full_chunk_bytes(metadata)) // 4096) * 4096
-        self.block_bytes = int(block_bytes)
+        endpoint, socket_dir = ours.pop("endpoint", None), ours.pop("socket_dir", None)
         worker = int(getattr(metadata, "worker_id", 0) or 0)
-        self.store = CascadeStore(cascade_config, block_spec=BlockSpec.flat(self.block_bytes), rank=worker)
+        if endpoint:  # the node's rank of a Cascade job: one cache for every instance
+            from ..serve.attached import AttachedStore
+
+            self.store = AttachedStore(str(endpoint), worker=worker, socket_dir=socket_dir)
+            if block_bytes is not None and int(block_bytes) != self.store.spec.block_bytes:
+                self.store.close()
+                raise ConfigError(f"cascade.block_bytes={block_bytes} but the rank at {self.store.endpoint} "
+                                  f"serves {self.store.spec.block_bytes}-byte blocks")
+            self.block_bytes = self.store.spec.block_bytes
+            workers = 1  # one connection: its requests go one at a time
+            log.info("Cascade LMCache backend: attached to the Cascade rank at %s (shared cluster cache, "
+                     "%d-byte blocks)%s", self.store.endpoint, self.block_bytes,
+                     f"; ignoring {sorted(ours)} (the rank's config applies)" if ours else "")
+        else:
+            cascade_config = Config.load(config_file, **ours)
+            if block_bytes is None:
+                block_bytes = -(-(HEADER_BYTES + _full_chunk_bytes(metadata)) // 4096) * 4096
+            self.block_bytes = int(block_bytes)
+            self.store = CascadeStore(cascade_config, block_spec=BlockSpec.flat(self.block_bytes), rank=worker)
+            workers = cascade_config.io_threads
+            log.info("Cascade LMCache backend: in-process store private to this worker (set cascade.endpoint "
+                     "to share the node's Cascade rank)")
         self._half = self.block_bytes // 2
         # LMCache's asynchronous lookups and reads run here, never on its event loop
-        self._workers = ThreadPoolExecutor(max(1, cascade_config.io_threads), thread_name_prefix="cascade-lmcache")
+        self._workers = ThreadPoolExecutor(max(1, workers), thread_name_prefix="cascade-lmcache")
 
     def __str__(self) -> str:
         return self.__class__.__name__

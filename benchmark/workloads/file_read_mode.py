@@ -1,0 +1,120 @@
+"""file_read_mode: cold file-tier reads in each read mode against the disk's raw cold reads,
+the measurement behind the file tier's ``auto`` mode off Lustre.
+
+Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB) and round: one file tier is
+written (``blocks`` blocks, flushed), then opened once per mode (``buffered``, ``direct``)
+and read cold (its files dropped from the page cache first) in two forms: ``loop``
+(``get_into`` one by one, 1 request in flight) and ``batch`` (``get_many_into``,
+``io_threads`` = 4 in flight). The same bytes in one plain file give the limits at the
+same depth (1 and 4 threads): raw O_DIRECT ``preadv`` cut into the requests the tier
+uses, and raw buffered cold ``preadv`` (kernel readahead on). Every ratio divides a
+whole-pass rate by the better raw cold read at the same depth (``vs_best_raw``), in the
+same round; medians and min-max over rounds. Blocks are checked byte-exact.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+
+from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, write_file
+from .blockio import size_label
+
+DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
+BYTES_PER_SIZE = 256 << 20
+MODES = ("buffered", "direct")
+FORMS = {"loop": 1, "batch": 4}
+TARGET = 0.9
+
+
+def _aligned_pair(spec: BlockSpec) -> tuple[np.ndarray, np.ndarray]:
+    half = spec.half_bytes
+    buf = np.frombuffer(_aligned(2 * half), dtype=np.uint8)
+    return buf[:half], buf[half:]
+
+
+def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
+    spec = BlockSpec.flat(nbytes)
+    rng = np.random.default_rng(seed)
+    blocks = [(rng.integers(0, 255, spec.shape, dtype=np.uint8), rng.integers(0, 255, spec.shape, dtype=np.uint8))
+              for _ in range(count)]
+    ids = [f"{seed:08x}{i:024x}" for i in range(count)]
+    outs = [_aligned_pair(spec) for _ in range(count)]
+    work = tempfile.mkdtemp(prefix="readmode-", dir=workdir)
+    row: dict[str, Any] = {}
+    try:
+        file_dir = os.path.join(work, "tier")
+        base = dict(shm_bytes=0, remote_bytes=0, file_bytes=2 * count * (nbytes + 8192) + (64 << 20),
+                    file_dir=file_dir, promote_on_hit=False)
+        with CascadeStore(Config(**base), block_spec=spec) as store:
+            store.put_many(blocks, block_ids=ids)
+            store.flush()
+        for mode in MODES:
+            with CascadeStore(Config(**base, file_read_mode=mode), block_spec=spec) as store:
+                row[f"{mode}_odirect_used"] = store.tiers[0].read_mode == "direct"
+                for form, workers in FORMS.items():
+                    drop_page_cache(files_under(file_dir))
+                    started = time.perf_counter()
+                    if form == "loop":
+                        hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
+                    else:
+                        hits = store.get_many_into(ids, outs, max_workers=workers)
+                    row[f"{mode}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
+                    row[f"{mode}_{form}_wrong"] = sum(
+                        not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                        for h, o, b in zip(hits, outs, blocks))
+        raw = os.path.join(work, "raw.bin")
+        write_file(raw, (part for pair in blocks for part in pair))
+        os.sync()
+        for form, threads in FORMS.items():
+            for how in ("odirect", "buffered_cold"):
+                drop_page_cache([raw])
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, threads, how)["gbps"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    sizes = options.get("sizes") or DEFAULT_SIZES
+    rounds = options.get("rounds") or 3
+    workdir = options.get("file_dir") or tempfile.gettempdir()
+    rows = []
+    for nbytes in sizes:
+        count = options.get("blocks") or max(16, BYTES_PER_SIZE // nbytes)
+        samples = [_round(nbytes, count, r, workdir) for r in range(rounds)]
+        row: dict[str, Any] = {"size": nbytes, "size_label": size_label(nbytes), "blocks": count, "rounds": rounds,
+                               "samples": samples}
+        for mode in MODES:
+            for form in FORMS:
+                ratios = [s[f"{mode}_{form}_gbps"] / max(s[f"raw_odirect_{form}_gbps"], s[f"raw_buffered_cold_{form}_gbps"])
+                          for s in samples]
+                row[f"{mode}_{form}"] = {"gbps": statistics.median(s[f"{mode}_{form}_gbps"] for s in samples),
+                                         "vs_best_raw": statistics.median(ratios),
+                                         "vs_best_raw_range": [min(ratios), max(ratios)],
+                                         "wrong": sum(s[f"{mode}_{form}_wrong"] for s in samples)}
+        for form in FORMS:
+            for how in ("odirect", "buffered_cold"):
+                row[f"raw_{how}_{form}_gbps"] = statistics.median(s[f"raw_{how}_{form}_gbps"] for s in samples)
+        row["odirect_available"] = all(s["direct_odirect_used"] for s in samples)
+        rows.append(row)
+    return {"rows": rows, "load_average": os.getloadavg(), "target_vs_best_raw": TARGET}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["size     form   raw odirect / buffered cold GB/s   buffered (x best raw)   direct (x best raw)"]
+    for r in result["rows"]:
+        for form in FORMS:
+            b, d = r[f"buffered_{form}"], r[f"direct_{form}"]
+            lines.append(f"{r['size_label']:<8} {form:<6} {r[f'raw_odirect_{form}_gbps']:8.2f} / "
+                         f"{r[f'raw_buffered_cold_{form}_gbps']:5.2f}               "
+                         f"{b['gbps']:5.2f} ({b['vs_best_raw']:.2f})          {d['gbps']:5.2f} ({d['vs_best_raw']:.2f})")
+    return "\n".join(lines)

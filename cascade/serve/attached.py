@@ -1,0 +1,150 @@
+"""A node's Cascade rank for a cache user that must never fail because of it.
+
+:class:`AttachedStore` wraps a :class:`~.client.CascadeClient` for callers such as the
+LMCache plugin, for which a lost rank means "recompute", never an engine crash: while the
+rank is gone, lookups and reads are misses, pins and deletes find nothing
+(:class:`BlockNotFound`), and puts raise :class:`RankFailure` (a :class:`CascadeError`,
+which such callers already log and skip). It tries to attach again at most every
+``retry_seconds``, so a restarted Cascade job is picked up without restarting the engine.
+
+Its ``spec`` is flat (two halves of raw bytes, ``BlockSpec.flat``): puts and reads take
+``uint8`` halves and are viewed as the rank's spec on the way. Thread-safe.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from ..errors import BlockNotFound, CascadeError, RankFailure
+from ..models import BlockSpec
+from ..store import DEFAULT_NAMESPACE
+from .client import CascadeClient, connect
+
+log = logging.getLogger(__name__)
+
+
+class AttachedStore:
+    """The store of this node's rank at ``endpoint`` (see :func:`.client.connect`);
+    :class:`RankFailure` from the constructor when no rank answers."""
+
+    def __init__(self, endpoint: str, *, worker: int = 0, socket_dir: str | None = None,
+                 retry_seconds: float = 5.0, **client_args: Any) -> None:
+        self._attach_args = dict(endpoint=endpoint, worker=worker, socket_dir=socket_dir, **client_args)
+        self.retry_seconds = retry_seconds
+        self._lock = threading.Lock()  # the client reference only
+        self._client: CascadeClient | None = connect(**self._attach_args)
+        self._lost_at = 0.0
+        self.rank_spec = self._client.spec
+        self.spec = BlockSpec.flat(self.rank_spec.block_bytes)
+        self.endpoint = self._client.path
+
+    def _current(self) -> CascadeClient | None:
+        """The client, attaching again if the rank was lost more than ``retry_seconds`` ago."""
+        with self._lock:
+            if self._client is None and time.monotonic() - self._lost_at >= self.retry_seconds:
+                self._lost_at = time.monotonic()
+                try:
+                    client = connect(**self._attach_args)
+                except RankFailure:
+                    return None
+                if client.spec != self.rank_spec:
+                    client.close()
+                    log.warning("the Cascade rank at %s now serves blocks of %s, not %s: not attached",
+                                client.path, client.spec, self.rank_spec)
+                    return None
+                self._client = client
+                log.warning("attached again to Cascade rank %d at %s", client.rank, client.path)
+            return self._client
+
+    def _lost(self, client: CascadeClient, exc: RankFailure) -> None:
+        with self._lock:
+            if self._client is client:
+                self._client = None
+                self._lost_at = time.monotonic()
+                log.warning("%s; served as misses until it is back", exc)
+        client.close()
+
+    def _as_rank(self, half: Any) -> Any:
+        return np.asarray(half).view(self.rank_spec.np_dtype).reshape(self.rank_spec.shape)
+
+    def _run(self, miss: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        client = self._current()
+        if client is None:
+            return miss()
+        try:
+            return getattr(client, method)(*args, **kwargs)
+        except RankFailure as exc:
+            self._lost(client, exc)
+            return miss()
+
+    # -- what the LMCache plugin calls ----------------------------------------------------
+    def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        return self._run(lambda: False, "contains", block_id, namespace=namespace)
+
+    def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        self.spec.check(key_out, "key_out")
+        self.spec.check(value_out, "value_out")
+        return self._run(lambda: False, "get_into", block_id, self._as_rank(key_out), self._as_rank(value_out),
+                         namespace=namespace)
+
+    def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                      namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        for key_out, value_out in outs:
+            self.spec.check(key_out, "key_out")
+            self.spec.check(value_out, "value_out")
+        return self._run(lambda: [False] * len(block_ids), "get_many_into", list(block_ids),
+                         [(self._as_rank(k), self._as_rank(v)) for k, v in outs], namespace=namespace)
+
+    def put(self, key: Any, value: Any, **kwargs: Any) -> str:
+        self.spec.check(key, "key")
+        self.spec.check(value, "value")
+
+        def gone() -> str:
+            raise RankFailure(f"no Cascade rank at {self.endpoint}: block not stored")
+        return self._run(gone, "put", self._as_rank(key), self._as_rank(value), **kwargs)
+
+    def put_async(self, key: Any, value: Any, **kwargs: Any) -> Future:
+        """:meth:`put`, done before it returns (the bytes must be in the staging region
+        before the caller may reuse its buffer): a completed future of its id or error.
+        Bad input raises at once, as the store's."""
+        self.spec.check(key, "key")
+        self.spec.check(value, "value")
+        done: Future = Future()
+        try:
+            done.set_result(self.put(key, value, **kwargs))
+        except CascadeError as exc:
+            done.set_exception(exc)
+        return done
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Always False: an attached put is done when :meth:`put_async` returns."""
+        return False
+
+    def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self._run(lambda: _not_found(block_id), "pin", block_id, namespace=namespace)
+
+    def unpin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self._run(lambda: _not_found(block_id), "unpin", block_id, namespace=namespace)
+
+    def delete(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self._run(lambda: _not_found(block_id), "delete", block_id, namespace=namespace)
+
+    def stats(self) -> dict[str, Any]:
+        return self._run(lambda: {}, "stats")
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+            self._lost_at = float("inf")  # never attach again
+        if client is not None:
+            client.close()
+
+
+def _not_found(block_id: str) -> None:
+    raise BlockNotFound(f"block {block_id}: the Cascade rank is gone")

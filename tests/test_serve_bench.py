@@ -1,0 +1,24 @@
+"""The cluster_serving benchmark workload at a tiny size: both parts run for real and what
+they read is what they wrote (the figures themselves belong to benchmark/results)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+
+def test_cluster_serving_measures_both_paths_and_replays_shared_and_private(tmp_path):
+    from benchmark.workloads import cluster_serving
+
+    result = cluster_serving.run({"sizes": [8192], "blocks": 8, "requests": 12, "file_dir": str(tmp_path)})
+    (attach,) = result["attach"]
+    for side in ("in_process", "attached"):
+        assert attach[side]["hits"] == 8 and attach[side]["exact"], attach[side]
+        assert attach[side]["put"]["n"] == attach[side]["get"]["n"] == 8
+    serving = result["serving"]
+    assert serving["ranks"] == 2 and len(serving["shared"]["per_client"]) == 2
+    # the clients' references met blocks the other client put: some came from the other rank
+    assert serving["shared"]["bytes_from_other_ranks"] > 0
+    assert 0 < serving["private"]["global"] <= serving["shared"]["global"] <= 1
+    assert "attached" in cluster_serving.table(result)

@@ -1,0 +1,207 @@
+"""The rank server and its client in one process (no MPI): the store's API and errors
+through the channel, batches larger than the staging region, per-client pins and hints,
+socket paths. The multi-rank runs are in tests/test_serve.py."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+from cascade import (BlockNotFound, BlockPinned, CascadeStore, Config, ConfigError, InvalidBlock, RankFailure,
+                     connect)
+from cascade.errors import StoreClosed
+from cascade.models import BlockSpec
+from cascade.serve import protocol
+from cascade.serve.attached import AttachedStore
+from cascade.serve.paths import MAX_SOCKET_PATH, resolve_endpoint, socket_path
+from cascade.serve.server import RankServer
+
+SPEC = BlockSpec.flat(8192)
+
+
+@pytest.fixture
+def served(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    yield store, server
+    server.close()
+    store.close()
+    os.rmdir(socket_dir)
+
+
+def _eventually(check, tries: int = 1000) -> bool:
+    """Whether ``check()`` holds within ``tries`` polls (the rank's thread acts on its own)."""
+    for _ in range(tries):
+        if check():
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def _blocks(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.integers(0, 256, SPEC.shape, dtype=np.uint8) for _ in range(2)) for _ in range(n)]
+
+
+def test_batches_larger_than_the_staging_region_round_trip_byte_exact(served):
+    store, server = served
+    with connect(server.path, staging_bytes=3 * 8192) as client:  # 3 slots: 10 blocks take 4 requests
+        pairs = _blocks(10)
+        ids = client.put_many(pairs, chain=True)
+        assert ids == store.put_many(pairs, chain=True)  # same content ids as in-process (dedup there)
+        assert client.longest_prefix(ids) == 10 and client.longest_prefix(ids[:3] + ["0" * 32]) == 3
+        got = client.get_many(ids + ["f" * 32])
+        assert got[-1] is None
+        assert all(np.array_equal(g[0], k) and np.array_equal(g[1], v) for g, (k, v) in zip(got, pairs))
+        assert len(client) == len(store) == 10
+
+
+def test_the_stores_errors_come_back_as_the_same_classes(served):
+    store, server = served
+    with connect(server.path) as client:
+        k, v = SPEC.empty()
+        with pytest.raises(InvalidBlock, match="shape"):  # checked in the client, as by the store
+            client.put(np.zeros(3, np.uint8), v)
+        with pytest.raises(InvalidBlock, match="malformed block id"):  # checked by the rank's store
+            client.get_into("zz", k, v)
+        with pytest.raises(BlockNotFound):
+            client.pin("a" * 32)
+        with pytest.raises(BlockNotFound):
+            client.delete("a" * 32)
+        block_id = client.put(k, v)
+        with pytest.raises(BlockPinned):  # this client holds no pin of it
+            client.unpin(block_id)
+        client.pin(block_id)
+        with pytest.raises(BlockPinned):  # the store refuses deleting a pinned block
+            client.delete(block_id)
+    with pytest.raises(StoreClosed):
+        client.contains(block_id)
+
+
+def test_a_clients_pins_and_hints_are_its_own_and_go_when_it_leaves(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    block_id = store.put(k, v)
+    first, second = connect(server.path), connect(server.path)
+    first.pin(block_id)
+    assert first.hint([block_id]) == 1
+    with pytest.raises(BlockPinned):
+        second.unpin(block_id)  # not its pin
+    assert second.unhint([block_id]) == 0  # not its hint
+    serve = second.stats()["serve"]
+    assert (serve["clients"], serve["client_pins"], serve["client_hints"]) == (2, 1, 1)
+    first.close()  # the rank gives back its pin and hint once it sees the hang-up
+    assert _eventually(lambda: server.serve_stats()["clients"] == 1)
+    assert server.serve_stats()["client_pins"] == 0 and server.serve_stats()["client_hints"] == 0
+    store.delete(block_id)  # unpinned now
+    assert store.stats()["hinted_bytes"] == 0
+    second.close()
+
+
+def test_a_gone_rank_is_a_rank_failure_and_a_miss_for_attached_stores(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    client = connect("auto", socket_dir=socket_dir)  # the node's only rank
+    attached = AttachedStore("auto", socket_dir=socket_dir, retry_seconds=3600)
+    k, v = SPEC.empty()
+    block_id = attached.put(k, v)
+    assert attached.contains(block_id) and attached.get_into(block_id, k, v)
+    server.close()
+    with pytest.raises(RankFailure, match="is gone"):
+        client.contains(block_id)
+    assert attached.contains(block_id) is False and attached.get_into(block_id, k, v) is False
+    with pytest.raises(BlockNotFound):
+        attached.pin(block_id)
+    with pytest.raises(RankFailure):
+        attached.put(k, v)
+    store.close()
+    with pytest.raises(RankFailure, match="no Cascade rank socket"):
+        connect("auto", socket_dir=socket_dir)
+    os.rmdir(socket_dir)
+
+
+def test_one_socket_one_rank_and_paths_that_cannot_be_sockets(served, tmp_path):
+    store, server = served
+    with pytest.raises(ConfigError, match="already serves"):
+        RankServer(store, os.path.dirname(server.path), 0)
+    deep = "/tmp/" + "d" * (MAX_SOCKET_PATH - 10)
+    with pytest.raises(ConfigError, match="shorter --socket-dir"):
+        socket_path(deep, 0)
+    with pytest.raises(ConfigError, match="at most 107"):
+        resolve_endpoint(deep + "/r0.sock")
+    with pytest.raises(ConfigError, match="holds no block"):
+        connect(server.path, staging_bytes=100)
+
+
+def test_a_malformed_request_is_refused_and_a_broken_frame_ends_only_that_client(served):
+    store, server = served
+    with connect(server.path) as good:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(server.path)
+        protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
+        assert protocol.recv(raw)["ok"]
+        os.close(socket.recv_fds(raw, 1, 1)[1][0])
+        protocol.send(raw, {"op": "put", "ns": "default", "slot": 999})  # the region has 128 slots
+        reply = protocol.recv(raw)
+        assert reply["error"] == "InvalidBlock" and "slot 999" in reply["message"]
+        raw.sendall(b"\xff\xff\xff\x7f")  # a frame longer than allowed: the rank hangs up
+        assert raw.recv(1) == b""
+        raw.close()
+        assert good.contains_many(["a" * 32]) == [False]  # other clients carry on
+
+
+def test_cascade_serve_refuses_a_socket_dir_too_long_before_opening_anything(tmp_path):
+    long_dir = "/tmp/" + "s" * 110
+    done = subprocess.run([sys.executable, "-m", "cascade", "serve", "--socket-dir", long_dir, "--block-bytes", "8192",
+                           "--set", "file_bytes=0", "--set", "shm_bytes=1M", "--set", f"shm_dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert done.returncode == 2 and "Unix sockets allow at most 107" in done.stderr, done.stderr
+    assert not os.path.exists(long_dir) and os.listdir(tmp_path) == []  # no directory, no SHM slab
+
+
+def test_a_client_stalled_mid_request_does_not_hold_up_another(served):
+    store, server = served
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(server.path)
+    protocol.send(stalled, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
+    protocol.recv(stalled)
+    os.close(socket.recv_fds(stalled, 1, 1)[1][0])
+    stalled.sendall(b"\x40\x00")  # half a length prefix: its thread now waits for the rest
+    with connect(server.path, timeout=30) as other:  # a hang here would be a RankFailure (timeout)
+        (k, v), = _blocks(1)
+        block_id = other.put(k, v)
+        assert other.get(block_id) is not None and other.stats()["serve"]["clients"] == 2
+    stalled.close()
+
+
+def test_torch_bfloat16_tensors_go_through_the_client_like_through_the_store(tmp_path):
+    torch = pytest.importorskip("torch")
+    spec = BlockSpec((2, 2, 4, 8), "bfloat16")
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=spec)
+    server = RankServer(store, socket_dir, 0)
+    try:
+        with connect(server.path) as client:
+            assert client.spec == spec
+            key = torch.randn(spec.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+            value = torch.randn(spec.shape, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+            block_id = client.put(key, value)
+            k_out, v_out = torch.empty(spec.shape, dtype=torch.bfloat16), torch.empty(spec.shape, dtype=torch.bfloat16)
+            assert client.get_into(block_id, k_out, v_out)
+            assert torch.equal(k_out.view(torch.int16), key.view(torch.int16))
+            assert torch.equal(v_out.view(torch.int16), value.view(torch.int16))
+            with pytest.raises(InvalidBlock, match="dtype"):  # the store's check, in the client
+                client.put(key.to(torch.float16), value)
+    finally:
+        server.close()
+        store.close()
+        os.rmdir(socket_dir)
