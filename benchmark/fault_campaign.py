@@ -94,7 +94,7 @@ def sigkill_mid_put(rounds: int, rnd: random.Random, base: str) -> dict[str, Any
                 got = s.get(bid)
                 lost += got is None
                 wrong += _wrong(got, _block(s.spec, i))
-            torn = s.stats()["tiers"]["lustre"]["torn_records"]
+            torn = s.stats()["tiers"]["file"]["torn_records"]
     return {"fault": "SIGKILL of a writer mid-put", "injected": rounds, "acked_blocks": len(acked),
             "acked_lost": lost, "wrong_served": wrong, "detected": torn, "recover_s": max(recover)}
 
@@ -120,7 +120,7 @@ def byte_flips(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]:
             fh.seek(-1, 1)
             fh.write(bytes([b[0] ^ (1 << rnd.randrange(8))]))
     wrong = sum(_wrong(s.get(bid), _block(s.spec, i)) for bid, i in ids.items())
-    detected = s.stats()["tiers"]["lustre"]["corruptions"]
+    detected = s.stats()["tiers"]["file"]["corruptions"]
     s.close()
     return {"fault": "bit flip in an aggregated file's payload", "injected": rounds, "acked_blocks": len(ids),
             "acked_lost": None, "wrong_served": wrong, "detected": detected,
@@ -145,10 +145,10 @@ def header_and_truncation(rounds: int, rnd: random.Random, base: str) -> dict[st
         t0 = time.perf_counter()
         with CascadeStore(_file_cfg(d)) as s:
             recover.append(time.perf_counter() - t0)
-            st = s.stats()["tiers"]["lustre"]
+            st = s.stats()["tiers"]["file"]
             detected += st["bad_headers"] + st["torn_records"]
             wrong += sum(_wrong(s.get(bid), _block(s.spec, i)) for bid, i in ids.items())
-            detected += s.stats()["tiers"]["lustre"]["corruptions"]
+            detected += s.stats()["tiers"]["file"]["corruptions"]
     return {"fault": "broken header + torn tail, index rebuilt at reopen", "injected": 2 * rounds,
             "acked_blocks": acked, "acked_lost": None, "wrong_served": wrong, "detected": detected,
             "recover_s": max(recover)}
@@ -185,13 +185,13 @@ def enospc(rounds: int, base: str) -> dict[str, Any]:
                 ids = {}
                 for i in range(200):
                     ids[s.put(*_block(s.spec, i))] = i
-                full += s.stats()["tiers"]["lustre"]["full_events"]
+                full += s.stats()["tiers"]["file"]["full_events"]
                 rejected += s.stats()["rejected"]
                 subprocess.run(["mount", "-o", "remount,size=16m", mnt], check=True)
                 t0 = time.perf_counter()
-                before = s.stats()["tiers"]["lustre"]["blocks"]
+                before = s.stats()["tiers"]["file"]["blocks"]
                 i = 200
-                while s.stats()["tiers"]["lustre"]["blocks"] <= before:  # first demotion that lands
+                while s.stats()["tiers"]["file"]["blocks"] <= before:  # first demotion that lands
                     ids[s.put(*_block(s.spec, i))] = i
                     i += 1
                 recover.append(time.perf_counter() - t0)
@@ -258,7 +258,7 @@ def full_disk_churn(rounds: int, rnd: random.Random, base: str, ops_per_round: i
                         gone.add(bid)
                 except Exception:  # a get or delete must never fail on a full disk
                     raised += 1
-            lustre = s.stats()["tiers"]["lustre"]
+            lustre = s.stats()["tiers"]["file"]
             detected += int(lustre["full_events"] + lustre.get("compactions_deferred", 0) > 0)
             gone |= {bid for bid in data if not s.contains(bid)}  # evicted: must stay gone
             hangs += not _ends(s.close)

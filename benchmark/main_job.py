@@ -1,6 +1,6 @@
 """The suite's ``run`` workload: Cascade's main job, ``cascade run --ranks 4`` (as ``make run``).
 
-The job itself (``cascade/distributed/main_job.py``) writes ``cascade_run_{nodes}n_{stamp}.json``
+The job itself (``cascade/app/main_job.py``) writes ``cascade_run_{nodes}n_{stamp}.json``
 with every rank's ``CascadeStore.stats()`` (``per_rank_stats``: one power-of-two microsecond
 latency histogram per serving tier, ``cluster_get_latency`` for gets another rank served).
 :func:`figures` turns that file into the suite's summary figures: per serving tier the

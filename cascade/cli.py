@@ -11,7 +11,6 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Sequence
 
 from . import __version__
@@ -52,7 +51,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                     "note": "cupy device memory" if gpu else "off: no usable GPU (tests run this tier with numpy)"},
             "shm": {"capacity": cfg.shm_bytes, "dir": cfg.shm_dir, "exists": os.path.isdir(cfg.shm_dir)},
             "remote": {"capacity": cfg.remote_bytes, "note": "other ranks' DRAM over MPI RMA (multi-rank runs)"},
-            "lustre": {"capacity": cfg.file_bytes, "dir": cfg.file_dir,
+            "file": {"capacity": cfg.file_bytes, "dir": cfg.file_dir,
                        "on_lustre": os.path.isdir(file_parent) and is_lustre(file_parent),
                        "stripe": [cfg.lustre_stripe_count, cfg.lustre_stripe_size]},
         },
@@ -97,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         _say_file_tier(args, os.path.abspath(cfg.file_dir), used, fresh)
         if args.ranks > 1:
-            from .distributed.launcher import run_local_ranks
+            from .app.launcher import run_local_ranks
 
             forwarded = _forwarded_run_args(args.raw_argv) + ["--set", f"file_dir={used}"]
             return run_local_ranks(args.ranks, forwarded)
@@ -133,11 +132,10 @@ def _run_here(args: argparse.Namespace, cfg: Config) -> int:
     print(f"references {result.references}: block hit ratio {result.block_hit_ratio:.1%}, token hit "
           f"ratio {result.token_hit_ratio:.1%}; {elapsed:.1f} s, {moved / elapsed / 1e9:.2f} GB/s moved")
     if args.results:
-        out = Path(args.results)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"cascade_run_1n_{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps({"command": sys.argv, "config": cfg.as_dict(), "versions": _versions(),
-                                    "source": source, "elapsed_s": elapsed, **result.as_dict()}, indent=2, default=str))
+        from .app.results import write_results
+
+        path = write_results(args.results, 1, {"config": cfg.as_dict(), "versions": _versions(), "source": source,
+                                               "elapsed_s": elapsed, **result.as_dict()})
         print(f"results: {path}")
     return 0
 

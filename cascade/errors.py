@@ -51,3 +51,8 @@ class LaunchError(CascadeError, RuntimeError):
 
 class StoreClosed(CascadeError, RuntimeError):
     """The store was closed: open a new one to use it again."""
+
+
+class CloseTimeout(CascadeError, TimeoutError):
+    """``close()`` waited its bound for operations still moving data; the message names
+    them. The store stays closed to new calls; call ``close()`` again once they end."""

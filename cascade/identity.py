@@ -16,6 +16,8 @@ import blake3
 from .buffers import host_bytes
 from .errors import InvalidBlock
 
+BlockKey = tuple[str, str]  # (namespace, block id): the key of a block in every layer
+DEFAULT_NAMESPACE = "default"
 HashAlgo = Literal["blake3", "sha256"]
 HASH_ALGOS: tuple[str, ...] = ("blake3", "sha256")
 ID_HEX_CHARS = 32

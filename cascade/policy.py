@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .tiers.base import BlockKey
+from .identity import BlockKey
 
 
 @dataclass(slots=True, eq=False)

@@ -1,12 +1,20 @@
-"""Counters the store keeps per tier and overall (read with ``CascadeStore.stats()``)."""
+"""Counters the store keeps per tier and overall (read with ``CascadeStore.stats()``),
+and the stats files ``cascade stats`` reads."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .histogram import LatencyHistogram
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +60,78 @@ class StoreCounters:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class StoreMetrics:
+    """Everything one store counts: operations overall, events per tier, latencies of
+    gets per serving tier, of puts, and of gets served by another rank. Not
+    thread-safe: updated under the store's lock."""
+
+    def __init__(self, num_tiers: int) -> None:
+        self.counters = StoreCounters()
+        self.tiers = [TierCounters() for _ in range(num_tiers)]
+        self.get_latency = [LatencyHistogram() for _ in range(num_tiers)]
+        self.put_latency = LatencyHistogram()
+        self.cluster_latency = LatencyHistogram()
+        self._written = 0.0
+
+    def hit(self, t: int, nbytes: int, started: float) -> None:
+        """A get served by tier ``t`` (a miss of every faster tier)."""
+        self.counters.hits += 1
+        self.tiers[t].hits += 1
+        self.tiers[t].bytes_read += nbytes
+        self.get_latency[t].record(time.perf_counter() - started)
+        for faster in self.tiers[:t]:
+            faster.misses += 1
+
+    def cluster_hit(self, started: float) -> None:
+        """A get served by another rank (a miss of every local tier)."""
+        self.counters.hits += 1
+        self.counters.cluster_hits += 1
+        self.cluster_latency.record(time.perf_counter() - started)
+        for counters in self.tiers:
+            counters.misses += 1
+
+    def miss(self, *, tiers: bool = True) -> bool:
+        """A get served by nobody (with ``tiers``, a miss of every tier too). False."""
+        self.counters.misses += 1
+        if tiers:
+            for counters in self.tiers:
+                counters.misses += 1
+        return False
+
+    def stored(self, t: int, nbytes: int, started: float) -> None:
+        self.counters.stored += 1
+        self.tiers[t].bytes_written += nbytes
+        self.put_latency.record(time.perf_counter() - started)
+
+    def rejected(self, t: int | None = None) -> None:
+        """A put that stored nothing (with ``t``: tier ``t`` refused it for room)."""
+        self.counters.rejected += 1
+        if t is not None:
+            self.tiers[t].full_events += 1
+
+    def as_dict(self, tier_stats: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """Counters overall (top level) and per tier (``tiers``: name -> the tier's own
+        facts in ``tier_stats``, its counters and get latency)."""
+        tiers = {name: {**facts, **counters.as_dict(), "get_latency": hist.as_dict()}
+                 for (name, facts), counters, hist in zip(tier_stats, self.tiers, self.get_latency)}
+        return {**self.counters.as_dict(), "tiers": tiers, "put_latency": self.put_latency.as_dict(),
+                "cluster_get_latency": self.cluster_latency.as_dict()}
+
+    def maybe_write(self, directory: str | None, interval: float, rank: int,
+                    snapshot: Callable[[], dict[str, Any]], *, force: bool = False) -> None:
+        """Refresh this rank's stats file in ``directory`` (if set) every ``interval``
+        seconds, so ``cascade stats`` can watch a running job."""
+        if not directory:
+            return
+        now = time.monotonic()
+        if force or now - self._written >= interval:
+            self._written = now
+            try:
+                write_stats_file(directory, rank, snapshot())
+            except OSError as exc:
+                log.warning("cannot write stats file in %s: %s", directory, exc)
 
 
 def stats_path(directory: str | os.PathLike, rank: int) -> Path:

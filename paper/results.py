@@ -1,7 +1,7 @@
 """Reading benchmark results files for the paper, with errors that name file and field.
 
 A results file is ``{system}_{workload}_{nodes}n_{timestamp}.json`` (DESIGN.md section 6)
-or a ``cascade run`` / ``python -m cascade.distributed run`` file,
+or a ``cascade run`` / ``python -m cascade.app run`` file,
 ``cascade_run_{nodes}n_{timestamp}.json``. Figures ask a :class:`ResultsFile` for fields
 by path (``rf.num("rows", 2, "memcpy", "gbps")``); a missing or malformed field raises
 :class:`ResultsError` naming the file and the field (``rows[2].memcpy.gbps``), so a
@@ -179,6 +179,20 @@ def _stamp(doc: dict[str, Any], match: re.Match[str] | None) -> str:
     return "0" * 18
 
 
+def _file_tier_as_lustre(node: Any) -> None:
+    """Store stats name the file tier ``file`` (``lustre`` before 2026-11-25): every
+    ``tiers`` mapping of ``doc`` names it ``lustre``, as the figures do, either way."""
+    if isinstance(node, dict):
+        tiers = node.get("tiers")
+        if isinstance(tiers, dict) and "file" in tiers and "lustre" not in tiers:
+            tiers["lustre"] = tiers.pop("file")
+        for value in node.values():
+            _file_tier_as_lustre(value)
+    elif isinstance(node, list):
+        for value in node:
+            _file_tier_as_lustre(value)
+
+
 def load_file(path: Path) -> ResultsFile:
     """Parse one results file. :class:`ResultsError` if it is not a JSON object."""
     path = Path(path)
@@ -188,6 +202,7 @@ def load_file(path: Path) -> ResultsFile:
         raise ResultsError(path, "<file>", f"cannot be read as JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise ResultsError(path, "<file>", "is not a JSON object")
+    _file_tier_as_lustre(doc)
     match = _NAME_RE.match(path.name)
     split = _split_head(match.group("head")) if match else None
     system = doc.get("system") or (split[0] if split else "")

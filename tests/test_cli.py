@@ -11,7 +11,7 @@ from cascade.cli import main
 def test_info_lists_tiers_and_versions(capsys, tmp_path):
     assert main(["info", "--set", f"file_dir={tmp_path}"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert set(info["tiers"]) == {"gpu", "shm", "remote", "lustre"}
+    assert set(info["tiers"]) == {"gpu", "shm", "remote", "file"}
     assert info["tiers"]["gpu"]["available"] in (True, False)
     assert info["versions"]["cascade"]
 
@@ -22,7 +22,7 @@ def test_run_replays_and_writes_results_and_stats(capsys, tmp_path):
             "--set", f"stats_dir={tmp_path / 'stats'}"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "block hit ratio" in out and "lustre" in out
+    assert "block hit ratio" in out and "file" in out
     result = json.loads(next((tmp_path / "res").glob("cascade_run_1n_*.json")).read_text())
     assert result["references"] > 0 and 0 <= result["block_hit_ratio"] <= 1
     assert main(["stats", str(tmp_path / "stats")]) == 0

@@ -315,23 +315,23 @@ def test_readers_vs_evictions_shm_over_file(tmp_path, mode):
         stats = _evictions_storm(store, mode)
         tiers = stats["tiers"]
         # 440 distinct blocks through 8 + 48 slots: demotions and drops had to happen
-        assert tiers["shm"]["demotions"] > 0 and tiers["lustre"]["evictions"] > 0
+        assert tiers["shm"]["demotions"] > 0 and tiers["file"]["evictions"] > 0
         assert stats["stored"] == 440
 
 
 def test_readers_vs_evictions_gpu_shm_file(tmp_path):
     cfg = config(tmp_path, gpu_bytes=4 * BLOCK)
     with open_store(cfg, array_module=np) as store:
-        assert [t.name for t in store.tiers] == ["gpu", "shm", "lustre"]
+        assert [t.name for t in store.tiers] == ["gpu", "shm", "file"]
         stats = _evictions_storm(store, "get_into", readers=3)
-        assert stats["tiers"]["gpu"]["demotions"] > 0 and stats["tiers"]["lustre"]["evictions"] > 0
+        assert stats["tiers"]["gpu"]["demotions"] > 0 and stats["tiers"]["file"]["evictions"] > 0
 
 
 def test_parallel_put_many_vs_readers(tmp_path):
     """Needs the new API: put_many(block_ids=..., max_workers=...)."""
     with open_store(config(tmp_path, io_threads=4)) as store:
         stats = _evictions_storm(store, "get_into", writer="put_many")
-        assert stats["stored"] == 440 and stats["tiers"]["lustre"]["evictions"] > 0
+        assert stats["stored"] == 440 and stats["tiers"]["file"]["evictions"] > 0
 
 
 def _file_only_storm(store: CascadeStore, mode: str) -> dict:
@@ -389,9 +389,9 @@ def test_file_tier_alone_readers_vs_evictions_deletes_and_compaction(tmp_path, r
         assert isinstance(tier, FileTier) and len(store.tiers) == 1
         assert tier.read_mode == read_mode
         stats = _file_only_storm(store, mode)
-        lustre = stats["tiers"]["lustre"]
-        assert lustre["evictions"] > 0 and lustre["compactions"] > 0
-        assert lustre["corrupt_reads"] == 0  # no read of a moving record looked corrupt
+        on_file = stats["tiers"]["file"]
+        assert on_file["evictions"] > 0 and on_file["compactions"] > 0
+        assert on_file["corrupt_reads"] == 0  # no read of a moving record looked corrupt
 
 
 # -- 2. readers vs delete and re-put of the same ids --------------------------------------------
@@ -512,7 +512,7 @@ def test_promotions_race_readers_hints_and_evictions(tmp_path):
             pass
         stats = check_quiescent(store)
         assert stats["hinted_bytes"] == 0
-        assert stats["tiers"]["lustre"]["promotions"] > 0 and stats["tiers"]["lustre"]["evictions"] > 0
+        assert stats["tiers"]["file"]["promotions"] > 0 and stats["tiers"]["file"]["evictions"] > 0
         # promotion still works once the storm is over
         key = next(iter(slow))
         got = store.get(key[1])
@@ -659,8 +659,8 @@ def test_corrupt_record_read_concurrently_is_a_miss_dropped_once(tmp_path, read_
         stats = check_quiescent(store, corruptions=sum(bad_reads))
         assert not any(store.contains_many(bad)) and len(store) == 30
         # each record was found bad and dropped: at least once each, never more than read
-        assert 2 <= stats["tiers"]["lustre"]["corruptions"] <= sum(bad_reads)
-        assert 2 <= stats["tiers"]["lustre"]["corrupt_reads"] <= sum(bad_reads)
+        assert 2 <= stats["tiers"]["file"]["corruptions"] <= sum(bad_reads)
+        assert 2 <= stats["tiers"]["file"]["corrupt_reads"] <= sum(bad_reads)
         assert stats["misses"] == sum(bad_reads) and stats["hits"] == 6 * 15 * 4
         assert tier.used == 30 * BLOCK and tier.free == tier.capacity - 30 * RECORD
         # a re-put of a dropped id stores it afresh, with the right bytes
@@ -830,7 +830,7 @@ def test_file_read_held_while_its_record_goes_and_its_file_is_compacted(tmp_path
         for n in range(130, 135):  # a compaction put off while the record was being read happens now
             put(store, n)
         stats = check_quiescent(store)
-        assert stats["tiers"]["lustre"]["compactions"] > 0 and stats["tiers"]["lustre"]["corrupt_reads"] == 0
+        assert stats["tiers"]["file"]["compactions"] > 0 and stats["tiers"]["file"]["corrupt_reads"] == 0
         assert set(gone) <= {target}
         if how == "delete" and not gone:
             assert not store.contains(target)
@@ -908,6 +908,6 @@ def test_two_reads_held_on_one_corrupt_record_drop_it_once(tmp_path, monkeypatch
         held_reads(file_read_hold(monkeypatch, parties=2), [one_read(store, target, o) for o in outcomes])
         assert [o["hit"] for o in outcomes] == [False, False]
         stats = check_quiescent(store, corruptions=2)
-        assert 1 <= stats["tiers"]["lustre"]["corruptions"] <= 2
+        assert 1 <= stats["tiers"]["file"]["corruptions"] <= 2
         assert len(store) == 9 and not store.contains(target)
         assert tier.used == 9 * BLOCK and tier.free == tier.capacity - 9 * RECORD

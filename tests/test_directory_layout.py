@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cascade.distributed import layout as L
-from cascade.distributed.window_slab import WORD_BITS, chunks_needed, find_run, run_mask
+from cascade.distributed.window_chunks import WORD_BITS, chunks_needed, find_run, run_mask
 from cascade.errors import InvalidBlock
 from cascade.identity import id_owner
 

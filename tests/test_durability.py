@@ -53,7 +53,7 @@ def test_bit_flips_and_truncation_are_counted_misses(tmp_path):
                 served_wrong += 1
         assert served_wrong == 0
         assert corrupt == 2
-        assert s.stats()["tiers"]["lustre"]["corruptions"] == 2
+        assert s.stats()["tiers"]["file"]["corruptions"] == 2
         assert s.stats()["misses"] == 2
 
 
@@ -68,7 +68,7 @@ def test_header_corruption_found_at_restart(tmp_path):
         f.seek(5 * record + 20)
         f.write(b"\xff\xff")
     with CascadeStore(cfg) as s:
-        assert s.stats()["tiers"]["lustre"]["bad_headers"] >= 1
+        assert s.stats()["tiers"]["file"]["bad_headers"] >= 1
         present = [s.get(b) is not None for b in ids]
         assert present.count(False) == 1 and not present[5]
         for bid, (k, v), ok in zip(ids, data, present):
@@ -85,7 +85,7 @@ def test_reopen_finds_every_block_with_its_parent(tmp_path):
         s.delete(ids[-1])
     with CascadeStore(cfg) as s:
         assert len(s) == 49 and s.longest_prefix(ids) == 49
-        assert s.stats()["tiers"]["lustre"]["recovered"] == 49
+        assert s.stats()["tiers"]["file"]["recovered"] == 49
         for bid, (k, v) in zip(ids[:-1], data):
             got = s.get(bid)
             assert np.array_equal(got[0], k) and np.array_equal(got[1], v)
@@ -204,7 +204,7 @@ def test_disk_use_stays_within_the_documented_multiple_of_file_bytes(tmp_path, f
             else:
                 ids.append(s.put(*data[n]))
             peak = max(peak, _on_disk(cfg.file_dir))
-        assert s.stats()["tiers"]["lustre"]["evictions"] > 0 and s.stats()["deletes"] > 0
+        assert s.stats()["tiers"]["file"]["evictions"] > 0 and s.stats()["deletes"] > 0
     assert peak <= bound, f"{peak} bytes on disk for a {cfg.file_bytes}-byte tier (bound {bound})"
 
 

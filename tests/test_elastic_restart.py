@@ -83,7 +83,7 @@ def test_close_counts_every_block_it_could_not_keep(tmp_path):
         key, value = store.spec.empty()
         key[...], value[...] = i, -i
         store.put(key, value)
-    in_file = store.stats()["tiers"]["lustre"]["blocks"]
+    in_file = store.stats()["tiers"]["file"]["blocks"]
     held = len(store)
     store.close()
     counters = json.loads(next(stats_dir.glob("stats_rank*.json")).read_text())

@@ -58,7 +58,7 @@ def test_given_tiers_are_used_fastest_first(config, tmp_path):
     with CascadeStore(config, tiers=[shm, files]) as s:
         ids = [s.put(*make_block(s.spec, i)) for i in range(5)]
         tiers = s.stats()["tiers"]
-        assert (tiers["shm"]["blocks"], tiers["lustre"]["blocks"]) == (2, 3)  # two fit the fast tier
+        assert (tiers["shm"]["blocks"], tiers["file"]["blocks"]) == (2, 3)  # two fit the fast tier
         assert all(same(s.get(b), make_block(s.spec, i)) for i, b in enumerate(ids))
     assert entries(tmp_path / "shm") == []  # the slab went with the store
 
@@ -246,7 +246,7 @@ def test_close_keep_false_drops_the_fast_tiers_and_leaves_no_slab(config, tmp_pa
         kept = [s.put(*make_block(s.spec, i)) for i in range(4)]
         assert s.stats()["tiers"]["shm"]["blocks"] == 4
     s = CascadeStore(config)
-    assert s.contains_many(kept) == [True] * 4 and s.stats()["tiers"]["lustre"]["blocks"] == 4
+    assert s.contains_many(kept) == [True] * 4 and s.stats()["tiers"]["file"]["blocks"] == 4
     s.delete(kept[0])
     hot = [s.put(*make_block(s.spec, 100 + i)) for i in range(3)]  # in SHM only
     assert s.stats()["tiers"]["shm"]["blocks"] == 3
@@ -299,7 +299,7 @@ def test_a_corrupt_file_tier_record_is_a_counted_miss_never_data(config, tmp_pat
         out = s.spec.empty()
         assert s.get(ids[1]) is None and not s.get_into(ids[1], *out)
         st = s.stats()
-        assert st["tiers"]["lustre"]["corruptions"] == 1  # counted once: then dropped
+        assert st["tiers"]["file"]["corruptions"] == 1  # counted once: then dropped
         assert st["hits"] == 0 and st["misses"] == 2
         assert not s.contains(ids[1]) and len(s) == 2
         assert same(s.get(ids[0]), blocks[0]) and same(s.get(ids[2]), blocks[2])
@@ -317,7 +317,7 @@ def test_corrupt_records_found_at_reopen_are_never_served(config, tmp_path):
     data[data.index(target) + 5] ^= 0xFF
     path.write_bytes(bytes(data))
     with CascadeStore(cfg) as s:  # the index rebuild checks each record: this one is dropped, counted
-        assert s.stats()["tiers"]["lustre"]["torn_records"] == 1
+        assert s.stats()["tiers"]["file"]["torn_records"] == 1
         assert len(s) == 2 and not s.contains(ids[2])
         assert s.get(ids[2]) is None and s.stats()["hits"] == 0
         assert same(s.get(ids[0]), blocks[0]) and same(s.get(ids[1]), blocks[1])

@@ -56,16 +56,16 @@ def test_full_file_tier_keeps_serving_and_recovers_when_space_returns(tmp_path):
                 data[s.put(*block(s.spec, i))] = i
             stats = s.stats()
             assert stats["rejected"] == 0  # every put was taken
-            assert stats["tiers"]["lustre"]["full_events"] > 0
+            assert stats["tiers"]["file"]["full_events"] > 0
             newest = list(data)[-8:]  # still in SHM
             assert all(s.contains(b) for b in newest)
             wrong = sum(1 for bid, i in data.items() if (g := s.get(bid)) is not None and not same(g, block(s.spec, i)))
             assert wrong == 0
-            on_file = s.stats()["tiers"]["lustre"]["blocks"]
+            on_file = s.stats()["tiers"]["file"]["blocks"]
             subprocess.run(["mount", "-o", "remount,size=8m", str(fs)], check=True)  # space returns
             for i in range(200, 300):
                 data[s.put(*block(s.spec, i))] = i
-            assert s.stats()["tiers"]["lustre"]["blocks"] > on_file + 50
+            assert s.stats()["tiers"]["file"]["blocks"] > on_file + 50
             wrong = sum(1 for bid, i in data.items() if (g := s.get(bid)) is not None and not same(g, block(s.spec, i)))
             assert wrong == 0
 
@@ -79,11 +79,11 @@ def test_full_dev_shm_runs_on_the_other_tiers(tmp_path, caplog):
         cfg = Config(model="tiny", shm_bytes=1 << 20, shm_dir=str(shm / "slabs"), file_bytes=16 << 20,
                      file_dir=str(tmp_path / "agg"))
         with CascadeStore(cfg) as s:
-            assert [t.name for t in s.tiers] == ["shm", "lustre"]
+            assert [t.name for t in s.tiers] == ["shm", "file"]
             assert "less than the tier's" in caplog.text
             data = {s.put(*block(s.spec, i)): i for i in range(40)}  # 160 KiB: more than the tmpfs holds
             st = s.stats()["tiers"]
-            assert st["shm"]["blocks"] > 0 and st["lustre"]["blocks"] > 0 and s.stats()["rejected"] == 0
+            assert st["shm"]["blocks"] > 0 and st["file"]["blocks"] > 0 and s.stats()["rejected"] == 0
             assert all(same(s.get(bid), block(s.spec, i)) for bid, i in data.items())
         assert os.listdir(shm / "slabs") == []  # nothing half-made left behind
 
@@ -212,7 +212,7 @@ def test_full_disk_get_and_delete_never_raise_and_nothing_comes_back(tmp_path, f
                     elif got is not None:
                         assert same(got, block(s.spec, data[bid]))
                     assert _ghosts_and_orphans(s) == (0, 0)
-                lustre = s.stats()["tiers"]["lustre"]
+                lustre = s.stats()["tiers"]["file"]
                 full |= lustre["full_events"] > 0 or lustre["compactions_deferred"] > 0
                 # what exceeds the bound is dead space reported as stuck, not piling up unseen
                 assert lustre["disk_bytes"] - lustre["dead_bytes_stuck"] <= disk_bound(cfg, 8192)
@@ -222,7 +222,7 @@ def test_full_disk_get_and_delete_never_raise_and_nothing_comes_back(tmp_path, f
         assert full  # the disk did fill up
         subprocess.run(["mount", "-o", "remount,size=8m", str(fs)], check=True)  # space returns
         with CascadeStore(cfg) as s:
-            lustre = s.stats()["tiers"]["lustre"]
+            lustre = s.stats()["tiers"]["file"]
             assert lustre["dead_bytes_stuck"] == 0 and lustre["disk_bytes"] <= disk_bound(cfg, 8192)
             served = [bid for bid in gone if s.get(bid) is not None]
             assert served == [], f"{len(served)} deleted or evicted blocks came back after a restart"

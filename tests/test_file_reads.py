@@ -59,4 +59,4 @@ def test_read_mode_is_a_config_key(tmp_path):
         Config(file_read_mode="fast")
     cfg = Config(model="tiny", shm_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="buffered")
     with CascadeStore(cfg) as store:
-        assert store.stats()["tiers"]["lustre"]["read_mode"] == "buffered"
+        assert store.stats()["tiers"]["file"]["read_mode"] == "buffered"

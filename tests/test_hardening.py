@@ -133,7 +133,7 @@ def test_files_replaced_by_directories_or_symlinks_are_skipped(tmp_path):
     (d / "agg_rank000_000051.bin").symlink_to(target)
     with CascadeStore(cfg) as store:
         assert len(store) == 1
-        assert store.stats()["tiers"]["lustre"]["bad_files"] == 2
+        assert store.stats()["tiers"]["file"]["bad_files"] == 2
         store.put(*_block(store, 3))  # the active file is a new one, not the planted names
     assert target.read_bytes() == b"x" * 8192
 
@@ -257,7 +257,7 @@ def test_ttl_survives_demotion_to_the_file_tier(tmp_path):
         first = store.put(*_block(store, 1), ttl=0.3)
         for i in range(2, 8):  # push `first` down to the file tier
             store.put(*_block(store, i))
-        assert store.stats()["tiers"]["lustre"]["blocks"] >= 1
+        assert store.stats()["tiers"]["file"]["blocks"] >= 1
         store.flush()
     time.sleep(0.5)
     with CascadeStore(cfg) as store:
@@ -274,10 +274,10 @@ def test_reads_keep_a_last_use_ttl_alive_across_a_restart(tmp_path):
         bid = store.put(*_block(store, 1), ttl=3.0)
         time.sleep(2.0)
         assert store.get(bid) is not None  # expires 3 s from now, no longer 1 s from now
-        before = store.stats()["tiers"]["lustre"]["expiry_writes"]
+        before = store.stats()["tiers"]["file"]["expiry_writes"]
         for _ in range(100):
             assert store.get(bid) is not None
-        assert store.stats()["tiers"]["lustre"]["expiry_writes"] - before <= 10  # not one write per read
+        assert store.stats()["tiers"]["file"]["expiry_writes"] - before <= 10  # not one write per read
     time.sleep(1.5)  # past the expiry the put wrote (3 s after it), before the refreshed one (5 s)
     with CascadeStore(cfg) as store:
         assert store.get(bid) is not None

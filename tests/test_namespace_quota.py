@@ -94,7 +94,7 @@ def test_a_put_at_its_share_does_not_scan_every_block(tmp_path):
             s.put(*block(s.spec, i), namespace="big")
         for i in range(8):  # tenant "a" fills its share of the SHM tier (8 of 16 blocks)
             s.put(*block(s.spec, 10_000 + i), namespace="a")
-        s._meta = _CountingDict(s._meta)
+        s._index.blocks = _CountingDict(s._index.blocks)  # the block index behind the store
         _CountingDict.visited = 0
         for i in range(8, 16):  # each put is at the share: one of a's blocks moves down first
             s.put(*block(s.spec, 10_000 + i), namespace="a")

@@ -5,7 +5,7 @@ import blake3
 import numpy as np
 import pytest
 
-import cascade.store
+import cascade.core.writes
 from cascade import CascadeStore, InvalidBlock, ModelFingerprint, model_fingerprint, prefix_ids
 
 FP = model_fingerprint("tiny", "rev-a", "float16", layout="kv", tp_size=2, tp_rank=1)
@@ -71,7 +71,7 @@ def test_store_put_with_prefix_ids_does_no_kv_hashing(tiny_config, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("put hashed the KV")
 
-    monkeypatch.setattr(cascade.store, "compute_block_id", boom)
+    monkeypatch.setattr(cascade.core.writes, "compute_block_id", boom)
     with CascadeStore(tiny_config) as store:
         bt = store.config.block_tokens
         tokens = np.arange(5 * bt + 3)

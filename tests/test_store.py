@@ -181,14 +181,14 @@ def test_eviction_demotes_to_file_tier_and_hits_promote(store):
     shm_blocks = store.tiers[0].capacity // store.spec.block_bytes  # 64 (tiny_config)
     ids = [store.put(*make_block(store.spec, 800 + i)) for i in range(100)]
     stats = store.stats()["tiers"]
-    assert stats["shm"]["demotions"] == stats["lustre"]["blocks"] == 100 - shm_blocks
+    assert stats["shm"]["demotions"] == stats["file"]["blocks"] == 100 - shm_blocks
     assert all(store.contains(b) for b in ids)  # nothing dropped: the file tier had room
     lustre = in_tier(store.tiers[1])
     victim = next(i for i, b in enumerate(ids) if b in lustre)
     got = store.get(ids[victim])
     k, v = make_block(store.spec, 800 + victim)
     assert got is not None and np.array_equal(got[0], k) and np.array_equal(got[1], v)  # the bytes it was given
-    assert store.stats()["tiers"]["lustre"]["promotions"] == 1
+    assert store.stats()["tiers"]["file"]["promotions"] == 1
     assert ids[victim] in in_tier(store.tiers[0]) and ids[victim] not in in_tier(store.tiers[1])
     again = store.get(ids[victim])  # now served by the fast tier, still the same bytes
     assert np.array_equal(again[0], k) and np.array_equal(again[1], v)
@@ -196,10 +196,10 @@ def test_eviction_demotes_to_file_tier_and_hits_promote(store):
 
 
 def test_ttl_expires_blocks(tiny_config, monkeypatch):
-    import cascade.store as store_mod
+    import time  # the clock every layer of the store reads
 
     clock = [1000.0]
-    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with CascadeStore(tiny_config) as s:
         bid = s.put(*make_block(s.spec, 900), ttl=10)
         clock[0] += 5
@@ -215,10 +215,10 @@ def test_ttl_expires_blocks(tiny_config, monkeypatch):
 
 
 def test_first_use_ttl(tiny_config, monkeypatch):
-    import cascade.store as store_mod
+    import time  # the clock every layer of the store reads
 
     clock = [0.0]
-    monkeypatch.setattr(store_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with CascadeStore(tiny_config.replace(ttl_mode="first_use")) as s:
         bid = s.put(*make_block(s.spec, 902), ttl=10)
         clock[0] = 8
@@ -243,7 +243,7 @@ def test_stats_add_up(store):
     assert st["puts"] == st["stored"] + st["deduped"] + st["rejected"] == 80
     assert st["deduped"] == 20
     tiers = st["tiers"]
-    assert tiers["shm"]["blocks"] + tiers["lustre"]["blocks"] == st["blocks"] == 60
+    assert tiers["shm"]["blocks"] + tiers["file"]["blocks"] == st["blocks"] == 60
 
 
 def test_concurrent_threads_keep_invariants(store):

@@ -76,7 +76,7 @@ def _check_main_job(d, manifest, summary) -> None:
     assert len(doc["per_rank_stats"]) == 4 and doc["replay"]["references"] > 0
     tiers = {(f["tier"], f["metric"]): f["median"] for f in summary["figures"]
              if f["workload"] == "run" and "tier" in f}
-    assert tiers[("shm", "gets")] > 0 and tiers[("cluster", "gets")] > 0 and tiers[("lustre", "bytes_written")] > 0
+    assert tiers[("shm", "gets")] > 0 and tiers[("cluster", "gets")] > 0 and tiers[("file", "bytes_written")] > 0
     assert tiers[("shm", "get_p50_s")] > 0 and 0 < tiers[("cluster", "gets_share")] < 1
     report = paper_figures.generate(d, d / "paper", only=["get_breakdown"])
     assert not report.errors and not report.skipped and not report.layout, report

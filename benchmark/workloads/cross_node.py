@@ -34,7 +34,7 @@ import numpy as np
 from cascade import CascadeStore, Config
 from cascade.distributed.directory import ShardedDirectory
 from cascade.distributed.rma import RoundTrips
-from cascade.distributed.window_slab import node_ids
+from cascade.distributed.window_chunks import node_ids
 from cascade.identity import id_owner
 
 from ..timing import gbps, summarize

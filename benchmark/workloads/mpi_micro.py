@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
-from cascade.distributed.window_slab import node_ids
-from cascade.tiers.remote import RemoteTier
+from cascade.distributed.window_chunks import node_ids
+from cascade.distributed.remote_tier import RemoteTier
 
 from ..timing import gbps, summarize
 

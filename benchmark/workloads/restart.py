@@ -70,7 +70,7 @@ def job(file_dir: str, phase: str, blocks_per_rank: int, capacity: int) -> None:
                 missing += 1
             elif not np.array_equal(key_out, _content(store.spec, rank, i)[0]):
                 wrong += 1
-    stats = store.stats()["tiers"]["lustre"]
+    stats = store.stats()["tiers"]["file"]
     report = {"open_s": open_s, "recovered": comm.allreduce(stats["recovered"]),
               "adopted": comm.allreduce(stats["adopted"]), "missing": comm.allreduce(missing),
               "wrong": comm.allreduce(wrong)}

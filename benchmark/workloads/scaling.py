@@ -300,7 +300,7 @@ def _measure(comm, name: str, mine, warm, theirs, args, shared_dir: str) -> dict
             _barrier(comm)
             store.close()
     misses = comm.allreduce(misses, op=MPI.SUM)
-    from cascade.distributed.window_slab import node_ids
+    from cascade.distributed.window_chunks import node_ids
 
     hosts = len(set(comm.allgather(os.uname().nodename)))
     nodes = len(set(node_ids(comm)))  # MPI's node split, which the store's read paths follow

@@ -173,7 +173,7 @@ def run(comm, *, hits: int, seconds: float, phases: list[str] | None = None) -> 
 def main(argv: list[str]) -> None:
     from mpi4py import MPI
 
-    from cascade.distributed.window_slab import node_ids
+    from cascade.distributed.window_chunks import node_ids
 
     p = argparse.ArgumentParser(prog="stress_mpi", description=__doc__.split("\n\n")[0])
     p.add_argument("--hits", type=int, default=120_000, help="cross-rank hits to verify, in all (default 120000)")

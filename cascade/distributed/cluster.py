@@ -30,7 +30,6 @@ Collective: the constructor and :meth:`close`. Everything else is local and one-
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from ..buffers import host_outputs
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
-from ..tiers.base import BlockKey
+from ..identity import BlockKey
+from ..tiers.base import TierKind
 from ..tiers.file_tier import read_record
 from ..tiers.shm import ShmPeerSlabs
 from .agree import agree
@@ -50,23 +50,9 @@ from .shm_window import SlabWindow
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ..tiers.remote import RemoteTier
+    from .remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
-
-
-class TierKind(enum.IntEnum):
-    """Tier numbers as stored in directory entries (stable across configurations)."""
-
-    GPU = 0
-    SHM = 1
-    REMOTE = 2
-    LUSTRE = 3
-    NONE = 0xFF  # a placeholder entry: the block is gone, only its child count is kept
-
-    @classmethod
-    def of(cls, tier_name: str) -> "TierKind":
-        return cls[tier_name.upper()]
 
 
 class Cluster:
@@ -122,7 +108,7 @@ class Cluster:
                 self.shm_window is not None and self.shm_window.sizes[entry.rank] > 0)
         if kind is TierKind.REMOTE:
             return self.remote is not None
-        if kind is TierKind.LUSTRE:
+        if kind is TierKind.FILE:
             group = self.file_groups[self.rank]
             return group >= 0 and self.file_groups[entry.rank] == group
         return False  # GPU: no device memory access across processes here
@@ -194,7 +180,7 @@ class Cluster:
                 self.window_reads += 1
         elif kind is TierKind.REMOTE:
             self.remote.read_remote_parts(entry.rank, entry.location, outs)
-        elif kind is TierKind.LUSTRE:
+        elif kind is TierKind.FILE:
             try:
                 read_record(self.file_dir, entry.rank, entry.location, key, outs)
             except BlockNotFound:

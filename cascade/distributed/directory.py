@@ -60,7 +60,7 @@ from .rma import Backoff, allocate_window, free_window, load_mpi
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ..tiers.base import BlockKey
+    from ..identity import BlockKey
 
 __all__ = ["DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
 

@@ -30,10 +30,12 @@ import numpy as np
 
 from ..checksum import checksum
 from ..errors import BlockNotFound, BlockPinned
+from ..tiers.base import TierKind
 
 if TYPE_CHECKING:
     from ..policy import BlockMeta
-    from ..tiers.base import BlockKey, Tier
+    from ..identity import BlockKey
+    from ..tiers.base import Tier
     from .cluster import Cluster
     from .directory import DirectoryEntry
 
@@ -112,13 +114,9 @@ class Joined(Solo):
     store's tiers (fastest first), ``rank`` this rank."""
 
     def __init__(self, cluster: Cluster, tiers: Sequence[Tier], rank: int) -> None:
-        from .cluster import TierKind
-
         self.cluster = cluster
         self.tiers = tiers
         self.rank = rank
-        self._kinds = [TierKind.of(t.name) for t in tiers]
-        self._remote = TierKind.REMOTE
         self._foreign_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
         self._lock = threading.RLock()
 
@@ -142,18 +140,17 @@ class Joined(Solo):
     def _theirs(self, entry: DirectoryEntry) -> bool:
         """Whether another rank published ``entry`` (a REMOTE-tier entry names the rank
         whose window holds the bytes, never the rank that put them)."""
-        return entry.rank != self.rank or entry.tier == self._remote
+        return entry.rank != self.rank or entry.tier == TierKind.REMOTE
 
     def _placement(self, meta: BlockMeta, t: int | None = None) -> tuple[Any, int, int]:
         """(tier kind, rank holding the bytes, location) of a local block in tier ``t``
         (default: its tier)."""
-        t = meta.tier if t is None else t
-        tier = self.tiers[t]
-        if tier.name == "remote":
+        tier = self.tiers[meta.tier if t is None else t]
+        if tier.kind is TierKind.REMOTE:
             rank, location, _ = tier.location(meta.key)
-            return self._kinds[t], rank, location
-        location = tier.location(meta.key) if tier.name == "lustre" else tier.offset(meta.key)
-        return self._kinds[t], self.rank, location
+            return tier.kind, rank, location
+        location = tier.location(meta.key) if tier.kind is TierKind.FILE else tier.offset(meta.key)
+        return tier.kind, self.rank, location
 
     @_serialized
     def publish(self, meta: BlockMeta) -> bool:

@@ -65,7 +65,7 @@ def main(file_dir: str, phase: str, model: str = "tiny") -> int:
                 missing += 1
             elif not all(np.array_equal(a, b) for a, b in zip(got, content(store.spec, rank, i))):
                 wrong += 1
-    file_stats = store.stats()["tiers"]["lustre"]
+    file_stats = store.stats()["tiers"]["file"]
     report = {"ranks": comm.size, "blocks": sum(len(ids) for ids in everyone),
               "recovered": comm.allreduce(file_stats["recovered"]), "adopted": comm.allreduce(file_stats["adopted"]),
               "wrong": comm.allreduce(wrong), "missing": comm.allreduce(missing), "open_s": round(open_s, 4),

@@ -56,7 +56,7 @@ def main(file_dir: str, phase: str) -> None:
                 missing += 1
             elif not all(np.array_equal(a, b) for a, b in zip(got, _content(store.spec, rank, i))):
                 wrong += 1
-    report = {"recovered": comm.allreduce(store.stats()["tiers"]["lustre"]["recovered"]),
+    report = {"recovered": comm.allreduce(store.stats()["tiers"]["file"]["recovered"]),
               "wrong": comm.allreduce(wrong), "missing": comm.allreduce(missing)}
     store.close()
     if comm.rank == 0:

@@ -1,4 +1,6 @@
-"""The contract every tier must meet, as a pytest base class.
+"""The contract every tier must meet, as a pytest base class: the mapping, its
+capacity, the two-phase reads and writes the store uses, and the capabilities a tier
+declares (the store reads only those, never a tier's name or type).
 
 A tier's test is a small subclass that implements ``make_tier(capacity)``::
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from ..errors import BlockNotFound, TierFull
-from ..tiers.base import Tier
+from ..tiers.base import Memory, Tier, TierKind
 
 NS = "contract"
 
@@ -125,3 +127,59 @@ class TierContract:
         assert set(tier) == set(model)
         for k, v in model.items():
             assert tier[k] == v
+
+    # -- capabilities ----------------------------------------------------------------------
+    def test_declares_what_it_is(self, tier):
+        assert isinstance(tier.kind, TierKind) and tier.kind is not TierKind.NONE
+        assert isinstance(tier.memory, Memory)
+        assert all(isinstance(flag, bool)
+                   for flag in (tier.concurrent, tier.persistent, tier.records_ttl, tier.collective))
+
+    def test_records_parents_when_persistent(self, tier):
+        tier.put(_key(10), [b"p" * 100], parent=_key(11)[1])
+        assert tier.parent_of(_key(10)) == (_key(11)[1] if tier.persistent else None)
+
+    def test_records_expiry_when_it_says_so(self, tier):
+        tier.put(_key(12), [b"t" * 100])
+        assert tier.expires_of(_key(12)) == 0.0
+        if tier.records_ttl:
+            tier.set_expiry(_key(12), 4.0e9)
+            assert tier.expires_of(_key(12)) == 4.0e9 and tier[_key(12)] == b"t" * 100
+        else:
+            with pytest.raises(NotImplementedError):
+                tier.set_expiry(_key(12), 4.0e9)
+
+    # -- two-phase data movement --------------------------------------------------------------
+    def test_reserve_fill_commit_and_discard(self, tier):
+        data = _payload(13, 5000)
+        used = tier.used
+        tier.discard(tier.reserve(_key(13), len(data)))  # given back: nothing changed
+        assert tier.used == used and _key(13) not in tier
+        handle = tier.reserve(_key(13), len(data))
+        tier.fill(handle, [data[:1000], data[1000:]])
+        tier.commit(_key(13), handle)
+        assert tier[_key(13)] == data and tier.used == used + len(data)
+
+    def test_leased_read_is_exact(self, tier):
+        data = _payload(14, 8192)
+        tier.put(_key(14), [data])
+        lease = tier.lease(_key(14))
+        assert tier.current(_key(14), lease)
+        a, b = np.empty(4096, np.uint8), np.empty(4096, np.uint8)
+        tier.read_leased(lease, [a, b])
+        tier.release(lease)
+        assert a.tobytes() + b.tobytes() == data
+
+    def test_a_leased_block_deleted_keeps_its_bytes_until_released(self, tier):
+        if not tier.concurrent:
+            pytest.skip("a non-concurrent tier is read under the store's lock: nothing is deleted meanwhile")
+        data = _payload(15, 8192)
+        tier.put(_key(15), [data])
+        lease = tier.lease(_key(15))
+        del tier[_key(15)]
+        tier.put(_key(16), [_payload(16, 8192)])  # may not reuse the leased bytes
+        assert not tier.current(_key(15), lease)
+        out = np.empty(8192, np.uint8)
+        tier.read_leased(lease, [out])
+        tier.release(lease)
+        assert out.tobytes() == data and tier[_key(16)] == _payload(16, 8192)

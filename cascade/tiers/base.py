@@ -19,14 +19,14 @@ get the defaults here, which do the work in the serialised steps.
 """
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from ..buffers import as_byte_view
-
-BlockKey = tuple[str, str]  # (namespace, block id)
+from ..identity import BlockKey
 
 
 class _Deferred:
@@ -38,11 +38,46 @@ class _Deferred:
         self.key, self.parent, self.parts = key, parent, ()
 
 
-class Tier(MutableMapping[BlockKey, bytes], ABC):
-    """Abstract storage tier. Subclasses implement the six abstract methods."""
+class TierKind(enum.IntEnum):
+    """What a tier is; its number is stored in directory entries (stable across
+    configurations), so other ranks know how to read a block it holds."""
 
-    name: str = "tier"
+    GPU = 0
+    SHM = 1
+    REMOTE = 2
+    FILE = 3
+    NONE = 0xFF  # a placeholder directory entry: the block is gone, only its child count is kept
+
+
+class Memory(enum.Enum):
+    """Where a tier's bytes live."""
+
+    DEVICE = "device"  # GPU memory of this process
+    HOST = "host"  # this node's DRAM
+    PEER = "peer"  # other ranks' DRAM (MPI windows)
+    DISK = "disk"  # files
+
+
+class Tier(MutableMapping[BlockKey, bytes], ABC):
+    """Abstract storage tier. Subclasses implement the six abstract methods and declare
+    their capabilities in the class attributes below; the store reads only those,
+    never a tier's name or type."""
+
+    name: str = "tier"  # its key in stats() and log lines
+    kind: TierKind = TierKind.NONE
+    memory: Memory = Memory.HOST
     concurrent: bool = False  # read_leased / fill may run outside the store's lock
+    reads_into_device: bool = False  # read_leased also fills device arrays (not only host memory)
+    # Its blocks outlive the process: a store opened on the same place adopts them (warm
+    # restart) with their parents (:meth:`parent_of`).
+    persistent: bool = False
+    # It keeps each block's wall-clock expiry (:meth:`set_expiry`, :meth:`expires_of`),
+    # asking ``expiry_of`` (set by the store) for it when a block is written.
+    records_ttl: bool = False
+    expiry_of: Callable[[BlockKey], float] | None = None
+    # Set by the store: called (under its lock) with the keys of blocks the tier moved
+    # within itself (file-tier compaction), so the directory follows them.
+    on_relocate: Callable[[list[BlockKey]], None] | None = None
     collective: bool = False  # opening and closing it takes every rank (MPI windows)
 
     @property
@@ -161,6 +196,20 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
             self.discard(handle)
             raise
         self.commit(key, handle)
+
+    # -- what persistent tiers record (see the capability flags) --------------------------
+    def parent_of(self, key: BlockKey) -> str | None:
+        """The parent recorded with a block (persistent tiers; None elsewhere)."""
+        return None
+
+    def expires_of(self, key: BlockKey) -> float:
+        """A block's recorded wall-clock expiry (0 = none, or a tier that keeps none)."""
+        return 0.0
+
+    def set_expiry(self, key: BlockKey, expires: float, *, batched: bool = False) -> None:
+        """Record a block's wall-clock expiry (tiers with ``records_ttl``); ``batched``:
+        it may be written later, with others."""
+        raise NotImplementedError(f"{self.name} tier does not record TTLs")
 
     def sync(self) -> None:
         """Make every completed put durable (persistent tiers fsync; others do nothing)."""

@@ -1,4 +1,4 @@
-"""LUSTRE tier: append-only aggregated files on a (parallel) file system.
+"""The file tier: append-only aggregated files on a (parallel) file system.
 
 Blocks are appended as records (see :mod:`.records`) to ``agg_rank{rank:03d}_{id:06d}.bin``,
 rolling to a new file at ``segment_bytes``. Each rank writes only its own files; an
@@ -62,7 +62,7 @@ from ..checksum import checksum
 from ..buffers import as_byte_view, host_bytes
 from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
-from .base import BlockKey, Tier
+from .base import BlockKey, Memory, Tier, TierKind
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_header
@@ -125,8 +125,12 @@ class FileTier(Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
-    name = "lustre"
+    name = "file"
+    kind = TierKind.FILE
+    memory = Memory.DISK
     concurrent = True
+    persistent = True
+    records_ttl = True
 
     def __init__(
         self,

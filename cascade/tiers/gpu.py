@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import buffers
+from .base import Memory, TierKind
 from .slab_tier import SlabTier
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class GpuTier(SlabTier):
     """A ``capacity``-byte slab allocated with ``xp`` (cupy on a GPU, numpy in tests)."""
 
     name = "gpu"
+    kind = TierKind.GPU
+    memory = Memory.DEVICE
 
     def __init__(self, capacity: int, xp: ModuleType, *, device: int = 0, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)

@@ -37,6 +37,7 @@ import numpy as np
 from .. import buffers
 from ..config import default_shm_dir
 from ..errors import BlockNotFound, TierFull
+from .base import TierKind
 from .private_dir import ensure_private_dir
 from .slab_tier import SlabTier, _Slot
 
@@ -121,6 +122,7 @@ class ShmTier(SlabTier):
     module docstring); :class:`TierFull` when the file system cannot back a range."""
 
     name = "shm"
+    kind = TierKind.SHM
 
     def __init__(self, capacity: int, directory: str | None = None, *, verify: bool = False) -> None:
         super().__init__(capacity, verify=verify)

@@ -33,6 +33,7 @@ class SlabTier(Tier):
     """
 
     concurrent = True
+    reads_into_device = True  # a slab copy goes between any two buffers (cascade.buffers.copy)
 
     def __init__(self, capacity: int, *, verify: bool = False) -> None:
         self._capacity = capacity

@@ -57,8 +57,8 @@ def _preset_kib_per_token(name: str) -> Callable[[], float]:
 def _min_chunks_per_window() -> int:
     """Fewest chunks a window is cut into (``store.remote_chunk_bytes`` halves the
     chunk until a window holds this many): found by asking the function itself."""
-    from cascade.distributed.window_slab import CHUNK_BYTES
-    from cascade.store import remote_chunk_bytes
+    from cascade.distributed.window_chunks import CHUNK_BYTES
+    from cascade.core.factory import remote_chunk_bytes
 
     return next(n for n in range(1, 1 << 16) if remote_chunk_bytes(n * CHUNK_BYTES) == CHUNK_BYTES)
 
@@ -86,7 +86,7 @@ FACTS: dict[str, tuple[Callable[[], Any], Callable[[Any], str], str]] = {
     "DIdBits": (_bits(_attr("cascade.identity", "ID_BYTES")), integer, "cascade/identity.py: 8 * ID_BYTES"),
     "DBlakeThreaded": (_attr("cascade.identity", "_BLAKE3_THREADED_BYTES"), size,
                        "cascade/identity.py: _BLAKE3_THREADED_BYTES"),
-    "DOverlapMin": (_attr("cascade.store", "_OVERLAP_MIN_BYTES"), size, "cascade/store.py: _OVERLAP_MIN_BYTES"),
+    "DOverlapMin": (_attr("cascade.core.writes", "_OVERLAP_MIN_BYTES"), size, "cascade/core/writes.py: _OVERLAP_MIN_BYTES"),
     "DHistoryPerBlock": (_attr("cascade.store", "_HISTORY_PER_BLOCK"), integer,
                          "cascade/store.py: _HISTORY_PER_BLOCK (policy history = this x capacity in blocks)"),
     "DSlabAlign": (_attr("cascade.tiers.slab", "ALIGN"), integer, "cascade/tiers/slab.py: ALIGN"),
@@ -108,12 +108,12 @@ FACTS: dict[str, tuple[Callable[[], Any], Callable[[Any], str], str]] = {
                          "cascade/tiers/file_tier.py: _READERS (reader pool, shared by the process)"),
     "DLustreMagic": (_hex(_attr("cascade.tiers.lustre_fs", "LUSTRE_SUPER_MAGIC")), str,
                      "cascade/tiers/lustre_fs.py: LUSTRE_SUPER_MAGIC"),
-    "DRemoteChunk": (_attr("cascade.distributed.window_slab", "CHUNK_BYTES"), size,
-                     "cascade/distributed/window_slab.py: CHUNK_BYTES"),
+    "DRemoteChunk": (_attr("cascade.distributed.window_chunks", "CHUNK_BYTES"), size,
+                     "cascade/distributed/window_chunks.py: CHUNK_BYTES"),
     "DMinChunksPerWindow": (_min_chunks_per_window, integer,
-                            "cascade/store.py: remote_chunk_bytes (fewest chunks per window, found by calling it)"),
-    "DLeaseMaxChunks": (_attr("cascade.distributed.window_slab", "WORD_BITS"), integer,
-                        "cascade/distributed/window_slab.py: WORD_BITS (one bitmap word per lease)"),
+                            "cascade/core/factory.py: remote_chunk_bytes (fewest chunks per window, found by calling it)"),
+    "DLeaseMaxChunks": (_attr("cascade.distributed.window_chunks", "WORD_BITS"), integer,
+                        "cascade/distributed/window_chunks.py: WORD_BITS (one bitmap word per lease)"),
     "DDirectorySlots": (_config_default("directory_slots"), integer, "cascade/config.py: Config.directory_slots default"),
     "DBucketSlots": (_attr("cascade.distributed.layout", "BUCKET_SLOTS"), integer,
                      "cascade/distributed/layout.py: BUCKET_SLOTS"),

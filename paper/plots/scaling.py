@@ -5,7 +5,7 @@ Sources:
 * ranks: the newest ``scaling`` results file (schema ``cascade-bench/scaling/1`` in
   ``benchmark/README.md``): aggregate put and get GB/s per system and rank count, with the
   machine's aggregate memcpy and raw MPI ``Get`` limits per rank count;
-* nodes: ``cascade_run_*.json`` files (``python -m cascade.distributed run``, as
+* nodes: ``cascade_run_*.json`` files (``python -m cascade.app run``, as
   ``slurm/scaling.sbatch`` runs it) of at least two distinct node counts, the newest per
   node count: the exchange phase's aggregate put and cross-rank read GB/s (all ranks'
   bytes over the slowest rank's time).
@@ -36,7 +36,7 @@ CAPTION = (r"Weak scaling on one node: aggregate put (left) and get (right) thro
            r"are gets of blocks put by a different rank, through the global directory; on one node they read the "
            r"peer's shared-memory slab or files directly, not over MPI. Points: medians over the "
            r"\SuiteReps repetitions of the suite run; vertical bars: their minimum and maximum.")
-NODES_CAPTION = (r"Lower panel: the main job (\texttt{python -m cascade.distributed run}) on one to \ScaleMaxNodes nodes: "
+NODES_CAPTION = (r"Lower panel: the main job (\texttt{python -m cascade.app run}) on one to \ScaleMaxNodes nodes: "
                  r"aggregate put and cross-rank read throughput of its exchange phase.")
 
 TABLE_CAPTION = (r"Scaling: aggregate put and get GB/s per system and number of ranks, speed-up over one rank, and "

@@ -69,9 +69,9 @@ def test_every_entry_carries_the_checksum_and_a_corrupt_copy_is_a_miss(comm, sha
                 tier._bytes[entry.location + 5] ^= 0xFF
             else:
                 one = np.empty(1, dtype=np.uint8)
-                tier.slab.get_into(entry.rank, entry.location + 5, [memoryview(one)])
+                tier.windows.get_into(entry.rank, entry.location + 5, [memoryview(one)])
                 one ^= 0xFF
-                tier.slab.put(entry.rank, entry.location + 5, [memoryview(one)])
+                tier.windows.put(entry.rank, entry.location + 5, [memoryview(one)])
         comm.Barrier()
         readable = store.cluster.readable(entry)
         got = store.get(bid) if comm.rank else None
@@ -309,7 +309,7 @@ def test_a_clean_close_keeps_hot_blocks_in_the_file_tier(comm, shared_dir, every
     try:
         wrong = sum(not same(again.get(b), block(again.spec, s)) for b, s in zip(ids, seeds))
         assert everywhere(wrong == 0, f"{wrong} of {len(ids)} blocks missing or wrong after the reopen")
-        hits = again.stats()["tiers"]["lustre"]["hits"]
+        hits = again.stats()["tiers"]["file"]["hits"]
         assert everywhere(hits == len(ids), f"{hits} file-tier hits")
         comm.Barrier()
     finally:

@@ -40,7 +40,7 @@ def test_no_rank_reads_before_every_rank_republished(comm, shared_dir, everywher
                 got = store.get(bid)
                 missing += got is None
                 wrong += got is not None and not same(got, block(store.spec, rank * 10_000 + i))
-        recovered = comm.allreduce(store.stats()["tiers"]["lustre"]["recovered"])
+        recovered = comm.allreduce(store.stats()["tiers"]["file"]["recovered"])
     expected = BLOCKS_ON_RANK_0 + BLOCKS_ELSEWHERE * (comm.size - 1)
     assert everywhere(recovered == expected), recovered
     assert everywhere(missing == 0 and wrong == 0), (missing, wrong)

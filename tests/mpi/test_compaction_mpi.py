@@ -20,7 +20,7 @@ def test_blocks_moved_by_compaction_stay_readable_from_every_rank(comm, shared_d
         ids = [store.put(*block(store.spec, comm.rank * 1000 + i)) for i in range(BLOCKS)]
         for bid in ids[::2]:
             store.delete(bid)
-        compactions = store.stats()["tiers"]["lustre"]["compactions"]
+        compactions = store.stats()["tiers"]["file"]["compactions"]
         comm.Barrier()  # every rank's deletes (and compactions) are done
         everyone = comm.allgather(ids)
         missing = wrong = 0

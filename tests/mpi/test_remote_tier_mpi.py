@@ -8,7 +8,7 @@ from collective import raises
 
 from cascade.distributed import DirectoryEntry, ShardedDirectory
 from cascade.errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
-from cascade.tiers.remote import RemoteTier
+from cascade.distributed.remote_tier import RemoteTier
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
 
@@ -123,10 +123,10 @@ def test_partial_reads_and_errors(comm, tier, everywhere):
     assert everywhere(raises(BlockNotFound, tier.read_into, key(comm.rank, 99), bytearray(1)))
     assert everywhere(raises(BlockNotFound, tier.__delitem__, key(comm.rank, 99)))
     holder = tier.location(k)[0]
-    assert everywhere(raises(ValueError, tier.read_remote, holder, tier.slab.window_bytes(holder), bytearray(1)))
+    assert everywhere(raises(ValueError, tier.read_remote, holder, tier.windows.window_bytes(holder), bytearray(1)))
     # A block changed behind the tier's back is caught (verify=True), here and via the directory's checksum.
     rank, location, length = tier.location(k)
-    tier.slab.put(rank, location + 5, [memoryview(bytes([data[5] ^ 0xFF]))])
+    tier.windows.put(rank, location + 5, [memoryview(bytes([data[5] ^ 0xFF]))])
     assert everywhere(raises(CorruptBlock, tier.read_into, k, np.empty(len(data), np.uint8)))
     assert everywhere(raises(CorruptBlock, tier.read_remote, rank, location, bytearray(length),
                              checksum=xxhash.xxh3_64_intdigest(data)))

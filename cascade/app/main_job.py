@@ -1,4 +1,4 @@
-"""The main job on every rank: ``python -m mpi4py -m cascade.distributed run ...``.
+"""The main job on every rank: ``python -m mpi4py -m cascade.app run ...``.
 
 Two phases, both against one cluster-wide store:
 
@@ -15,21 +15,19 @@ if any rank read a wrong byte. Collective: every rank runs all of it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..config import Config, parse_overrides
+from .results import write_results
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cascade.distributed", description="Cascade's main job on N ranks")
+    p = argparse.ArgumentParser(prog="python -m cascade.app", description="Cascade's main job on N ranks")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="exchange + replay on every rank")
     run.add_argument("--results", help="directory for the results JSON (rank 0 writes it)")
@@ -149,15 +147,11 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
                   f"block hit ratio {hits / max(refs, 1):.1%} ({total['cluster_hits']} hits served by another rank); "
                   f"{elapsed:.1f} s")
         if args.results:
-            out = Path(args.results)
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / f"cascade_run_{info.num_nodes}n_{time.strftime('%Y%m%dT%H%M%S')}.json"
-            doc = {"system": "cascade", "workload": "run", "command": sys.argv, "nodes": info.num_nodes,
-                   "ranks": info.size, "launch": info.__dict__, "config": cfg.as_dict(),
-                   "host": platform.node(), "elapsed_s": elapsed, "exchange": exchanges, "wrong_bytes_blocks": wrong,
-                   "replay": {"references": refs, "hits": hits, "block_hit_ratio": hits / max(refs, 1),
-                              "per_rank": replays},
-                   "totals": total, "per_rank_stats": per_rank}
-            path.write_text(json.dumps(doc, indent=1, default=str))
+            path = write_results(args.results, info.num_nodes, {
+                "ranks": info.size, "launch": info.__dict__, "config": cfg.as_dict(), "host": platform.node(),
+                "elapsed_s": elapsed, "exchange": exchanges, "wrong_bytes_blocks": wrong,
+                "replay": {"references": refs, "hits": hits, "block_hit_ratio": hits / max(refs, 1),
+                           "per_rank": replays},
+                "totals": total, "per_rank_stats": per_rank})
             print(f"results: {path}", flush=True)
     return 1 if wrong else 0

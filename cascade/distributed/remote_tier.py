@@ -2,7 +2,7 @@
 
 Bytes move with one-sided ``Put`` / ``Get`` between the caller's buffers and the target
 window (no pickling, no copy through a staging buffer); space comes from chunk leases on
-the targets (see :mod:`cascade.distributed.window_slab`). Targets are the other ranks:
+the targets (see :mod:`cascade.distributed.window_chunks`). Targets are the other ranks:
 those on this rank's node first (shared memory), other nodes only when those are full. A
 tier on a one-rank communicator has capacity 0: every put raises :class:`TierFull`.
 
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checksum import checksum
-from ..distributed.rma import load_mpi
-from ..distributed.window_slab import CHUNK_BYTES, WORD_BITS, WindowSlab, chunks_needed, find_run
 from ..errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from ..buffers import as_byte_view, host_bytes
-from .base import BlockKey, Tier
-from .slab import SlabAllocator
+from ..tiers.base import BlockKey, Memory, Tier, TierKind
+from ..tiers.slab import SlabAllocator
+from .rma import load_mpi
+from .window_chunks import CHUNK_BYTES, WORD_BITS, WindowChunks, chunks_needed, find_run
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -65,22 +65,24 @@ class RemoteTier(Tier):
     checksum per block and checks whole-block reads (:class:`CorruptBlock` on mismatch)."""
 
     name = "remote"
+    kind = TierKind.REMOTE
+    memory = Memory.PEER
     collective = True
 
     def __init__(self, comm: MPI.Comm | None = None, exposed_bytes: int = 0, *,
                  chunk_bytes: int = CHUNK_BYTES, verify: bool = False) -> None:
         if comm is None:
             comm = load_mpi().COMM_SELF
-        self.slab: WindowSlab | None = WindowSlab(comm, exposed_bytes, chunk_bytes=chunk_bytes)
+        self.windows: WindowChunks | None = WindowChunks(comm, exposed_bytes, chunk_bytes=chunk_bytes)
         self._verify = verify
         self.rank = comm.Get_rank()
         size = comm.Get_size()
         others = [(self.rank + k) % size for k in range(1, size)]  # rotated: spreads the load
-        usable = [t for t in others if self.slab.chunks[t]]
-        here = self.slab.nodes[self.rank]
-        self._groups = [g for g in ([t for t in usable if self.slab.nodes[t] == here],
-                                    [t for t in usable if self.slab.nodes[t] != here]) if g]
-        self._capacity = sum(self.slab.window_bytes(t) for t in usable)
+        usable = [t for t in others if self.windows.chunks[t]]
+        here = self.windows.nodes[self.rank]
+        self._groups = [g for g in ([t for t in usable if self.windows.nodes[t] == here],
+                                    [t for t in usable if self.windows.nodes[t] != here]) if g]
+        self._capacity = sum(self.windows.window_bytes(t) for t in usable)
         self._leases: dict[int, list[_Lease]] = {t: [] for t in usable}
         self._blocks: dict[BlockKey, _Block] = {}
         self._used = 0
@@ -105,9 +107,9 @@ class RemoteTier(Tier):
         spare = sum(lease.alloc.size - lease.alloc.allocated for ls in self._leases.values() for lease in ls)
         if not self._leases:
             return spare
-        bitmaps = self.slab.bitmaps(list(self._leases))
-        chunk = self.slab.chunk_bytes
-        return spare + sum((self.slab.chunks[t] - sum(bin(w).count("1") for w in words)) * chunk
+        bitmaps = self.windows.bitmaps(list(self._leases))
+        chunk = self.windows.chunk_bytes
+        return spare + sum((self.windows.chunks[t] - sum(bin(w).count("1") for w in words)) * chunk
                            for t, words in bitmaps.items())
 
     def fits(self, nbytes: int) -> bool:
@@ -131,7 +133,7 @@ class RemoteTier(Tier):
         nbytes = sum(v.nbytes for v in views)
         lease, offset = self._allocate(nbytes)
         try:
-            self.slab.put(lease.rank, lease.base + offset, views)
+            self.windows.put(lease.rank, lease.base + offset, views)
         except BaseException:
             self._free(lease, offset, nbytes)
             raise
@@ -156,7 +158,7 @@ class RemoteTier(Tier):
         n = view.nbytes
         if offset < 0 or offset + n > block.length:
             raise InvalidBlock(f"read of {n} bytes at offset {offset} of a {block.length}-byte block")
-        self.slab.get_into(block.lease.rank, block.lease.base + block.offset + offset, (view,))
+        self.windows.get_into(block.lease.rank, block.lease.base + block.offset + offset, (view,))
         if block.checksum is not None and n == block.length:
             _check(key, [view], block.checksum)
 
@@ -166,7 +168,7 @@ class RemoteTier(Tier):
         views = [_writable(o) for o in outs]
         if sum(v.nbytes for v in views) != block.length:
             raise InvalidBlock(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {block.length}")
-        self.slab.get_into(block.lease.rank, block.lease.base + block.offset, views)
+        self.windows.get_into(block.lease.rank, block.lease.base + block.offset, views)
         if block.checksum is not None:
             _check(key, views, block.checksum)
 
@@ -180,7 +182,7 @@ class RemoteTier(Tier):
                           checksum: int | None = None) -> None:
         """:meth:`read_remote` scattered into consecutive buffers: one ``Get`` each, one ``Flush``."""
         views = [_writable(o) for o in outs]
-        self.slab.get_into(rank, location, views)
+        self.windows.get_into(rank, location, views)
         if checksum is not None:
             _check((rank, location), views, checksum)
 
@@ -196,13 +198,13 @@ class RemoteTier(Tier):
 
     def close(self) -> None:
         """Collective: free the windows (all blocks are lost). Idempotent."""
-        if self.slab is not None:
+        if self.windows is not None:
             self._blocks.clear()
             self._leases.clear()
             self._groups = []
             self._used = 0
-            self.slab.free()
-            self.slab = None
+            self.windows.free()
+            self.windows = None
 
     def stats(self) -> dict[str, Any]:
         leases = [lease for ls in self._leases.values() for lease in ls]
@@ -237,17 +239,17 @@ class RemoteTier(Tier):
                 found = self._free_target(group, nbytes)  # lost a race for the run: re-read
         raise TierFull(f"remote tier: no rank has {nbytes} contiguous bytes free "
                        f"({self._capacity} bytes on {sum(map(len, self._groups))} other ranks, "
-                       f"chunks of {self.slab.chunk_bytes if self.slab else 0})")
+                       f"chunks of {self.windows.chunk_bytes if self.windows else 0})")
 
     def _free_target(self, group: list[int], nbytes: int) -> tuple[int, list[int]] | None:
         """Of up to :data:`PROBE_TARGETS` random targets of ``group``, the one with the most
         free chunks among those with a free run big enough, and its bitmap words; one
         overlapped round trip."""
-        run = chunks_needed(SlabAllocator.footprint(nbytes), self.slab.chunk_bytes)
+        run = chunks_needed(SlabAllocator.footprint(nbytes), self.windows.chunk_bytes)
         probe = group if len(group) <= PROBE_TARGETS else self._rng.sample(group, PROBE_TARGETS)
         best, best_free = None, 0
-        for target, words in self.slab.bitmaps(probe).items():
-            chunks = self.slab.chunks[target]
+        for target, words in self.windows.bitmaps(probe).items():
+            chunks = self.windows.chunks[target]
             has_run = any(find_run(w, min(WORD_BITS, chunks - i * WORD_BITS), run) is not None
                           for i, w in enumerate(words))
             free = chunks - sum(bin(w).count("1") for w in words)
@@ -256,11 +258,11 @@ class RemoteTier(Tier):
         return best
 
     def _lease(self, target: int, nbytes: int, words: list[int]) -> _Lease | None:
-        run = chunks_needed(SlabAllocator.footprint(nbytes), self.slab.chunk_bytes)
-        first = self.slab.lease(target, run, words)
+        run = chunks_needed(SlabAllocator.footprint(nbytes), self.windows.chunk_bytes)
+        first = self.windows.lease(target, run, words)
         if first is None:
             return None
-        chunk = self.slab.chunk_bytes
+        chunk = self.windows.chunk_bytes
         lease = _Lease(target, first, run, first * chunk, SlabAllocator(run * chunk))
         self._leases[target].append(lease)
         return lease
@@ -275,7 +277,7 @@ class RemoteTier(Tier):
         lease.blocks -= 1
         if lease.blocks == 0:  # give the chunks back for any rank to lease
             self._leases[lease.rank].remove(lease)
-            self.slab.unlease(lease.rank, lease.first, lease.run)
+            self.windows.unlease(lease.rank, lease.first, lease.run)
 
 
 def _check(what: object, views: list[memoryview], expected: int) -> None:

@@ -60,7 +60,7 @@ def node_ids(comm: MPI.Comm) -> list[int]:
     return comm.allgather(leader)
 
 
-class WindowSlab:
+class WindowChunks:
     """One data window and one lease bitmap per rank of ``comm``. Collective: the
     constructor and :meth:`free`; everything else is local and one-sided. Not thread-safe."""
 

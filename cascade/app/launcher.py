@@ -20,7 +20,7 @@ def mpiexec_path() -> str:
 
 
 def run_local_ranks(ranks: int, args: Sequence[str]) -> int:
-    """Run ``cascade.distributed run ARGS`` on ``ranks`` local ranks; its exit code.
+    """Run ``cascade.app run ARGS`` on ``ranks`` local ranks; its exit code.
     ``--ranks N`` is dropped from ``args``; everything else is passed through."""
     forwarded: list[str] = []
     skip = False
@@ -34,6 +34,6 @@ def run_local_ranks(ranks: int, args: Sequence[str]) -> int:
         if arg.startswith("--ranks="):
             continue
         forwarded.append(arg)
-    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cascade.distributed",
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cascade.app",
            "run", *forwarded]
     return subprocess.call(cmd)

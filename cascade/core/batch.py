@@ -1,0 +1,151 @@
+"""The batch and non-blocking calls of :class:`~cascade.store.CascadeStore` (mixed into
+it): each is the store's own single-block call, run for many blocks on the store's I/O
+threads, or later on its non-blocking-call threads (ordering and buffer rules:
+:mod:`cascade.async_ops`), and the batched lookups (one directory round for many ids).
+Thread-safe, local."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ..errors import InvalidBlock
+from ..identity import DEFAULT_NAMESPACE, check_id
+
+
+class BatchCalls:
+    """Batch and non-blocking forms of the store's calls (uses the store's checks and
+    layers: ``_pools``, ``_async``, ``_index``, ``_chain``, ``_lock``)."""
+
+    def put_many(
+        self,
+        pairs: Iterable[tuple[Any, Any]],
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        chain: bool = False,
+        parent: str | None = None,
+        block_ids: Sequence[str] | None = None,
+        max_workers: int | None = None,
+    ) -> list[str]:
+        """Put each (key, value), up to ``max_workers`` (default ``config.io_threads``)
+        at once; returns the ids in order. ``block_ids`` gives each block's id (no
+        hashing); without it the ids are content digests. With ``chain=True`` each
+        block's parent is the one before it (the first one's is ``parent``). Each put is
+        its own operation: when one fails, the others still complete and the first error
+        is raised. Local."""
+        pairs = list(pairs)
+        if block_ids is not None:
+            block_ids = [check_id(b) for b in block_ids]
+            if len(block_ids) != len(pairs):
+                raise InvalidBlock(f"put_many: {len(pairs)} blocks but {len(block_ids)} block_ids")
+        elif chain:  # parents must be known up front: hash first, in parallel
+            for key, value in pairs:
+                self._check_pair(key, value)
+            block_ids = self._pools.parallel(self._writes.content_id, pairs, max_workers)
+        ids = block_ids if block_ids is not None else [None] * len(pairs)
+        parents = ([parent] + list(ids[:-1])) if chain else [None] * len(pairs)
+
+        def put_one(i: int) -> str:
+            return self.put(*pairs[i], namespace=namespace, parent=parents[i], block_id=ids[i])
+
+        return self._pools.parallel(put_one, range(len(pairs)), max_workers)
+
+    def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
+                 max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
+        """``get`` of each id, in order, up to ``max_workers`` (default
+        ``config.io_threads``) reads in flight. Local."""
+        return self._pools.parallel(lambda b: self.get(b, namespace=namespace), list(block_ids), max_workers)
+
+    def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                      namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
+        """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
+        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Local."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:  # all checked before anything is read
+            self._check_outs(key_out, value_out)
+        return self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
+                                    range(len(block_ids)), max_workers)
+
+    # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
+    def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                  block_id: str | None = None, verify: bool = False, ttl: float | None = None,
+                  priority: int = 0) -> Future:
+        """:meth:`put` without waiting: returns a future of the block's id at once. Bad
+        input raises here; TierFull and other errors of the put come from
+        ``future.result()``. ``key`` and ``value`` must stay unchanged until it is done."""
+        self._check_pair(key, value)
+        self._check_put_options(namespace, parent, priority, ttl)
+        puts = [self._key(block_id, namespace)] if block_id is not None else []
+        return self._async.submit(lambda: self.put(key, value, parent=parent, namespace=namespace, block_id=block_id,
+                                                   verify=verify, ttl=ttl, priority=priority), puts=puts)
+
+    def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                       **options: Any) -> Future:
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
+        checked here; they must stay unchanged until the future is done."""
+        pairs = list(pairs)
+        for key, value in pairs:
+            self._check_pair(key, value)
+        if block_ids is not None and len(block_ids) != len(pairs):
+            raise InvalidBlock(f"put_many_async: {len(pairs)} pairs but {len(block_ids)} block_ids")
+        namespace = options.get("namespace", DEFAULT_NAMESPACE)
+        puts = [self._key(b, namespace) for b in block_ids] if block_ids is not None else []
+        return self._async.submit(lambda: self.put_many(pairs, block_ids=block_ids, **options), puts=puts)
+
+    def get_into_async(self, block_id: str, key_out: Any, value_out: Any, *,
+                       namespace: str = DEFAULT_NAMESPACE) -> Future:
+        """:meth:`get_into` without waiting: a future of True (hit) or False (miss). The
+        outputs hold the block only once the future is done with True."""
+        self._check_outs(key_out, value_out)
+        bkey = self._key(block_id, namespace)
+        return self._async.submit(lambda: self.get_into(block_id, key_out, value_out, namespace=namespace),
+                                  after=[bkey])
+
+    def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
+                            namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
+        """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        block_ids, outs = list(block_ids), list(outs)
+        if len(block_ids) != len(outs):
+            raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
+        for key_out, value_out in outs:
+            self._check_outs(key_out, value_out)
+        keys = [self._key(b, namespace) for b in block_ids]
+        return self._async.submit(
+            lambda: self.get_many_into(block_ids, outs, namespace=namespace, max_workers=max_workers), after=keys)
+
+    def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether a ``put_async`` of this id has not finished yet. Local."""
+        return self._async.pending(self._key(block_id, namespace))
+
+    def contains_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        """``contains`` of each id; ids not cached here are looked up in the cluster
+        directory in one batch (multi-rank runs)."""
+        keys = [self._key(b, namespace) for b in block_ids]
+        self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
+        with self._lock:
+            now = time.monotonic()
+            found = [(m := self._index.get(k)) is not None and not self._index.expired(m, now) for k in keys]
+            rest = [i for i, hit in enumerate(found) if not hit]
+            if rest:
+                for i, there in zip(rest, self._chain.peers.found_elsewhere([keys[i] for i in rest])):
+                    found[i] = there
+            return found
+
+    def longest_prefix(self, block_ids: Sequence[str] | None = None, *, tokens: Any = None,
+                       model_fingerprint: Any = None, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """How many leading blocks of a chain are cached (cluster-wide in multi-rank
+        runs): of ``block_ids``, or of the token-prefix ids of ``tokens`` (token ids,
+        blocks of ``config.block_tokens``, :func:`cascade.prefix_ids` with
+        ``model_fingerprint``). Cached tokens = the result x ``config.block_tokens``.
+        Local; one batched directory lookup."""
+        if (block_ids is None) == (tokens is None):
+            raise InvalidBlock("longest_prefix: pass either block_ids or tokens (with model_fingerprint)")
+        if tokens is not None:
+            from ..prefix import prefix_ids
+
+            block_ids = prefix_ids(tokens, block_tokens=self.config.block_tokens, model_fingerprint=model_fingerprint)
+        found = self.contains_many(block_ids, namespace=namespace)
+        return found.index(False) if False in found else len(found)

@@ -1,0 +1,213 @@
+"""The block index of one store: what it knows about every cached block, and the only
+caller of the policy.
+
+It holds one :class:`~cascade.policy.BlockMeta` per block, the cached children of each
+parent (kept while the parent itself is not cached: a re-put of the head starts with
+its true count), the bytes of each namespace in each tier (namespace quotas), the bytes
+of hinted blocks, and the blocks found on disk at open that no put has confirmed yet.
+It never touches a tier. Not thread-safe: called under the store's lock.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from ..errors import InvalidBlock
+from ..policy import BlockMeta, Policy
+from ..identity import BlockKey
+
+
+class BlockIndex:
+    """Metadata of ``num_tiers`` tiers' blocks, ordered for eviction by ``policy``."""
+
+    def __init__(self, policy: Policy, num_tiers: int) -> None:
+        self._policy = policy
+        self._num_tiers = num_tiers
+        self.blocks: dict[BlockKey, BlockMeta] = {}
+        self._kids: dict[BlockKey, list[int]] = {}
+        self.ns_bytes: list[dict[str, int]] = [{} for _ in range(num_tiers)]
+        self.hinted_bytes = 0  # bytes of blocks with hints > 0 (capped by the store)
+        self.unconfirmed: set[BlockKey] = set()
+
+    @property
+    def policy_kind(self) -> str:
+        return self._policy.kind
+
+    def get(self, key: BlockKey) -> BlockMeta | None:
+        return self.blocks.get(key)
+
+    def holds(self, meta: BlockMeta) -> bool:
+        """Whether ``meta`` is still the cached block of its key."""
+        return self.blocks.get(meta.key) is meta
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[BlockMeta]:
+        return iter(list(self.blocks.values()))
+
+    # -- structure -------------------------------------------------------------------------
+    def check_parent(self, key: BlockKey, parent: str | None) -> None:
+        """:class:`InvalidBlock` when naming ``parent`` would put ``key`` in a cycle of the
+        prefix tree (the parent is the block itself, or one of its cached descendants):
+        such a block could never be evicted."""
+        seen, up = set(), parent
+        while up is not None and up not in seen:
+            if up == key[1]:
+                raise InvalidBlock(f"block {key[1]} cannot be its own ancestor (parent {parent})")
+            seen.add(up)
+            above = self.blocks.get((key[0], up))
+            up = None if above is None else above.parent
+
+    def depth(self, meta: BlockMeta) -> int:
+        """Cached ancestors of ``meta`` (0 for a head, or one whose parent is not cached)."""
+        depth, seen, parent = 0, set(), meta.parent
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            up = self.blocks.get((meta.key[0], parent))
+            if up is None:
+                break
+            depth, parent = depth + 1, up.parent
+        return depth
+
+    def admit(self, meta: BlockMeta, now: float) -> None:
+        """Enter a new block, with the children of it that are already cached."""
+        meta.depth = self.depth(meta)
+        meta.child_tiers = self._kids.setdefault(meta.key, [0] * self._num_tiers)
+        self.blocks[meta.key] = meta
+        self._ns_add(meta, meta.tier, meta.nbytes)
+        self._policy.admitted(meta, now)
+        self._count_child(meta, meta.tier, +1)
+
+    def adopt(self, found: list[BlockMeta], now: float) -> None:
+        """Enter blocks found on disk at open (unconfirmed), all at once: their depths
+        and child counts are computed once every one of them is in."""
+        for meta in found:
+            self.blocks[meta.key] = meta
+            self._ns_add(meta, meta.tier, meta.nbytes)
+            self.unconfirmed.add(meta.key)
+        for meta in found:
+            meta.depth = self.depth(meta)
+            meta.child_tiers = self._kids.setdefault(meta.key, [0] * self._num_tiers)
+            self._policy.admitted(meta, now)
+        for meta in found:
+            self._count_child(meta, meta.tier, +1)
+
+    def moved(self, meta: BlockMeta, tier: int) -> None:
+        """``meta`` now sits in ``tier``."""
+        old = meta.tier
+        self._count_child(meta, old, -1)
+        self._count_child(meta, tier, +1)
+        self._ns_add(meta, old, -meta.nbytes)
+        self._ns_add(meta, tier, meta.nbytes)
+        meta.tier = tier
+        self._policy.moved(meta, old)
+
+    def forget(self, meta: BlockMeta) -> None:
+        """``meta`` left the cache (its bytes are gone or going)."""
+        if meta.hints:
+            self.hinted_bytes -= meta.nbytes
+            meta.hints = 0
+        if self.blocks.pop(meta.key, None) is not None:
+            self._ns_add(meta, meta.tier, -meta.nbytes)
+        self.unconfirmed.discard(meta.key)
+        self._policy.removed(meta)
+        if not any(self._kids.get(meta.key, ())):
+            self._kids.pop(meta.key, None)
+        self._count_child(meta, meta.tier, -1)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+    def _ns_add(self, meta: BlockMeta, tier: int, nbytes: int) -> None:
+        used = self.ns_bytes[tier]
+        used[meta.key[0]] = used.get(meta.key[0], 0) + nbytes
+        if not used[meta.key[0]]:
+            del used[meta.key[0]]
+
+    def _count_child(self, meta: BlockMeta, tier: int, delta: int) -> None:
+        """Count ``meta`` in or out of its parent's children in ``tier`` (the count is
+        kept even while the parent is not cached)."""
+        if meta.parent is None:
+            return
+        pkey = (meta.key[0], meta.parent)
+        counts = self._kids.setdefault(pkey, [0] * self._num_tiers)
+        counts[tier] += delta
+        parent = self.blocks.get(pkey)
+        if parent is not None:
+            self._policy.changed(parent)
+        elif not any(counts):
+            del self._kids[pkey]
+
+    # -- the policy ------------------------------------------------------------------------
+    def victim(self, t: int) -> BlockMeta | None:
+        """The block of tier ``t`` to move down or drop next (None: none may go)."""
+        return self._policy.victim(t)
+
+    def namespace_victim(self, t: int, namespace: str) -> BlockMeta | None:
+        """The block of ``namespace`` in tier ``t`` to move down next (namespace quotas:
+        the policy is a :class:`~cascade.namespace_victims.NamespaceVictims`)."""
+        return self._policy.victim_in(t, namespace)
+
+    def changed(self, meta: BlockMeta) -> None:
+        """Pins, hints, readers, children, priority or TTL of ``meta`` changed (a block
+        no longer cached is ignored)."""
+        if self.blocks.get(meta.key) is meta:
+            self._policy.changed(meta)
+
+    def set_aside(self, meta: BlockMeta) -> None:
+        """Not a candidate until its next change (it may not go now)."""
+        self._policy.set_aside(meta)
+
+    def touched(self, meta: BlockMeta) -> None:
+        """A hit, or a put deduplicated onto it."""
+        self._policy.touched(meta, time.monotonic())
+
+    def evicted(self, meta: BlockMeta) -> None:
+        """``meta`` is about to be dropped for room."""
+        self._policy.evicted(meta)
+
+    def expired(self, meta: BlockMeta, now: float) -> bool:
+        return meta.pins == 0 and now > self._policy.expires_at(meta)
+
+    def wall_expiry(self, key: BlockKey) -> float:
+        """Wall-clock expiry of a block, for persistent tiers (0 = none): TTLs run on the
+        monotonic clock in the process, on disk they must survive a restart."""
+        meta = self.blocks.get(key)
+        if meta is None or meta.ttl <= 0:
+            return 0.0
+        return time.time() + (self._policy.expires_at(meta) - time.monotonic())
+
+    # -- hints -----------------------------------------------------------------------------
+    def hint_position(self, position: float | None) -> float:
+        """The queue position a hint is taken at (:class:`ConfigError` if not finite)."""
+        return self._policy.hint_position(position)
+
+    def take_hint(self, meta: BlockMeta, cap: float, at: float) -> bool:
+        """Count one hint on ``meta``, for a use at queue position ``at``, unless a first
+        hint would pass ``cap`` bytes."""
+        if meta.hints == 0:
+            if self.hinted_bytes + meta.nbytes > cap:
+                return False
+            self.hinted_bytes += meta.nbytes
+        meta.hints += 1
+        self._policy.hinted(meta, at)
+        return True
+
+    def unhint(self, keys: list[BlockKey], position: float | None = None) -> int:
+        """Withdraw one hint (the one at ``position``, else the soonest) of each hinted
+        block of ``keys``; how many were withdrawn."""
+        withdrawn = 0
+        for key in keys:
+            meta = self.blocks.get(key)
+            if meta is not None and meta.hints:
+                self.release_hint(meta, position)
+                withdrawn += 1
+        return withdrawn
+
+    def release_hint(self, meta: BlockMeta, position: float | None = None) -> None:
+        """Use up or withdraw one hint of ``meta`` (the soonest, or the one at ``position``)."""
+        meta.hints -= 1
+        if meta.hints == 0:
+            self.hinted_bytes -= meta.nbytes
+        self._policy.hint_released(meta, position)

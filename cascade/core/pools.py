@@ -1,0 +1,72 @@
+"""The worker threads of one store: a hashing thread (a put hashes while it copies) and
+the I/O pool that runs batch calls (get_many, put_many). Created on first use, shut
+down by :meth:`Pools.shutdown`. Thread-safe."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+
+class Pools:
+    """Thread pools; batch calls use up to ``io_threads`` workers unless told otherwise."""
+
+    def __init__(self, io_threads: int, check_open: Callable[[], None]) -> None:
+        self._io_threads = io_threads
+        self._check_open = check_open  # a closed store starts no pool (close shut the last one down)
+        self._lock = threading.Lock()
+        self._hasher: ThreadPoolExecutor | None = None
+        self._io: ThreadPoolExecutor | None = None
+        self._io_workers = 0
+
+    def hasher(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hash")
+            return self._hasher
+
+    def _io_pool(self, workers: int) -> ThreadPoolExecutor:
+        with self._lock:
+            self._check_open()
+            if self._io is None or self._io_workers < workers:
+                if self._io is not None:
+                    self._io.shutdown(wait=False)
+                self._io_workers = max(workers, self._io_threads)
+                self._io = ThreadPoolExecutor(max_workers=self._io_workers, thread_name_prefix="cascade-io")
+            return self._io
+
+    def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int | None) -> list[Any]:
+        """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
+        order, so file reads stay a near-sequential stream); the first error is raised
+        after every item finished. :class:`StoreClosed` on a closed store."""
+        self._check_open()
+        items = list(items)
+        workers = min(max_workers or self._io_threads, len(items))
+        results: list[Any] = [None] * len(items)
+        errors: list[BaseException] = []
+        order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
+
+        def drain() -> None:
+            for i in order:
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # raised in the caller's thread below
+                    errors.append(exc)
+
+        if workers <= 1:
+            drain()
+        else:
+            pool = self._io_pool(workers)
+            for fut in [pool.submit(drain) for _ in range(workers)]:
+                fut.result()
+        if errors:
+            raise errors[0]
+        return results
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for pool in (self._hasher, self._io):
+                if pool is not None:
+                    pool.shutdown(wait=False)
+            self._hasher = self._io = None

@@ -1,0 +1,229 @@
+"""The read path of one store: a get, from the index to the caller's buffers.
+
+A get looks the block up under the store's lock and leases it in its tier (its bytes
+stay in place, even if deleted meanwhile; the policy does not move it), copies outside
+the lock, then counts the hit under it and may claim room to promote the block. A local
+miss is read from whichever rank publishes the block (multi-rank runs), outside the
+store's lock, and may be kept as a private copy. Everything taken is a guard
+(:mod:`.guards`): an exception anywhere, the caller's bad buffer included, gives it all
+back. Thread-safe.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..buffers import host_outputs
+from ..errors import CorruptBlock
+from ..identity import BlockKey
+from ..policy import BlockMeta
+from .chain import Busy, TierChain
+from .guards import Claim, InFlight, Lease, Move, Reading
+
+log = logging.getLogger(__name__)
+
+
+class ReadPath:
+    """Gets of blocks of ``nbytes`` through ``chain`` (its index, tiers and peers)."""
+
+    def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, *, nbytes: int,
+                 rank: int, default_ttl: float, promote_on_hit: bool, cache_cluster_reads: bool,
+                 ttl_on_use: bool) -> None:
+        self.chain, self.index, self.metrics = chain, chain.index, chain.metrics
+        self._inflight, self._lock = inflight, lock
+        self._nbytes, self._rank, self._ttl = nbytes, rank, default_ttl
+        self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
+        self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
+
+    def read(self, key: BlockKey, outs: Sequence[Any]) -> bool:
+        """Copy block ``key`` into ``outs``: True on a hit, False on a miss (a corrupt
+        copy is dropped and counted as a miss). Errors of the copy itself (an output
+        that is no writable buffer, an I/O error) are raised, counted as a miss."""
+        started = time.perf_counter()
+        hit: bool | None = None  # counted (a hit or a miss)
+        with self._inflight.hold(f"a get of {key[1]}") as op:
+            try:
+                with ExitStack() as held:
+                    with self._lock:
+                        self.metrics.counters.gets += 1
+                        meta = self._cached(key)
+                        if meta is not None:
+                            t = meta.tier
+                            lease = held.enter_context(Lease(self._lock, self.index, meta, t, self.chain.tiers[t]))
+                            op.what = f"a get of {key[1]} holding a lease in {lease.tier.name}"
+                            if not lease.tier.concurrent:  # e.g. REMOTE (MPI): its copy stays under the lock
+                                error = self._copy(lease, outs)
+                    if meta is None:
+                        return self._read_from_cluster(key, outs, started)
+                    if lease.tier.concurrent:
+                        error = self._copy(lease, outs)
+                    with self._lock:
+                        hit = self._finish(lease, error, started)
+                        promotion = None
+                        if hit and self._promote_on_hit and self.index.holds(meta) and meta.tier > 0:
+                            promotion = self.claim_promotion(meta)
+            except BaseException:
+                if hit is None:
+                    with self._lock:
+                        self.metrics.miss()
+                raise
+            if promotion is not None:
+                op.what = f"a promotion of {key[1]} into {promotion.dst.tier.name}"
+                self._promote(promotion, outs)
+            return hit
+
+    def _cached(self, key: BlockKey) -> BlockMeta | None:
+        """Under the lock: the cached block of ``key``; an expired one is dropped."""
+        meta = self.index.get(key)
+        if meta is not None and self.index.expired(meta, time.monotonic()) and self.chain.withdraw_and_drop(meta):
+            self.metrics.counters.expired += 1
+            return None
+        return meta
+
+    @staticmethod
+    def _copy(lease: Lease, outs: Sequence[Any]) -> CorruptBlock | None:
+        """The leased bytes into ``outs``; a verification failure is returned. A tier
+        that fills host memory only (file reads, MPI) gets host stand-ins for device
+        outputs (:func:`cascade.buffers.host_outputs`)."""
+        try:
+            if lease.tier.reads_into_device:
+                lease.read(outs)
+            else:
+                with host_outputs(outs) as hosts:
+                    lease.read(hosts)
+        except CorruptBlock as exc:
+            return exc
+        return None
+
+    def _finish(self, lease: Lease, error: CorruptBlock | None, started: float) -> bool:
+        """Under the lock, after the copy: end the lease, then count the hit (using up a
+        hint) or drop a corrupt block (if still the one read). Whether it was a hit."""
+        meta, t = lease.meta, lease.t
+        cached = lease.current()
+        lease.release()
+        if error is not None:
+            log.warning("%s", error)
+            self.metrics.tiers[t].corruptions += 1
+            if cached:
+                self.chain.drop_corrupt(meta)
+            return self.metrics.miss()
+        self.metrics.hit(t, meta.nbytes, started)
+        if self.index.holds(meta):  # not deleted or replaced while we copied
+            if meta.hints:  # the queued request it was hinted for has come
+                self.index.release_hint(meta)
+            self.index.touched(meta)
+            if meta.ttl and self._ttl_on_use:  # the read moved its expiry: recorded with others later
+                self.chain.persist_ttl(meta, batched=True)
+        return True
+
+    # -- promotion -------------------------------------------------------------------------
+    def claim_promotion(self, meta: BlockMeta) -> Move | None:
+        """Under the lock: room in the fastest tier to move ``meta`` up into, if it can be
+        made without dropping pinned or parent blocks (best effort). Until the promotion
+        ends, the block counts as being read (it stays where it is)."""
+        with ExitStack() as undo:
+            reading = undo.enter_context(Reading(self._lock, self.index, meta))
+            claim = self.chain.claim_fastest(meta.key, meta.nbytes, meta.parent)
+            if claim is None:
+                return None
+            undo.pop_all()
+        return Move(reading, claim, meta.tier)
+
+    def _promote(self, move: Move, data: Sequence[Any]) -> None:
+        """Copy ``data`` (the block's bytes) into the claimed room, outside the lock when
+        the caller holds none, then move the block there: its copy below goes once the
+        directory points up."""
+        with move:
+            meta, src, dst = move.meta, move.src, move.dst
+            filled = _fill_quietly(dst, data)
+            with self._lock:
+                move.source.release()
+                if not filled or not self.index.holds(meta) or meta.tier != src:
+                    return  # deleted, replaced or promoted by another reader meanwhile
+                dst.commit(meta.key)
+                try:
+                    self.chain.moved(meta, src, dst.t)
+                except Busy:
+                    return
+                self.metrics.tiers[src].promotions += 1
+                self.metrics.tiers[dst.t].bytes_written += meta.nbytes
+
+    def hint(self, keys: Sequence[BlockKey], cap: float, position: float | None) -> int:
+        """Under the lock: take a hint (at queue ``position``) on each cached block of
+        ``keys`` while hinted blocks stay within ``cap`` bytes, and promote it; how many
+        were taken."""
+        at = self.index.hint_position(position)
+        taken = 0
+        for key in keys:
+            meta = self.index.get(key)
+            if meta is None or not self.index.take_hint(meta, cap, at):
+                continue
+            taken += 1
+            if meta.tier > 0:
+                self.promote_now(meta)
+        return taken
+
+    def promote_now(self, meta: BlockMeta) -> None:
+        """Under the lock: read a block from its slower tier and promote it (for a hint).
+        Best effort: a corrupt record is dropped, as on a get."""
+        buf = np.empty(meta.nbytes, dtype=np.uint8)
+        try:
+            self.chain.tiers[meta.tier].read_into(meta.key, buf)
+        except CorruptBlock as exc:
+            log.warning("%s", exc)
+            self.metrics.tiers[meta.tier].corruptions += 1
+            self.chain.drop_corrupt(meta)
+            return
+        move = self.claim_promotion(meta)
+        if move is not None:
+            self._promote(move, [buf])
+
+    # -- other ranks -----------------------------------------------------------------------
+    def _read_from_cluster(self, key: BlockKey, outs: Sequence[Any], started: float) -> bool:
+        """A local miss: read the block from whichever rank published it, outside the
+        store's lock (the multi-rank layer serialises its own calls)."""
+        try:
+            entry, error = self.chain.peers.read(key, outs), None
+        except CorruptBlock as exc:
+            entry, error = None, exc
+        with self._lock:
+            if error is not None:
+                log.warning("%s", error)
+                self.metrics.counters.cluster_corruptions += 1
+            if entry is None:
+                return self.metrics.miss()
+            self.metrics.cluster_hit(started)
+            claim = None
+            if self._cache_cluster_reads and entry.rank != self._rank and not self._inflight.closing:
+                claim = self.chain.claim_fastest(key, self._nbytes, None)
+        if claim is not None:
+            self._keep_private_copy(key, claim, outs)
+        return True
+
+    def _keep_private_copy(self, key: BlockKey, claim: Claim, data: Sequence[Any]) -> None:
+        """Keep a block just read from another rank in the fastest tier, unpublished, so
+        the next reads of a hot block stay local and its holder serves each rank once.
+        Never shared; it may outlive the holder's copy (the same bytes: ids name
+        content). Given up when another put stored the block meanwhile."""
+        with claim:
+            filled = _fill_quietly(claim, data)
+            with self._lock:
+                if filled and self.index.get(key) is None:
+                    claim.commit(key)
+                    self.index.admit(BlockMeta(key, self._nbytes, claim.t, ttl=self._ttl), time.monotonic())
+
+
+def _fill_quietly(claim: Claim, data: Sequence[Any]) -> bool:
+    """Copy ``data`` into claimed room; False on an I/O error (best-effort copies)."""
+    try:
+        claim.fill(data)
+    except OSError as exc:
+        log.debug("copy into %s failed: %s", claim.tier.name, exc)
+        return False
+    return True

@@ -1,0 +1,171 @@
+"""The write path of one store: a put, from the caller's arrays to a committed block.
+
+A put is settled as a dedup when the block is already cached (here or, multi-rank, on
+another rank); otherwise it claims room in the fastest tier that can make it (the tier
+chain demotes to make it), copies outside the store's lock, and commits under it, then
+publishes the block. Content-hashed puts of big blocks copy while a thread hashes. The
+room claimed is a guard (:mod:`.guards`): any exception, the caller's bad input
+included, gives it back, and the put is counted as rejected. Thread-safe.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import wait
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from ..buffers import host_bytes
+from ..errors import CorruptBlock, InvalidBlock, TierFull
+from ..identity import BlockKey, block_id as compute_block_id, check_id
+from ..policy import BlockMeta
+from ..tiers.base import Memory
+from .chain import TierChain
+from .guards import Claim, InFlight
+from .pools import Pools
+
+_OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
+
+
+class WritePath:
+    """Puts of blocks of ``nbytes`` through ``chain``."""
+
+    def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, pools: Pools, *,
+                 nbytes: int, hash_algo: str, default_ttl: float) -> None:
+        self.chain, self.index, self.metrics = chain, chain.index, chain.metrics
+        self._inflight, self._lock, self._pools = inflight, lock, pools
+        self._nbytes, self._algo, self._ttl = nbytes, hash_algo, default_ttl
+
+    def content_id(self, parts: Sequence[Any]) -> str:
+        """The content digest of a block's parts (its id when the caller gives none)."""
+        return compute_block_id(*parts, algo=self._algo)
+
+    def put(self, parts: list[Any], namespace: str, block_id: str | None, *, verify: bool,
+            parent: str | None, ttl: float | None, priority: int) -> str:
+        """Store ``parts`` (already checked) and return the block's id."""
+        started = time.perf_counter()
+        with self._inflight.hold(f"a put in namespace {namespace!r}") as op, ExitStack() as held:
+            claim: Claim | None = None  # room taken in some tier, filled outside the lock
+            if block_id is None or verify:
+                claim, digest = self._hash_and_copy(parts, namespace, held)
+                if block_id is not None and check_id(block_id) != digest:
+                    raise InvalidBlock(f"block_id {block_id} does not match the content digest {digest}")
+                block_id = digest
+            key = (namespace, check_id(block_id))
+            op.what = f"a put of {block_id}"
+            block_sum = self.chain.peers.checksum(parts)  # published: every cross-rank read verifies
+            with self._lock:
+                self._inflight.check_open()
+                self.index.check_parent(key, parent)
+                self.metrics.counters.puts += 1
+                if self._settled(key, parts):
+                    return block_id
+            committed = False  # after the commit, a failure is the directory's (publish), not a tier's
+            try:
+                if claim is None:
+                    claim = held.enter_context(self.chain.claim_for_put(key, self._nbytes, parent))
+                if not claim.filled:
+                    claim.fill(parts)
+                with self._lock:
+                    # a put of the same id in another thread may have won meanwhile
+                    if self._settled(key, parts, cluster=False):
+                        return block_id
+                    claim.commit(key)  # a non-concurrent tier (REMOTE) copies only now
+                    committed = True
+                    meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
+                                     ttl=self._ttl if ttl is None else ttl, checksum=block_sum)
+                    if self._admit(meta):
+                        self.metrics.stored(meta.tier, meta.nbytes, started)
+                    return block_id
+            except BaseException as exc:  # nothing was counted yet but the put itself
+                with self._lock:
+                    full = claim is not None and isinstance(exc, OSError) and not committed
+                    self.metrics.rejected(claim.t if full else None)
+                if isinstance(exc, OSError) and not isinstance(exc, TierFull):  # ENOSPC and friends
+                    raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
+                raise
+
+    def _admit(self, meta: BlockMeta) -> bool:
+        """Under the lock, once committed: enter the block in the index and publish it.
+        False when another rank published it first (ours dropped, counted a dedup)."""
+        self.index.unconfirmed.discard(meta.key)
+        self.index.admit(meta, time.monotonic())
+        if meta.ttl:
+            self.chain.persist_ttl(meta)
+        try:
+            published = self.chain.peers.publish(meta)
+        except BaseException:  # e.g. DirectoryFull: a rejected put stores nothing
+            if self.index.holds(meta):
+                self.chain.drop(meta)
+            raise
+        if not published:
+            self.chain.drop(meta)
+            self.metrics.counters.deduped += 1  # another rank published it first: use theirs
+            self.metrics.counters.cluster_deduped += 1
+        return published
+
+    def _settled(self, key: BlockKey, parts: list[Any], *, cluster: bool = True) -> bool:
+        """Under the lock, before a put stores: settle it as a dedup (counted) when
+        ``key`` is cached here (or, with ``cluster``, published by another rank). Drops
+        an expired copy (or an unconfirmed one with other bytes) first."""
+        now = time.monotonic()
+        meta = self.index.get(key)
+        if meta is not None and not self.index.expired(meta, now) and self._confirmed(meta, parts):
+            meta.shares += 1
+            self.index.touched(meta)
+            self.metrics.counters.deduped += 1
+            return True
+        if meta is not None and not self.chain.withdraw_and_drop(meta):
+            self.metrics.counters.deduped += 1  # expired but pinned by another rank: keep serving it
+            return True
+        if cluster and self.chain.peers.held_elsewhere(key):
+            self.metrics.counters.deduped += 1
+            self.metrics.counters.cluster_deduped += 1
+            return True
+        return False
+
+    def _confirmed(self, meta: BlockMeta, parts: list[Any]) -> bool:
+        """Whether a put of ``parts`` may dedup onto ``meta``. A block found on disk at
+        open is compared once with the first put of its id: different bytes (a stale or
+        planted record) make the put replace it instead."""
+        if meta.key not in self.index.unconfirmed:
+            return True
+        stored = np.empty(meta.nbytes, dtype=np.uint8)
+        try:
+            self.chain.tiers[meta.tier].read_into(meta.key, stored)
+        except (CorruptBlock, OSError):
+            return False
+        incoming = np.concatenate([host_bytes(p, "block part") for p in parts])
+        if not np.array_equal(stored, incoming):
+            self.metrics.counters.replaced_unconfirmed += 1
+            return False
+        self.index.unconfirmed.discard(meta.key)
+        return True
+
+    def _hash_and_copy(self, parts: list[Any], namespace: str, held: ExitStack) -> tuple[Claim | None, str]:
+        """The content digest of a block, and (for blocks big enough, on a memory tier)
+        its bytes copied into fresh room of the fastest tier while another thread hashes
+        (BLAKE3 and SHA-256 release the GIL): the put costs max(copy, hash), not the
+        sum. The room returned is held by ``held``."""
+        fastest = self.chain.tiers[0]
+        if (self._nbytes < _OVERLAP_MIN_BYTES or not fastest.concurrent
+                or fastest.memory not in (Memory.HOST, Memory.DEVICE)):
+            return None, self.content_id(parts)
+        pending = self._pools.hasher().submit(compute_block_id, *parts, algo=self._algo)
+        claim = None
+        try:
+            with self._lock:
+                claim = held.enter_context(self.chain.claim(0, None, self._nbytes, namespace=namespace))
+            claim.fill(parts)
+        except TierFull:  # the fastest tier is full of pinned blocks: the put claims elsewhere
+            if claim is not None:
+                with self._lock:
+                    claim.discard()
+            claim = None
+        except BaseException:
+            wait([pending])
+            raise
+        return claim, pending.result()
