@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ContextManager
 
 import numpy as np
 
@@ -222,6 +222,15 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock."""
         self._check_outs(key_out, value_out)
         return self._read(block_id, namespace, [key_out, value_out])
+
+    def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
+        """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the
+        block's bytes in place (no copy, whatever its size) when it is in the SHM or GPU
+        tier, else a private copy; None on a miss. Valid only inside the ``with`` block,
+        which holds the block in place (close() waits for it). Local."""
+        bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])
+        return self._reads.view(bkey, lambda: list(self.spec.empty()))
 
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
         bkey = self._key(block_id, namespace)

@@ -10,7 +10,7 @@ def test_small_blocks_reports_costs_and_ratios(tmp_path):
     assert [r["size"] for r in result["rows"]] == [4096, 65536]
     for row in result["rows"]:
         assert row["wrong"] == 0  # every read pass compared with its source
-        for figure in ("dict_get_us", "dict_put_us", "get_loop_us", "get_batch_us", "put_loop_us", "put_batch_us",
+        for figure in ("dict_get_us", "dict_put_us", "get_loop_us", "get_batch_us", "put_loop_us", "put_batch_us", "view_us",
                        "cold_get_loop_us", "cold_get_batch_us"):
             assert row[figure] > 0, figure
         assert row["get_vs_dict"] > 0 and row["cold_get_batch_vs_loop"] > 0

@@ -9,7 +9,8 @@ process and one run, alternating:
   are faulted in before any pass, and every hot read form runs once untimed first.
 * Cascade, SHM tier (hot): ``put(k, v, block_id=)`` one by one (``loop``) and
   ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
-  ``get_many_into`` of the same ids into the same outputs.
+  ``get_many_into`` of the same ids into the same outputs; ``view`` (a zero-copy lease
+  taken and given back: its cost should not grow with the block size).
 * Cascade, file tier only (``cold``: the files dropped from the page cache before each
   pass): ``get_into`` loop and ``get_many_into`` batch, default read mode.
 
@@ -104,9 +105,15 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             for b, o in zip(_batched(loop_ids, BATCH), _batched(outs, BATCH)):
                 store.get_many_into(b, o)
 
-        get_loop(), get_batch()
+        def view_loop() -> None:
+            for b in loop_ids:
+                with store.view(b):
+                    pass
+
+        get_loop(), get_batch(), view_loop()
         row["get_loop_us"] = _per_block_us(get_loop, count)
         row["get_batch_us"] = _per_block_us(get_batch, count)
+        row["view_us"] = _per_block_us(view_loop, count)
         row["hot_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                                for o, b in zip(outs, blocks))
 

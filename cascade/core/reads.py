@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,34 @@ class ReadPath:
                 self._promote(promotion, outs)
             return hit
 
+    @contextmanager
+    def view(self, key: BlockKey, empty: Callable[[], list[Any]]) -> Iterator[list[Any] | None]:
+        """The block ``key`` as read-only arrays over its bytes in place while the ``with``
+        block runs (a block in a zero-copy tier: SHM or GPU; its lease keeps the bytes
+        there), else a private copy read into ``empty()``'s arrays; None on a miss. The
+        view's cost does not grow with the block's size; close() waits for open views."""
+        started = time.perf_counter()
+        with self._inflight.hold(f"a view of {key[1]}") as op, ExitStack() as held:
+            lease = None
+            with self._lock:
+                meta = self._cached(key)
+                if meta is not None and self.chain.tiers[meta.tier].zero_copy:
+                    self.metrics.counters.gets += 1
+                    lease = held.enter_context(Lease(self._lock, self.index, meta, meta.tier,
+                                                     self.chain.tiers[meta.tier]))
+                    op.what = f"a view of {key[1]} holding a lease in {lease.tier.name}"
+            if lease is None:  # not in a zero-copy tier here: an ordinary read into our own arrays
+                outs = empty()
+                yield outs if self.read(key, outs) else None
+                return
+            try:
+                data, error = lease.tier.leased_view(lease.handle), None
+            except CorruptBlock as exc:
+                data, error = None, exc
+            with self._lock:
+                hit = self._count(lease, error, started)
+            yield _split(data, empty()) if hit else None
+
     def _cached(self, key: BlockKey) -> BlockMeta | None:
         """Under the lock: the cached block of ``key``; an expired one is dropped."""
         meta = self.index.get(key)
@@ -104,9 +132,15 @@ class ReadPath:
     def _finish(self, lease: Lease, error: CorruptBlock | None, started: float) -> bool:
         """Under the lock, after the copy: end the lease, then count the hit (using up a
         hint) or drop a corrupt block (if still the one read). Whether it was a hit."""
+        return self._count(lease, error, started, release=True)
+
+    def _count(self, lease: Lease, error: CorruptBlock | None, started: float, *, release: bool = False) -> bool:
+        """Under the lock: count the hit of a leased read (ending the lease first with
+        ``release``), or drop a corrupt block (if still the one read). Whether it was a hit."""
         meta, t = lease.meta, lease.t
         cached = lease.current()
-        lease.release()
+        if release:
+            lease.release()
         if error is not None:
             log.warning("%s", error)
             self.metrics.tiers[t].corruptions += 1
@@ -227,3 +261,13 @@ def _fill_quietly(claim: Claim, data: Sequence[Any]) -> bool:
         log.debug("copy into %s failed: %s", claim.tier.name, exc)
         return False
     return True
+
+
+def _split(data: Any, like: list[Any]) -> list[Any]:
+    """A block's flat bytes ``data`` as arrays shaped and typed as ``like`` (views, no copy)."""
+    out, pos = [], 0
+    for arr in like:
+        n = arr.nbytes
+        out.append(data[pos:pos + n].view(arr.dtype).reshape(arr.shape))
+        pos += n
+    return out

@@ -68,6 +68,8 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     memory: Memory = Memory.HOST
     concurrent: bool = False  # read_leased / fill may run outside the store's lock
     reads_into_device: bool = False  # read_leased also fills device arrays (not only host memory)
+    # leased_view() gives a read-only view of a leased block's bytes in place (no copy)
+    zero_copy: bool = False
     # Its blocks outlive the process: a store opened on the same place adopts them (warm
     # restart) with their parents (:meth:`parent_of`).
     persistent: bool = False
@@ -78,6 +80,12 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # Set by the store: called (under its lock) with the keys of blocks the tier moved
     # within itself (file-tier compaction), so the directory follows them.
     on_relocate: Callable[[list[BlockKey]], None] | None = None
+
+    def leased_view(self, lease: Any) -> Any:
+        """A read-only, one-dimensional uint8 view of a leased block's bytes, valid until
+        the lease is released (tiers with ``zero_copy`` only). :class:`CorruptBlock`
+        when a verifying tier's bytes fail their checksum."""
+        raise NotImplementedError(f"the {self.name} tier has no zero-copy views")
     collective: bool = False  # opening and closing it takes every rank (MPI windows)
 
     @property

@@ -67,6 +67,9 @@ class GpuTier(SlabTier):
     def _slab_view(self, offset: int, length: int) -> Any:
         return buffers.host_bytes(self._slab[offset:offset + length])
 
+    def _slab_array(self) -> Any:
+        return self._slab
+
     def close(self) -> None:
         self._index.clear()
         self._slab = self.xp.empty(0, dtype=self.xp.uint8)

@@ -192,6 +192,9 @@ class ShmTier(SlabTier):
     def _slab_view(self, offset: int, length: int) -> Any:
         return self._view[offset:offset + length]
 
+    def _slab_array(self) -> Any:
+        return self._bytes
+
     def close(self) -> None:
         self._bytes = None
         if self._view is not None:

@@ -9,6 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..buffers import nbytes as _nbytes
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
@@ -33,6 +35,7 @@ class SlabTier(Tier):
     """
 
     concurrent = True
+    zero_copy = True
     reads_into_device = True  # a slab copy goes between any two buffers (cascade.buffers.copy)
 
     def __init__(self, capacity: int, *, verify: bool = False) -> None:
@@ -117,6 +120,24 @@ class SlabTier(Tier):
         for out, size in zip(outs, sizes):
             self._copy_out(pos, out)
             pos += size
+
+    def leased_view(self, slot: _Slot) -> Any:
+        if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
+            raise CorruptBlock(f"{self.name}: block at offset {slot.offset} failed its checksum")
+        return self._read_only(slot.offset, slot.length)
+
+    def _read_only(self, offset: int, length: int) -> Any:
+        """Slab bytes ``[offset, offset + length)`` as an array the caller cannot write
+        through (where the array library can say so: cupy arrays have no such flag)."""
+        view = self._slab_array()[offset:offset + length]
+        if isinstance(view, np.ndarray):
+            view = view.view()
+            view.flags.writeable = False
+        return view
+
+    def _slab_array(self) -> Any:
+        """The whole slab as a uint8 array (numpy or cupy)."""
+        raise NotImplementedError
 
     def release(self, slot: _Slot) -> None:
         slot.readers -= 1
