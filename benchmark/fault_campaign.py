@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade import CascadeStore, Config
+from cascade import CascadeStore, Config, block_id
 from cascade.errors import BlockNotFound, TierFull
 from cascade.tiers.shm import ShmPeerSlabs
 
@@ -340,6 +340,64 @@ def foreign_slab_owner(rounds: int, base: str) -> dict[str, Any]:
             "raised": raised, "recover_s": 0.0}
 
 
+_INTERRUPTED = """
+import sys
+from cascade import CascadeStore, Config, block_id
+cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=4 << 20, file_dir=sys.argv[1], shm_dir=sys.argv[2])
+with CascadeStore(cfg) as store:
+    ids = []
+    for i in range(64):
+        key, value = store.spec.empty()
+        key[...], value[...] = i, -i
+        ids.append(store.put(key, value))
+    key_out, value_out = store.spec.empty()
+    print("ready", flush=True)
+    while True:
+        for bid in ids:
+            store.get_into(bid, key_out, value_out)
+"""
+
+
+def ctrl_c_mid_get(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]:
+    """Per round: a process reading in a loop inside ``with CascadeStore(...)`` (blocks
+    moving between SHM and file tiers) gets SIGINT at a random moment: it must end (a
+    hang is a process still alive after the call limit), its slab must go, and a store
+    opened afterwards must serve only correct bytes (its file tier kept what close kept)."""
+    detected = hangs = raised = wrong = 0
+    started = time.perf_counter()
+    for _ in range(rounds):
+        d = tempfile.mkdtemp(prefix="fault-sigint-", dir=base)
+        files, shm = os.path.join(d, "files"), os.path.join(d, "shm")
+        os.makedirs(shm, mode=0o700)
+        proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, files, shm], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        time.sleep(rnd.uniform(0.0, 0.2))
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=_CALL_LIMIT_S)
+            detected += "KeyboardInterrupt" in err
+        except subprocess.TimeoutExpired:
+            hangs += 1
+            proc.kill()
+            proc.communicate()
+        raised += bool(os.listdir(shm))  # a slab left behind
+        cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=4 << 20, file_dir=files, shm_dir=shm)
+        with CascadeStore(cfg) as s:
+            for i in range(64):
+                got = s.get(block_id(*_expected(s.spec, i)))
+                wrong += got is not None and _wrong(got, _expected(s.spec, i))
+    return {"fault": "Ctrl-C (SIGINT) during gets inside with CascadeStore", "injected": rounds, "acked_blocks": 0,
+            "acked_lost": 0, "wrong_served": wrong, "detected": detected, "hangs": hangs, "raised": raised,
+            "recover_s": (time.perf_counter() - started) / rounds}
+
+
+def _expected(spec, i: int):
+    key, value = spec.empty()
+    key[...], value[...] = i, -i
+    return key, value
+
+
 def _rank_job(d: str, module: str, phase: str) -> tuple[subprocess.CompletedProcess | None, float]:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", module, d, phase]
@@ -439,7 +497,7 @@ def dead_rank(rounds: int) -> dict[str, Any]:
 
 
 FAULTS = ("sigkill", "byte_flips", "header", "shm_flips", "enospc", "full_disk_churn", "foreign_slab",
-          "dead_rank", "rank_open_failure", "rank_close_death")
+          "ctrl_c", "dead_rank", "rank_open_failure", "rank_close_death")
 
 
 def campaign(rounds: int, faults: tuple[str, ...] = FAULTS, seed: int = 2026) -> list[dict[str, Any]]:
@@ -454,7 +512,8 @@ def campaign(rounds: int, faults: tuple[str, ...] = FAULTS, seed: int = 2026) ->
     runs = {"sigkill": lambda b: sigkill_mid_put(rounds, rnd, b), "byte_flips": lambda b: byte_flips(4 * rounds, rnd, b),
             "header": lambda b: header_and_truncation(rounds, rnd, b), "shm_flips": lambda b: shm_flips(rounds, rnd),
             "enospc": lambda b: enospc(few, b), "full_disk_churn": lambda b: full_disk_churn(few, rnd, b),
-            "foreign_slab": lambda b: foreign_slab_owner(rounds, b), "dead_rank": lambda b: dead_rank(few),
+            "foreign_slab": lambda b: foreign_slab_owner(rounds, b), "ctrl_c": lambda b: ctrl_c_mid_get(few, rnd, b),
+            "dead_rank": lambda b: dead_rank(few),
             "rank_open_failure": lambda b: rank_open_failure(few), "rank_close_death": lambda b: rank_close_death(few)}
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as base:
         return [runs[name](base) for name in FAULTS if name in faults]

@@ -51,7 +51,7 @@ def test_campaign_covers_full_disks_foreign_slabs_and_collective_steps() -> None
     block back after a restart."""
     from cascade.testing.rank_failure_job import BLOCKS_PER_RANK
 
-    faults = ("full_disk_churn", "foreign_slab", "rank_open_failure", "rank_close_death")
+    faults = ("full_disk_churn", "foreign_slab", "ctrl_c", "rank_open_failure", "rank_close_death")
     rows = {r["fault"]: r for r in fault_campaign.campaign(1, faults, seed=11)}
     churn = next(r for name, r in rows.items() if name.startswith("full disk"))
     if "skipped" not in churn:  # mounting a tmpfs needs root
@@ -59,6 +59,8 @@ def test_campaign_covers_full_disks_foreign_slabs_and_collective_steps() -> None
         assert churn["raised"] == churn["resurrected"] == 0
     slab = next(r for name, r in rows.items() if "slab owner" in name)
     assert slab["detected"] == slab["injected"] == slab["acked_blocks"] == 1 and slab["raised"] == 0
+    interrupted = next(r for name, r in rows.items() if name.startswith("Ctrl-C"))
+    assert interrupted["detected"] == interrupted["injected"] == 1 and interrupted["raised"] == 0
     opened = next(r for name, r in rows.items() if "at the collective open" in name)
     assert opened["detected"] == opened["injected"] == 1
     closed = next(r for name, r in rows.items() if "before the collective close" in name)
