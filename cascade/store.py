@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any, ContextManager
 
 import numpy as np
@@ -243,7 +244,10 @@ class CascadeStore(BatchCalls):
     def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
              position: float | None = None) -> int:
         """Blocks a queued request will read soon: move each cached one up to the
-        fastest tier (best effort) and evict it only after every unhinted block, until a
+        fastest tier (best effort, in the background: the call returns at once and the
+        copies run on the I/O workers outside the store's lock, cancelled when the block is
+        read or unhinted first; :meth:`flush` waits for them) and evict it only after
+        every unhinted block, until a
         :meth:`get` / :meth:`get_into` of it (one get uses up its soonest hint) or
         :meth:`unhint`. Hints count: a block hinted for two queued requests stays hinted
         until both read it. ``position`` is the request's place in the queue (e.g. its
@@ -258,8 +262,10 @@ class CascadeStore(BatchCalls):
         """
         keys = [self._key(b, namespace) for b in block_ids]
         with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
-            taken = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
+            taken, below = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
             self.counters.hints += taken
+        for key in below:  # copies on the I/O workers, outside the lock: flush() waits for them
+            self._async.submit(lambda key=key: self._reads.promote_hinted(key)).add_done_callback(_log_failure)
         return taken
 
     def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
@@ -409,3 +415,9 @@ class CascadeStore(BatchCalls):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _log_failure(future: Future) -> None:
+    """A background promotion that raised (nobody waits on its future): say so."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a hinted block's promotion failed: %s", future.exception())

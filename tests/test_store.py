@@ -322,6 +322,7 @@ def test_hint_promotes_and_protects_until_read(tmp_path):
         shm, lustre = s.tiers[0], s.tiers[-1]
         assert ids[0] in [b for _, b in lustre] and ids[0] not in [b for _, b in shm]
         assert s.hint(ids[:2]) == 2
+        s.flush()  # promotions run in the background; flush waits for them
         assert {ids[0], ids[1]} <= {b for _, b in shm}  # promoted to the fastest tier
         for k, v in (make_block(s.spec, 200 + i) for i in range(20)):  # churn SHM
             s.put(k, v)
@@ -347,3 +348,32 @@ def test_hints_count_and_deleted_blocks_release_their_bytes(store):
     store.hint([bid])
     store.delete(bid)
     assert store.stats()["hinted_bytes"] == 0
+
+
+def test_a_hint_returns_at_once_and_its_promotion_runs_outside_the_lock(tmp_path):
+    """hint() only takes the hints; the copies up run on the I/O workers, and a get of a
+    hinted block in the meantime reads it where it is (and cancels its promotion)."""
+    import threading
+
+    from cascade import Config
+
+    cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 * 4096, file_dir=str(tmp_path / "f"))
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, 500 + i) for i in range(12)]
+        ids = [s.put(k, v) for k, v in blocks]
+        shm = s.tiers[0]
+        gate = threading.Event()
+        blockers = [s._async.submit(gate.wait) for _ in range(s.config.io_threads)]  # every worker busy
+        assert s.hint(ids[:3]) == 3  # returns although no promotion could run yet
+        assert not {ids[0], ids[1], ids[2]} & {b for _, b in shm}
+        got = s.get(ids[2])  # read where it is: uses up its hint, so its promotion is cancelled
+        assert got is not None and np.array_equal(got[1], blocks[2][1])
+        s.unhint([ids[1]])  # withdrawn before its promotion ran: cancelled too
+        gate.set()
+        assert all(b.result(timeout=30) for b in blockers)
+        s.flush()
+        in_shm = {b for _, b in shm}
+        assert ids[0] in in_shm and ids[1] not in in_shm
+        assert s.stats()["tiers"]["file"]["promotions"] >= 2  # ids[0] by its hint, ids[2] by its get
+        got = s.get(ids[0])
+        assert got is not None and np.array_equal(got[0], blocks[0][0])

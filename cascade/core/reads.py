@@ -188,35 +188,53 @@ class ReadPath:
                 self.metrics.tiers[src].promotions += 1
                 self.metrics.tiers[dst.t].bytes_written += meta.nbytes
 
-    def hint(self, keys: Sequence[BlockKey], cap: float, position: float | None) -> int:
+    def hint(self, keys: Sequence[BlockKey], cap: float, position: float | None) -> tuple[int, list[BlockKey]]:
         """Under the lock: take a hint (at queue ``position``) on each cached block of
-        ``keys`` while hinted blocks stay within ``cap`` bytes, and promote it; how many
-        were taken."""
+        ``keys`` while hinted blocks stay within ``cap`` bytes. Returns how many were
+        taken and the keys of those below the fastest tier, to :meth:`promote_hinted`."""
         at = self.index.hint_position(position)
-        taken = 0
+        taken, below = 0, []
         for key in keys:
             meta = self.index.get(key)
             if meta is None or not self.index.take_hint(meta, cap, at):
                 continue
             taken += 1
             if meta.tier > 0:
-                self.promote_now(meta)
-        return taken
+                below.append(key)
+        return taken, below
 
-    def promote_now(self, meta: BlockMeta) -> None:
-        """Under the lock: read a block from its slower tier and promote it (for a hint).
-        Best effort: a corrupt record is dropped, as on a get."""
-        buf = np.empty(meta.nbytes, dtype=np.uint8)
-        try:
-            self.chain.tiers[meta.tier].read_into(meta.key, buf)
-        except CorruptBlock as exc:
-            log.warning("%s", exc)
-            self.metrics.tiers[meta.tier].corruptions += 1
-            self.chain.drop_corrupt(meta)
-            return
-        move = self.claim_promotion(meta)
-        if move is not None:
+    def promote_hinted(self, key: BlockKey) -> bool:
+        """Without the lock (a worker's job): move a hinted block up to the fastest tier,
+        copying outside the lock. Cancelled (False) when the block was read, unhinted,
+        moved up or dropped meanwhile, or no room can be made; until the move ends the
+        block stays readable where it is (a get reads the lower tier, never waits). A
+        corrupt record is dropped, as on a get."""
+        with self._inflight.hold(f"a hint's promotion of {key[1]}"), ExitStack() as held:
+            with self._lock:
+                meta = self.index.get(key)
+                if meta is None or not meta.hints or meta.tier == 0:
+                    return False
+                lease = held.enter_context(Lease(self._lock, self.index, meta, meta.tier, self.chain.tiers[meta.tier]))
+                move = self.claim_promotion(meta)
+                if move is None:
+                    return False
+                held.enter_context(move)  # given back on any error below; _promote ends it normally
+                buf = np.empty(meta.nbytes, dtype=np.uint8)
+                if not lease.tier.concurrent:  # e.g. REMOTE (MPI): its copy stays under the lock
+                    error = self._copy(lease, [buf])
+            if lease.tier.concurrent:
+                error = self._copy(lease, [buf])
+            with self._lock:
+                lease.release()
+                if error is not None:
+                    held.close()  # the claim and the readings go back before the block is dropped
+                    log.warning("%s", error)
+                    self.metrics.tiers[lease.t].corruptions += 1
+                    self.chain.drop_corrupt(meta)
+                    return False
+            held.pop_all()  # the move (and its reading) now belong to _promote
             self._promote(move, [buf])
+            return True
 
     # -- other ranks -----------------------------------------------------------------------
     def _read_from_cluster(self, key: BlockKey, outs: Sequence[Any], started: float) -> bool:
