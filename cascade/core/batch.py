@@ -49,13 +49,14 @@ class BatchCalls:
         def put_one(i: int) -> str:
             return self.put(*pairs[i], namespace=namespace, parent=parents[i], block_id=ids[i])
 
-        return self._pools.parallel(put_one, range(len(pairs)), max_workers)
+        return self._pools.parallel(put_one, range(len(pairs)), max_workers, item_bytes=self.spec.block_bytes)
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
         """``get`` of each id, in order, up to ``max_workers`` (default
         ``config.io_threads``) reads in flight. Local."""
-        return self._pools.parallel(lambda b: self.get(b, namespace=namespace), list(block_ids), max_workers)
+        return self._pools.parallel(lambda b: self.get(b, namespace=namespace), list(block_ids), max_workers,
+                                    item_bytes=self.spec.block_bytes)
 
     def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                       namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
@@ -67,7 +68,7 @@ class BatchCalls:
         for key_out, value_out in outs:  # all checked before anything is read
             self._check_outs(key_out, value_out)
         return self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
-                                    range(len(block_ids)), max_workers)
+                                    range(len(block_ids)), max_workers, item_bytes=self.spec.block_bytes)
 
     # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
     def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,

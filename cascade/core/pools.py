@@ -9,6 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
+#: Data a batch call hands each worker thread at least (below it the batch runs inline).
+BYTES_PER_WORKER = 8 << 20
+
+
 class Pools:
     """Thread pools; batch calls use up to ``io_threads`` workers unless told otherwise."""
 
@@ -36,13 +40,19 @@ class Pools:
                 self._io = ThreadPoolExecutor(max_workers=self._io_workers, thread_name_prefix="cascade-io")
             return self._io
 
-    def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int | None) -> list[Any]:
+    def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int | None, *,
+                 item_bytes: int = 0) -> list[Any]:
         """``[fn(x) for x in items]`` on up to ``max_workers`` threads (items are taken in
         order, so file reads stay a near-sequential stream); the first error is raised
-        after every item finished. :class:`StoreClosed` on a closed store."""
+        after every item finished. :class:`StoreClosed` on a closed store. Without
+        ``max_workers``, a batch of items of ``item_bytes`` each gets one worker per
+        :data:`BYTES_PER_WORKER` (at most ``io_threads``): handing small blocks to threads
+        costs more than it overlaps (benchmark small_blocks)."""
         self._check_open()
         items = list(items)
         workers = min(max_workers or self._io_threads, len(items))
+        if max_workers is None and item_bytes:
+            workers = min(workers, max(1, item_bytes * len(items) // BYTES_PER_WORKER))
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
         order = iter(range(len(items)))  # next() on a range iterator is atomic under the GIL
