@@ -231,7 +231,7 @@ class CascadeStore(BatchCalls):
         which holds the block in place (close() waits for it). Local."""
         bkey = self._key(block_id, namespace)
         self._async.wait_for_puts([bkey])
-        return self._reads.view(bkey, lambda: list(self.spec.empty()))
+        return self._reads.view(bkey, self.spec)
 
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
         bkey = self._key(block_id, namespace)

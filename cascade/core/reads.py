@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 from ..buffers import host_outputs
 from ..errors import CorruptBlock
 from ..identity import BlockKey
+from ..models import BlockSpec
 from ..policy import BlockMeta
 from .chain import Busy, TierChain
 from .guards import Claim, InFlight, Lease, Move, Reading
@@ -79,10 +80,10 @@ class ReadPath:
             return hit
 
     @contextmanager
-    def view(self, key: BlockKey, empty: Callable[[], list[Any]]) -> Iterator[list[Any] | None]:
+    def view(self, key: BlockKey, spec: BlockSpec) -> Iterator[list[Any] | None]:
         """The block ``key`` as read-only arrays over its bytes in place while the ``with``
         block runs (a block in a zero-copy tier: SHM or GPU; its lease keeps the bytes
-        there), else a private copy read into ``empty()``'s arrays; None on a miss. The
+        there), else a private copy read into new arrays of ``spec``; None on a miss. The
         view's cost does not grow with the block's size; close() waits for open views."""
         started = time.perf_counter()
         with self._inflight.hold(f"a view of {key[1]}") as op, ExitStack() as held:
@@ -95,7 +96,7 @@ class ReadPath:
                                                      self.chain.tiers[meta.tier]))
                     op.what = f"a view of {key[1]} holding a lease in {lease.tier.name}"
             if lease is None:  # not in a zero-copy tier here: an ordinary read into our own arrays
-                outs = empty()
+                outs = list(spec.empty())
                 yield outs if self.read(key, outs) else None
                 return
             try:
@@ -104,7 +105,7 @@ class ReadPath:
                 data, error = None, exc
             with self._lock:
                 hit = self._count(lease, error, started)
-            yield _split(data, empty()) if hit else None
+            yield _split(data, spec) if hit else None
 
     def _cached(self, key: BlockKey) -> BlockMeta | None:
         """Under the lock: the cached block of ``key``; an expired one is dropped."""
@@ -281,11 +282,8 @@ def _fill_quietly(claim: Claim, data: Sequence[Any]) -> bool:
     return True
 
 
-def _split(data: Any, like: list[Any]) -> list[Any]:
-    """A block's flat bytes ``data`` as arrays shaped and typed as ``like`` (views, no copy)."""
-    out, pos = [], 0
-    for arr in like:
-        n = arr.nbytes
-        out.append(data[pos:pos + n].view(arr.dtype).reshape(arr.shape))
-        pos += n
-    return out
+def _split(data: Any, spec: BlockSpec) -> list[Any]:
+    """A block's flat bytes ``data`` as its key and value arrays of ``spec`` (views, no copy)."""
+    half = spec.half_bytes
+    return [data[:half].view(spec.np_dtype).reshape(spec.shape),
+            data[half:2 * half].view(spec.np_dtype).reshape(spec.shape)]

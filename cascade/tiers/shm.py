@@ -201,7 +201,10 @@ class ShmTier(SlabTier):
             self._view.release()
             self._view = None
         if self._mmap is not None:
-            self._mmap.close()
+            try:
+                self._mmap.close()
+            except BufferError:  # a caller still holds arrays from a view(): unmapped when they go
+                log.debug("%s: slab still referenced by views; unmapped when they are released", self.name)
             self._mmap = None
         if self._finalizer is not None:
             self._finalizer()
