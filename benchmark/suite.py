@@ -28,7 +28,12 @@ from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "thread_scaling", "tier_bandwidth", "mpi_micro", "cross_node", "stress_mpi", "faults", "run")
+             "thread_scaling", "tier_bandwidth", "small_blocks", "file_read_mode", "device_io", "cluster_serving",
+             "mpi_micro", "cross_node", "stress_mpi", "faults", "run")
+#: Workloads whose results files hold rows of their own shape: every number of each row
+#: becomes a figure, named by its path (per-pass samples left out), keyed by ``ROW_KEYS``.
+OWN_ROWS = ("small_blocks", "file_read_mode", "device_io", "cluster_serving")
+ROW_KEYS = ("size", "block_bytes", "blocks")
 #: MPI workloads launched directly under mpiexec: (ranks, extra environment).
 MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "mpi_micro": (2, {}),
@@ -58,6 +63,10 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "faults": ["--rounds", "3"],
         "run": ["--ranks", "4", "--blocks", "32", "--requests", "200", "--set", "shm_bytes=256M",
                 "--set", "file_bytes=2G"],  # as `make run`
+        "small_blocks": ["--rounds", "3"],
+        "file_read_mode": ["--rounds", "3"],
+        "device_io": ["--rounds", "5"],
+        "cluster_serving": [],
     },
     "quick": {
         "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
@@ -74,6 +83,10 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "faults": ["--rounds", "1", "--faults", "byte_flips,shm_flips"],
         "run": ["--ranks", "4", "--blocks", "8", "--requests", "60", "--set", "shm_bytes=32M",
                 "--set", "file_bytes=512M"],
+        "small_blocks": ["--sizes", "4K,2M", "--rounds", "1"],
+        "file_read_mode": ["--sizes", "64K,2M", "--rounds", "1", "--blocks", "64"],
+        "device_io": ["--sizes", "64K", "--rounds", "2"],
+        "cluster_serving": ["--sizes", "64K", "--blocks", "16", "--requests", "40"],
     },
 }
 SIZES["tiny"] = {**SIZES["quick"],
@@ -83,6 +96,9 @@ SIZES["tiny"] = {**SIZES["quick"],
                  "thread_scaling": ["--sizes", "256K", "--threads", "1,2", "--blocks", "4", "--warmup", "1",
                                     "--rounds", "1"],
                  "stress_mpi": ["--hits", "600", "--seconds", "5"],
+                 "small_blocks": ["--sizes", "4K", "--rounds", "1", "--blocks", "16"],
+                 "file_read_mode": ["--sizes", "64K", "--rounds", "1", "--blocks", "16"],
+                 "cluster_serving": ["--sizes", "8K", "--blocks", "8", "--requests", "12"],
                  # 8 MiB SHM per rank: some gets still come from the file tier
                  "run": ["--ranks", "4", "--blocks", "4", "--requests", "30", "--set", "shm_bytes=8M",
                          "--set", "file_bytes=256M"]}
@@ -250,6 +266,13 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
             out.append(({"system": "cascade"}, "directory.batched.median_ids_per_s", float(batched["median_ids_per_s"])))
     elif workload == "run":
         out.extend(main_job.figures(doc))
+    elif workload in OWN_ROWS:
+        for row in doc.get("rows") or doc.get("attach") or []:
+            key = {"system": "cascade", **{k: row[k] for k in ROW_KEYS if _number(row.get(k))}}
+            for name, v in _flatten("", {k: x for k, x in row.items() if k not in ROW_KEYS}):
+                out.append((key, name.lstrip("."), v))
+        for name, v in _flatten("serving", doc.get("serving")):
+            out.append(({"system": "cascade"}, name, v))
     elif workload in ("cross_node", "stress_mpi"):
         # every numeric figure of the result, named by its path (no per-op samples)
         for name, v in _flatten("", {k: doc.get(k) for k in OWN_FIELDS[workload]}):

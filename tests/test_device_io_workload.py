@@ -12,7 +12,7 @@ def test_without_a_gpu_it_skips_with_the_reason_and_measures_nothing(tmp_path):
     if cupy is not None:
         pytest.skip("a GPU is usable here: the gpu-marked run measures device_io")
     result = device_io.run({"sizes": [65536], "rounds": 1, "file_dir": str(tmp_path)})
-    assert result == {"skipped": reason} and reason
+    assert result == {"skipped": reason, "not_run": [{"system": "cascade", "reason": reason}]} and reason
     assert device_io.table(result) == f"device_io skipped: {reason}"
 
 

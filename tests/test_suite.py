@@ -54,13 +54,16 @@ def test_every_workload_runs_once(tmp_path) -> None:
     for run in manifest["runs"]:
         assert run["status"] == "ok" and (d / run["file"]).exists(), run
     seen = {f["workload"] for f in summary["figures"]}
-    assert seen == set(workloads)
+    from benchmark.workloads import device_io
+
+    gpu_less = device_io.gpu_or_reason()[0] is None  # device_io then measures nothing and says why
+    assert seen == set(workloads) - ({"device_io"} if gpu_less else set())
     fig = {(f["workload"], f.get("system"), f.get("mode"), f["metric"]): f for f in summary["figures"]}
     assert fig[("read_throughput", "cascade", "hot", "get_gbps")]["median"] > 0
     assert fig[("read_throughput", "cascade", "hot", "vs_systems.hdf5")]["median"] > 0
     assert 0 <= fig[("trace_replay", "cascade", None, "block_hit_ratio")]["median"] <= 1
     assert fig[("faults", None, None, "wrong_served")]["max"] == 0
-    assert summary["not_run"] == []
+    assert [p["workload"] for p in summary["not_run"]] == (["device_io"] if gpu_less else [])
     _check_main_job(d, manifest, summary)
 
 

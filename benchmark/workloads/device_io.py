@@ -15,7 +15,7 @@ Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB), single calls and ba
 Targets (issue 24): GPU tier put/get >= 0.8x raw_d2d; SHM hit into GPU >= 0.8x pinned
 H2D; put from GPU into SHM >= 0.8x pinned D2H. The result names the GPU, its driver and
 runtime versions. Without a usable GPU (cupy missing or no device) the workload returns
-``{"skipped": reason}`` and measures nothing: nothing here is simulated.
+``{"skipped": reason, "not_run": [...]}`` and measures nothing: nothing here is simulated.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _cascade(cp: Any, nbytes: int, count: int, rounds: int, workdir: str) -> dic
 def run(options: dict[str, Any]) -> dict[str, Any]:
     cp, reason = gpu_or_reason()
     if cp is None:
-        return {"skipped": reason}
+        return {"skipped": reason, "not_run": [{"system": "cascade", "reason": reason}]}
     sizes = options.get("sizes") or DEFAULT_SIZES
     rounds = options.get("rounds") or 5
     workdir = options.get("file_dir") or tempfile.gettempdir()
