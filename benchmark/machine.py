@@ -94,13 +94,13 @@ def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float]:
 
 def odirect_plan(block_bytes: int) -> tuple[int, int]:
     """(bytes per request, requests in flight) of an O_DIRECT read of one ``block_bytes``
-    record by Cascade's file tier (``cascade/tiers/file_tier.py``: records of 8 MiB and
+    record by Cascade's file tier (``cascade/tiers/record_io.py``: records of 8 MiB and
     more as 1 MiB requests, up to 8 in flight, from one process-wide pool; smaller ones
     as one request). The raw O_DIRECT limits read the same way."""
-    from cascade.tiers import file_tier
+    from cascade.tiers import record_io
 
-    if block_bytes >= file_tier._PARALLEL_MIN and file_tier._READERS >= 2:
-        return file_tier._CHUNK, file_tier._READERS
+    if block_bytes >= record_io.PARALLEL_MIN and record_io.READERS >= 2:
+        return record_io.CHUNK, record_io.READERS
     return block_bytes, 1
 
 

@@ -284,14 +284,14 @@ def test_best_variant_per_peer_and_group() -> None:
 def test_limits_are_measured_the_way_cascade_reads(tmp_path) -> None:
     """The raw O_DIRECT limit cuts a block into the file tier's requests and depth, and the
     memcpy limit rotates through buffers larger than the last-level cache."""
-    from cascade.tiers import file_tier
+    from cascade.tiers import record_io
 
-    big = file_tier._PARALLEL_MIN
-    assert machine.odirect_plan(big) == (file_tier._CHUNK, file_tier._READERS)
+    big = record_io.PARALLEL_MIN
+    assert machine.odirect_plan(big) == (record_io.CHUNK, record_io.READERS)
     assert machine.odirect_plan(big - 4096) == (big - 4096, 1)
     raw = machine.raw_file_gbps(str(tmp_path), big, 2 * big)
     assert (raw["odirect_request_bytes"], raw["odirect_in_flight"]) == (
-        (file_tier._CHUNK, file_tier._READERS) if raw["odirect"] else (big, 1))
+        (record_io.CHUNK, record_io.READERS) if raw["odirect"] else (big, 1))
     mem = machine.memcpy_gbps(2 << 20, repeats=3)
     assert mem["working_set_bytes"] >= 4 * machine.llc_bytes() and mem["gbps"] > 0
     assert not list(tmp_path.iterdir())

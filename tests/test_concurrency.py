@@ -27,7 +27,8 @@ import pytest
 
 from cascade import BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, TierFull
 from cascade.errors import StoreClosed
-from cascade.tiers.file_tier import FileTier, decode_location
+from cascade.tiers.file_tier import FileTier
+from cascade.tiers.record_io import decode_location
 from cascade.tiers.records import HEADER_BYTES, pad
 from cascade.tiers.slab import SlabAllocator
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config, ConfigError, CorruptBlock
-from cascade.tiers import file_tier
+from cascade.tiers import record_io
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.records import HEADER_BYTES
 
-SIZE = max(5 * file_tier._CHUNK, file_tier._PARALLEL_MIN) + 4096  # chunked: several chunks, a short last one
+SIZE = max(5 * record_io.CHUNK, record_io.PARALLEL_MIN) + 4096  # chunked: several chunks, a short last one
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -45,7 +45,7 @@ def test_a_flipped_byte_in_a_middle_chunk_is_caught(tmp_path, mode):
     tier.sync()
     path = tier._files[tier._index[key].file_id].path
     with open(path, "r+b") as f:  # a byte in the third chunk of the payload
-        f.seek(HEADER_BYTES + 2 * file_tier._CHUNK + 123)  # inside the third chunk
+        f.seek(HEADER_BYTES + 2 * record_io.CHUNK + 123)  # inside the third chunk
         f.write(b"\x08")
     os.posix_fadvise(tier._files[tier._index[key].file_id].fd, 0, 0, os.POSIX_FADV_DONTNEED)
     with pytest.raises(CorruptBlock):

@@ -39,7 +39,7 @@ from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock
 from ..identity import BlockKey
 from ..tiers.base import TierKind
-from ..tiers.file_tier import read_record
+from ..tiers.record_io import read_record
 from ..tiers.shm import ShmPeerSlabs
 from .agree import agree
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory

@@ -47,16 +47,12 @@ import logging
 import mmap
 import os
 import re
-import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-import xxhash
 
 from ..checksum import checksum
 from ..buffers import as_byte_view, host_bytes
@@ -65,6 +61,7 @@ from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, Tie
 from .base import BlockKey, Memory, Tier, TierKind
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
+from .record_io import READERS, encode_location, open_own, page_aligned, pwritev_all, read_hashed
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_header
 
 log = logging.getLogger(__name__)
@@ -74,8 +71,6 @@ READ_MODES = ("auto", "direct", "buffered")
 EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
 EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
 _RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
-# Never follow a symlink planted in place of one of our files; close-on-exec as usual.
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(slots=True)
@@ -210,7 +205,7 @@ class FileTier(Tier):
     def _take_lock(self) -> int:
         path = os.path.join(self.directory, f"agg_rank{self.rank:03d}.lock")
         try:
-            fd = _open_own(path, os.O_RDWR | os.O_CREAT)
+            fd = open_own(path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:  # e.g. ELOOP: a symlink planted as our lock file
             raise CascadeError(f"cannot open {path}: {exc.strerror}; remove it or use another file_dir") from None
         try:
@@ -229,7 +224,7 @@ class FileTier(Tier):
     def _open_file(self, file_id: int, *, create: bool = False) -> _File:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         path = self._file_path(file_id)
-        fd = _open_own(path, flags)
+        fd = open_own(path, flags)
         f = _File(file_id, path, fd, os.fstat(fd).st_size)
         self._files[file_id] = f
         return f
@@ -403,7 +398,7 @@ class FileTier(Tier):
         tail = pad(header.payload_len) - header.payload_len
         iov = [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
         try:
-            _pwritev_all(f.fd, iov, offset)
+            pwritev_all(f.fd, iov, offset)
             if self._fsync:
                 os.fsync(f.fd)
         except OSError as exc:
@@ -477,10 +472,10 @@ class FileTier(Tier):
         try:
             direct = f.direct_fd if self._odirect else None
             if direct is None:
-                lead = memoryview(bytearray(HEADER_BYTES))  # read the header too: see _read_hashed
-                ok, digest = _read_hashed(f.fd, start, loc.length, views, seed, lead)
-            elif all(_page_aligned(v) for v in views):
-                ok, digest = _read_hashed(direct, start, loc.length, views, seed, parallel=True)
+                lead = memoryview(bytearray(HEADER_BYTES))  # read the header too: see read_hashed
+                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, lead)
+            elif all(page_aligned(v) for v in views):
+                ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:
                 ok = self._read_bounced(direct, start, loc.length, views)
         except OSError as exc:
@@ -510,7 +505,7 @@ class FileTier(Tier):
         finally:
             bounce.release()
             with self._bounce_lock:
-                if len(self._bounces) < _READERS:
+                if len(self._bounces) < READERS:
                     self._bounces.append(bounce_map)
                 else:
                     bounce_map.close()
@@ -521,7 +516,7 @@ class FileTier(Tier):
             return None
         if f.direct_fd is None:
             try:
-                f.direct_fd = _open_own(f.path, os.O_RDONLY | os.O_DIRECT)
+                f.direct_fd = open_own(f.path, os.O_RDONLY | os.O_DIRECT)
             except (OSError, CascadeError) as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
                 log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc)
                 self._odirect = False
@@ -808,143 +803,3 @@ class FileTier(Tier):
                 "odirect": self._odirect, "read_mode": self.read_mode,
                 "on_lustre": self.on_lustre,
                 "directory": self.directory}
-
-
-_OFFSET_BITS = 40  # records start below 1 TiB in a file; file ids take the upper 24 bits
-
-
-def encode_location(file_id: int, offset: int) -> int:
-    return (file_id << _OFFSET_BITS) | offset
-
-
-def decode_location(location: int) -> tuple[int, int]:
-    return location >> _OFFSET_BITS, location & ((1 << _OFFSET_BITS) - 1)
-
-
-def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: Sequence[Any]) -> None:
-    """Read a record of any rank's aggregated files (on a shared file system) into
-    ``outs``, checking that the header names ``key`` and that the payload checksum holds.
-    :class:`BlockNotFound` when the file or record is gone (compacted, deleted),
-    :class:`CorruptBlock` when the bytes fail verification. Local; reads only."""
-    file_id, offset = decode_location(location)
-    path = os.path.join(directory, f"agg_rank{rank:03d}_{file_id:06d}.bin")
-    views = [as_byte_view(o, "output buffer") for o in outs]
-    try:
-        fd = _open_own(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise BlockNotFound(f"{path} is gone (compacted or removed)") from None
-    except (OSError, CascadeError) as exc:  # a symlink, directory or foreign file in its place
-        raise CorruptBlock(f"{path}: {exc}") from None
-    try:
-        header = unpack_header(os.pread(fd, HEADER_BYTES, offset))
-        if header is None or header.tombstone or (header.namespace, header.block_id) != key:
-            raise BlockNotFound(f"no record of {key[1]} at {path}:{offset}")
-        if header.payload_len != sum(v.nbytes for v in views):
-            raise CorruptBlock(f"record of {key[1]} at {path}:{offset} has {header.payload_len} bytes")
-        if (os.preadv(fd, views, offset + HEADER_BYTES) != header.payload_len
-                or checksum(views, key_seed(*key)) != header.checksum):
-            raise CorruptBlock(f"record of {key[1]} at {path}:{offset} is truncated or fails its checksum")
-    finally:
-        os.close(fd)
-
-
-# O_DIRECT reads of big records go as 1 MiB chunks, up to 8 in flight (striped Lustre
-# files serve them from several OSTs at once; untested on Lustre: none here, and on this
-# project's virtio disk they measured the same as one whole read). Buffered reads stay
-# one preadv per record: measured cold (7 rounds, vs the better raw read) 0.85x whole vs
-# 0.61x chunked at 16 MiB, since out-of-order chunks stop the kernel's readahead. Our
-# own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
-# 2 MiB cold reads 3x slower (the advice call blocks on this kernel): not used.
-_CHUNK = 1 << 20
-_PARALLEL_MIN = 8 << 20  # smaller records: one preadv
-_READERS = 8
-_reader_pool: ThreadPoolExecutor | None = None
-_reader_pool_lock = threading.Lock()
-
-
-def _readers() -> ThreadPoolExecutor:
-    global _reader_pool
-    with _reader_pool_lock:
-        if _reader_pool is None:
-            _reader_pool = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="cascade-read")
-        return _reader_pool
-
-
-def _read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], seed: int,
-                 lead: memoryview | None = None, parallel: bool = False) -> tuple[bool, int]:
-    """Read a record's payload at ``start`` into ``views``; (complete, XXH3 digest seeded
-    with ``seed``). ``lead`` (not hashed) receives the bytes just before ``start``: a
-    buffered read then starts where the previous record ended, so the kernel sees a
-    sequential stream and keeps its readahead going across records.
-
-    With ``parallel``, a big record is read as chunks with several reads in flight
-    (preadv releases the GIL) and hashed in order as chunks land, so hashing overlaps
-    the reads still in flight.
-    O_DIRECT callers pass page-aligned views (chunks stay page-aligned)."""
-    h = xxhash.xxh3_64(seed=seed)
-    if lead is not None:
-        start -= lead.nbytes
-        length += lead.nbytes
-        views = [lead, *views]
-    if not parallel or length < _PARALLEL_MIN or _READERS < 2:
-        if os.preadv(fd, list(views), start) != length:
-            return False, 0
-        if lead is not None:
-            views = views[1:]
-        for v in views:
-            h.update(v)
-        return True, h.intdigest()
-    chunks = []
-    pos = start
-    for view in views:
-        for lo in range(0, view.nbytes, _CHUNK):
-            chunk = view[lo:lo + _CHUNK]
-            chunks.append((chunk, pos))
-            pos += chunk.nbytes
-    pool = _readers()
-    futures = [pool.submit(os.preadv, fd, [chunk], off) for chunk, off in chunks]
-    ok = True
-    try:
-        for i, ((chunk, _), fut) in enumerate(zip(chunks, futures)):
-            if fut.result() != chunk.nbytes:
-                ok = False
-                break
-            if lead is None or i > 0:
-                h.update(chunk)
-    finally:
-        for fut in futures:  # no read may still write into the caller's buffers
-            try:
-                fut.result()
-            except OSError:
-                ok = False
-    return ok, h.intdigest() if ok else 0
-
-
-def _open_own(path: str, flags: int) -> int:
-    """``os.open`` that refuses a symlink (O_NOFOLLOW), a non-regular file and a file of
-    another user: a planted or swapped file is never read or written."""
-    fd = os.open(path, flags | _NOFOLLOW | os.O_NONBLOCK, 0o600)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        os.close(fd)
-        raise CascadeError(f"{path} is not a regular file of uid {os.geteuid()}: refusing to use it")
-    return fd
-
-
-def _page_aligned(view: memoryview) -> bool:
-    if view.nbytes % PAGE or view.readonly:
-        return False
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0
-
-
-def _pwritev_all(fd: int, iov: list, offset: int) -> int:
-    """``pwritev`` until every byte is written (short writes happen near a full disk)."""
-    total = sum(memoryview(b).nbytes for b in iov)
-    done = os.pwritev(fd, iov, offset)
-    while done < total:  # rare: finish the rest from one joined buffer
-        rest = b"".join(bytes(b) for b in iov)[done:]
-        n = os.pwrite(fd, rest, offset + done)
-        if n == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done += n
-    return done
