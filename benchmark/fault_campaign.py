@@ -30,6 +30,7 @@ import numpy as np
 
 from cascade import CascadeStore, Config, block_id
 from cascade.errors import BlockNotFound, TierFull
+from cascade.testing import interrupted_reader
 from cascade.tiers.shm import ShmPeerSlabs
 
 from .results import write_results
@@ -340,24 +341,6 @@ def foreign_slab_owner(rounds: int, base: str) -> dict[str, Any]:
             "raised": raised, "recover_s": 0.0}
 
 
-_INTERRUPTED = """
-import sys
-from cascade import CascadeStore, Config, block_id
-cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=4 << 20, file_dir=sys.argv[1], shm_dir=sys.argv[2])
-with CascadeStore(cfg) as store:
-    ids = []
-    for i in range(64):
-        key, value = store.spec.empty()
-        key[...], value[...] = i, -i
-        ids.append(store.put(key, value))
-    key_out, value_out = store.spec.empty()
-    print("ready", flush=True)
-    while True:
-        for bid in ids:
-            store.get_into(bid, key_out, value_out)
-"""
-
-
 def ctrl_c_mid_get(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]:
     """Per round: a process reading in a loop inside ``with CascadeStore(...)`` (blocks
     moving between SHM and file tiers) gets SIGINT at a random moment: it must end (a
@@ -369,8 +352,8 @@ def ctrl_c_mid_get(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]
         d = tempfile.mkdtemp(prefix="fault-sigint-", dir=base)
         files, shm = os.path.join(d, "files"), os.path.join(d, "shm")
         os.makedirs(shm, mode=0o700)
-        proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, files, shm], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "cascade.testing.interrupted_reader", files, shm],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc.stdout.readline()
         time.sleep(rnd.uniform(0.0, 0.2))
         proc.send_signal(signal.SIGINT)
@@ -382,20 +365,14 @@ def ctrl_c_mid_get(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]
             proc.kill()
             proc.communicate()
         raised += bool(os.listdir(shm))  # a slab left behind
-        cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=4 << 20, file_dir=files, shm_dir=shm)
-        with CascadeStore(cfg) as s:
-            for i in range(64):
-                got = s.get(block_id(*_expected(s.spec, i)))
-                wrong += got is not None and _wrong(got, _expected(s.spec, i))
+        with CascadeStore(interrupted_reader.config(files, shm)) as s:
+            for i in range(interrupted_reader.BLOCKS):
+                expected = interrupted_reader.block(s.spec, i)
+                got = s.get(block_id(*expected))
+                wrong += got is not None and _wrong(got, expected)
     return {"fault": "Ctrl-C (SIGINT) during gets inside with CascadeStore", "injected": rounds, "acked_blocks": 0,
             "acked_lost": 0, "wrong_served": wrong, "detected": detected, "hangs": hangs, "raised": raised,
             "recover_s": (time.perf_counter() - started) / rounds}
-
-
-def _expected(spec, i: int):
-    key, value = spec.empty()
-    key[...], value[...] = i, -i
-    return key, value
 
 
 def _rank_job(d: str, module: str, phase: str) -> tuple[subprocess.CompletedProcess | None, float]:
