@@ -66,8 +66,9 @@ def pytest_runtest_makereport(item, call):
         if report.failed and time.monotonic() > deadline:
             sys.stderr.write(f"\nrank {world.Get_rank()} failed {item.nodeid} ({report.when}) while the "
                              f"other ranks did not finish it within {STRAGGLER_SECONDS:.0f} s (stuck in a "
-                             f"collective this rank left): aborting the job.\n{report.longreprtext}\n")
+                             f"collective this rank left): aborting the job (MPI_Abort).\n{report.longreprtext}\n")
             sys.stderr.flush()
+            time.sleep(1.0)  # mpiexec forwards output asynchronously: let the report out before the kill
             world.Abort(1)
         time.sleep(0.001)
     failed = [rank for rank, bad in enumerate(everyone) if bad]
