@@ -21,6 +21,7 @@ class NamespaceVictims(Policy):
         super().__init__(*args, **kwargs)
         self._ns_heaps: dict[tuple[int, str], list[tuple[float, int, int, BlockMeta]]] = {}
         self._ns_live: Counter[tuple[int, str]] = Counter()
+        self._lazy_touch = False  # victim_in's heaps need every use pushed
 
     def admitted(self, meta: BlockMeta, now: float) -> None:
         self._ns_live[(meta.tier, meta.key[0])] += 1
@@ -49,8 +50,8 @@ class NamespaceVictims(Policy):
         self._ns_heaps.pop(slot, None)
         return None
 
-    def _push(self, meta: BlockMeta) -> None:
-        super()._push(meta)
+    def _push(self, meta: BlockMeta, seq: int = 0) -> None:
+        super()._push(meta, seq)
         slot = (meta.tier, meta.key[0])
         heap = self._ns_heaps.setdefault(slot, [])
         heapq.heappush(heap, (self.score(meta), next(self._seq), meta.version, meta))

@@ -69,6 +69,7 @@ class BlockMeta:
     entry: Any = None  # the directory entry this rank published for it (multi-rank runs)
     checksum: int = 0  # XXH3-64 of the block's bytes, published with it (multi-rank runs)
     version: int = 0  # bumps on every change; stale heap entries are skipped
+    touch_seq: int = 0  # a use not yet in the heap: its order there (Policy.touched)
 
     def children_at_or_above(self, tier: int) -> int:
         return sum(self.child_tiers[: tier + 1])
@@ -90,10 +91,11 @@ class Policy:
         self._heaps: list[list[tuple[tuple[int, float, int], int, int, BlockMeta]]] = [[] for _ in range(num_tiers)]
         self._clock = 0.0  # GreedyDual inflation value, shared by all tiers
         self._live = [0] * num_tiers
-        self._seq = itertools.count()
+        self._seq = itertools.count(1)  # from 1: a touch_seq of 0 means none
         self._history = history if kind == "semantic" else 0
         self._ghosts: OrderedDict[BlockKey, int] = OrderedDict()  # dropped key -> its uses
         self._last_position = 0.0  # the latest hint position given or assigned
+        self._lazy_touch = True  # touched() defers its push to victim() (see there)
 
     # -- notifications from the store ---------------------------------------------------
     def admitted(self, meta: BlockMeta, now: float) -> None:
@@ -108,11 +110,17 @@ class Policy:
         self._push(meta)
 
     def touched(self, meta: BlockMeta, now: float) -> None:
-        """A hit (or a dedup put) on ``meta``."""
+        """A hit (or a dedup put) on ``meta``. A use only raises a block's score (later
+        last use; a higher clock reading and value), so its heap entry is left as it is
+        and fixed when it reaches the top (:meth:`victim`), in the place this push would
+        have given it: the same order as pushing now, without a push per hit."""
         meta.hits += 1
         meta.last_use = now
         meta.base = self._clock
-        self._push(meta)
+        if self._lazy_touch:
+            meta.touch_seq = next(self._seq)
+        else:
+            self._push(meta)
 
     def moved(self, meta: BlockMeta, old_tier: int) -> None:
         """``meta`` moved from ``old_tier`` to ``meta.tier``."""
@@ -187,6 +195,11 @@ class Policy:
             if version != meta.version or meta.tier != tier:
                 heapq.heappop(heap)
                 continue
+            if meta.touch_seq:  # used since this entry was pushed: where that use puts it
+                heapq.heappop(heap)
+                self._push(meta, meta.touch_seq)
+                heap = self._heaps[tier]  # _push may have compacted it into a new list
+                continue
             if not self.eligible(meta):
                 heapq.heappop(heap)  # pushed again when it becomes eligible (changed())
                 continue
@@ -223,11 +236,14 @@ class Policy:
         return (0, meta.last_use if self.kind == "lru" else meta.base + self.value(meta), 0)
 
     # -- internals ----------------------------------------------------------------------
-    def _push(self, meta: BlockMeta) -> None:
+    def _push(self, meta: BlockMeta, seq: int = 0) -> None:
+        """A fresh heap entry for ``meta`` (ordered among equal scores by ``seq``, default
+        now); its older entries go stale."""
         meta.version += 1
+        meta.touch_seq = 0
         score = self.score(meta)
         heap = self._heaps[meta.tier]
-        heapq.heappush(heap, (score, next(self._seq), meta.version, meta))
+        heapq.heappush(heap, (score, seq or next(self._seq), meta.version, meta))
         if len(heap) > 4 * self._live[meta.tier] + 64:
             self._heaps[meta.tier] = [e for e in heap if e[2] == e[3].version and e[3].tier == meta.tier]
             heapq.heapify(self._heaps[meta.tier])

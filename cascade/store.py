@@ -199,8 +199,14 @@ class CascadeStore(BatchCalls):
         the block (nothing stored is lost either way). The copy runs outside the store's
         lock: puts from several threads copy in parallel.
         """
-        parts = self._check_pair(key, value)
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        if block_id is not None and not verify and self._plain(key) and self._plain(value):
+            stored = self._writes.put_hot((key, value), namespace, block_id, parent=parent, ttl=ttl,
+                                          priority=priority)
+            if stored is not None:
+                self._tick()
+                return stored
+        parts = self._check_pair(key, value)
         stored = self._writes.put(parts, namespace, block_id, verify=verify, parent=parent, ttl=ttl,
                                   priority=priority)
         self._tick()
@@ -221,8 +227,19 @@ class CascadeStore(BatchCalls):
         spec, no extra copy). True on a hit; False on a miss (outputs then hold no valid
         data). :class:`InvalidBlock` for outputs that are not writable buffers of the
         spec (nothing is then held). Local; the copy runs outside the store's lock."""
+        if self._plain(key_out) and self._plain(value_out) and type(block_id) is str and type(namespace) is str:
+            key = (namespace, block_id)
+            self._async.wait_for_puts((key,))  # a get after a put_async of this id sees it
+            if self._reads.read_hot(key, (key_out, value_out)):
+                self._tick()
+                return True
         self._check_outs(key_out, value_out)
         return self._read(block_id, namespace, [key_out, value_out])
+
+    def _plain(self, array: Any) -> bool:
+        """Whether ``array`` is a numpy array of the spec's shape and dtype (a candidate
+        for the hot path, which still checks its layout)."""
+        return type(array) is np.ndarray and array.shape == self.spec.shape and array.dtype == self.spec.np_dtype
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

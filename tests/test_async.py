@@ -52,11 +52,14 @@ def test_get_into_async_after_put_async_and_batches(store):
 
 def test_calls_return_before_the_work_runs(store):
     gate = threading.Event()
-    blocker = store._async.submit(gate.wait)  # occupies every worker's queue position ahead
-    futures = [store.put_async(*block(store.spec, i), block_id=ident(i)) for i in range(store.config.io_threads * 2)]
-    assert not all(f.done() for f in futures)  # the caller was not blocked by the puts
-    gate.set()
-    assert blocker.result(timeout=30) is True
+    try:  # every worker waits on the gate: the puts queued behind them cannot have run
+        blockers = [store._async.submit(gate.wait) for _ in range(store.config.io_threads)]
+        futures = [store.put_async(*block(store.spec, i), block_id=ident(i))
+                   for i in range(store.config.io_threads * 2)]
+        assert not any(f.done() for f in futures)  # the caller was not blocked by the puts
+    finally:
+        gate.set()
+    assert all(b.result(timeout=30) is True for b in blockers)
     assert [f.result(timeout=30) for f in futures] == [ident(i) for i in range(len(futures))]
 
 

@@ -51,7 +51,7 @@ class TierChain:
         self.metrics = metrics
         self.peers: Solo = Solo()  # the multi-rank layer, set by the store when it joins one
         self._lock = lock
-        self._share = namespace_share
+        self.share = namespace_share  # a namespace's most of each tier (0: no quota)
         self._check_open = check_open
         for t, tier in enumerate(tiers):
             if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
@@ -131,7 +131,7 @@ class TierChain:
         if nbytes > tier.capacity:
             self.metrics.tiers[t].full_events += 1
             raise TierFull(f"{tier.name}: a block of {nbytes} bytes exceeds its capacity of {tier.capacity}")
-        if namespace is not None and self._share > 0:
+        if namespace is not None and self.share > 0:
             self._keep_share(t, nbytes, namespace)
         set_aside: list[BlockMeta] = []
         try:
@@ -157,7 +157,7 @@ class TierChain:
         """Move ``namespace``'s own blocks out of tier ``t`` until ``nbytes`` more stay
         within its share; :class:`TierFull` when its movable blocks do not suffice.
         O(log n) per victim (the policy keeps each namespace's victim order)."""
-        share = self._share * self.tiers[t].capacity
+        share = self.share * self.tiers[t].capacity
         set_aside: list[BlockMeta] = []
         try:
             while self.index.ns_bytes[t].get(namespace, 0) + nbytes > share:
@@ -165,7 +165,7 @@ class TierChain:
                 if victim is None:
                     self.metrics.tiers[t].full_events += 1
                     raise TierFull(f"{self.tiers[t].name}: namespace {namespace!r} is at its share "
-                                   f"({self._share:g} of the tier) and none of its blocks there can move")
+                                   f"({self.share:g} of the tier) and none of its blocks there can move")
                 try:
                     self.demote(victim)
                 except Busy:  # another rank pins it: not now

@@ -26,6 +26,7 @@ from ..tiers.base import Memory
 from .chain import TierChain
 from .guards import Claim, InFlight
 from .pools import Pools
+from .reads import HOT_COPY_MAX
 
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
 
@@ -87,6 +88,47 @@ class WritePath:
                 if isinstance(exc, OSError) and not isinstance(exc, TierFull):  # ENOSPC and friends
                     raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
                 raise
+
+    def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, *, parent: str | None,
+                ttl: float | None, priority: int) -> str | None:
+        """A put of a small block (:data:`~.reads.HOT_COPY_MAX`) with a known id, in one
+        locked step: dedup, or room the fastest tier has free already (no demotion), the
+        copy into it (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit.
+        The lock held throughout stands in for the in-flight count (the room is a
+        :class:`Claim` all the same). None, with nothing counted or changed, when it is
+        not such a put (a bigger block, a tier that cannot copy under the lock or has no
+        free room, namespace shares, a closing store, ``parts`` that are not C-contiguous
+        host buffers): the caller then takes :meth:`put`. ``parts`` and the options are
+        checked by the caller, except ``block_id`` (checked here)."""
+        if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
+            return None
+        key = (namespace, check_id(block_id))
+        started = time.perf_counter()
+        with self._lock:
+            if self._inflight.closing:
+                return None
+            self.index.check_parent(key, parent)
+            if self._settled(key, parts):
+                self.metrics.counters.puts += 1
+                return block_id
+            try:
+                claim = Claim(self._lock, self.chain.tiers[0], 0, key, self._nbytes, parent)
+            except OSError:  # TierFull included: room must be made, or found below
+                return None
+            with claim:
+                if not claim.tier.fill_hot(claim.handle, parts):
+                    return None
+                self.metrics.counters.puts += 1
+                claim.commit(key)
+                meta = BlockMeta(key, self._nbytes, 0, parent=parent, priority=priority,
+                                 ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
+                try:
+                    if self._admit(meta):
+                        self.metrics.stored(0, meta.nbytes, started)
+                except BaseException:  # e.g. DirectoryFull: nothing stored
+                    self.metrics.rejected()
+                    raise
+            return block_id
 
     def _admit(self, meta: BlockMeta) -> bool:
         """Under the lock, once committed: enter the block in the index and publish it.

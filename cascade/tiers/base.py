@@ -174,6 +174,20 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def release(self, lease: Any) -> None:
         """End a lease; frees the bytes of a block deleted while leased."""
 
+    def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
+        """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
+        small block: no lease needed). False, nothing written, when the tier cannot
+        (outputs that are not writable C-contiguous host buffers of the block's size,
+        bytes not in host memory, checksums to verify): the caller then leases it."""
+        return False
+
+    def fill_hot(self, room: Any, parts: Sequence[Any]) -> bool:
+        """Copy ``parts`` into reserved ``room`` while the caller holds the store's lock
+        (the small-block form of :meth:`fill`). False, nothing written, when the tier
+        cannot (parts that are not C-contiguous host buffers of the room's size, bytes
+        not in host memory, checksums to compute)."""
+        return False
+
     def current(self, key: BlockKey, lease: Any) -> bool:
         """Whether ``lease`` still names the bytes stored under ``key``."""
         return key in self

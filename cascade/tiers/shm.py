@@ -195,6 +195,9 @@ class ShmTier(SlabTier):
     def _slab_array(self) -> Any:
         return self._bytes
 
+    def _host_view(self) -> memoryview | None:
+        return self._view
+
     def close(self) -> None:
         self._bytes = None
         if self._view is not None:
