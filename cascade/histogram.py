@@ -1,7 +1,6 @@
 """Latency histograms with power-of-two microsecond buckets (cheap enough for every call)."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 _BUCKETS = 32  # 1 us .. ~35 min
@@ -17,7 +16,7 @@ class LatencyHistogram:
 
     def record(self, seconds: float) -> None:
         us = seconds * 1e6
-        i = 0 if us < 1 else min(int(math.log2(us)) + 1, _BUCKETS - 1)
+        i = 0 if us < 1 else min(int(us).bit_length(), _BUCKETS - 1)  # = floor(log2(us)) + 1
         self.counts[i] += 1
         self.total_s += seconds
 

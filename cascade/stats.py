@@ -81,8 +81,9 @@ class StoreMetrics:
         self.tiers[t].hits += 1
         self.tiers[t].bytes_read += nbytes
         self.get_latency[t].record(time.perf_counter() - started)
-        for faster in self.tiers[:t]:
-            faster.misses += 1
+        if t:
+            for faster in self.tiers[:t]:
+                faster.misses += 1
 
     def cluster_hit(self, started: float) -> None:
         """A get served by another rank (a miss of every local tier)."""

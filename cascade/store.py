@@ -197,12 +197,16 @@ class CascadeStore(BatchCalls):
         the block itself, or one of its cached descendants, is refused. Raises
         :class:`InvalidBlock` for bad input and :class:`TierFull` when no tier can take
         the block (nothing stored is lost either way). The copy runs outside the store's
-        lock: puts from several threads copy in parallel.
+        lock (puts from several threads copy in parallel), except for a small block
+        with ``block_id`` that the SHM tier has room for as it is: that put is one short
+        locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         if block_id is not None and not verify and self._plain(key) and self._plain(value):
-            stored = self._writes.put_hot((key, value), namespace, block_id, parent=parent, ttl=ttl,
-                                          priority=priority)
+            stored = self._writes.put_hot([((key, value), block_id, parent)], namespace, ttl=ttl,
+                                          priority=priority)[0]
+            if isinstance(stored, BaseException):
+                raise stored
             if stored is not None:
                 self._tick()
                 return stored
@@ -226,12 +230,15 @@ class CascadeStore(BatchCalls):
         """Read a block straight into ``key_out`` and ``value_out`` (arrays of the store's
         spec, no extra copy). True on a hit; False on a miss (outputs then hold no valid
         data). :class:`InvalidBlock` for outputs that are not writable buffers of the
-        spec (nothing is then held). Local; the copy runs outside the store's lock."""
+        spec (nothing is then held). Local; the copy runs outside the store's lock,
+        except for a hit on a small block in the SHM tier (one short locked step:
+        :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
         if self._plain(key_out) and self._plain(value_out) and type(block_id) is str and type(namespace) is str:
             key = (namespace, block_id)
             self._async.wait_for_puts((key,))  # a get after a put_async of this id sees it
-            if self._reads.read_hot(key, (key_out, value_out)):
-                self._tick()
+            if self._reads.read_hot((key,), ((key_out, value_out),))[0]:
+                if self.config.stats_dir:
+                    self._tick()
                 return True
         self._check_outs(key_out, value_out)
         return self._read(block_id, namespace, [key_out, value_out])
@@ -240,6 +247,14 @@ class CascadeStore(BatchCalls):
         """Whether ``array`` is a numpy array of the spec's shape and dtype (a candidate
         for the hot path, which still checks its layout)."""
         return type(array) is np.ndarray and array.shape == self.spec.shape and array.dtype == self.spec.np_dtype
+
+    def _plain_out(self, array: Any) -> bool:
+        """Whether ``array`` is a writable C-contiguous numpy array of the spec: a valid
+        output, known without the general check (:meth:`_check_outs`)."""
+        if not self._plain(array):
+            return False
+        flags = array.flags
+        return flags.c_contiguous and flags.writeable
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

@@ -49,7 +49,25 @@ class BatchCalls:
         def put_one(i: int) -> str:
             return self.put(*pairs[i], namespace=namespace, parent=parents[i], block_id=ids[i])
 
-        return self._pools.parallel(put_one, range(len(pairs)), max_workers, item_bytes=self.spec.block_bytes)
+        results: list[Any] = [None] * len(pairs)
+        rest = range(len(pairs))
+        if block_ids is not None:  # small blocks: one locked step for all that fit as they are
+            self._check_put_options(namespace, parent, 0, None)
+            hot = [i for i, (k, v) in enumerate(pairs) if self._plain(k) and self._plain(v)]
+            stored = self._writes.put_hot([(pairs[i], ids[i], parents[i]) for i in hot], namespace,
+                                          ttl=None, priority=0)
+            for i, got in zip(hot, stored):
+                results[i] = got
+            rest = [i for i, got in enumerate(results) if got is None]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        try:
+            for i, got in zip(rest, self._pools.parallel(put_one, rest, max_workers, item_bytes=self.spec.block_bytes)):
+                results[i] = got
+        except BaseException as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
+        return results
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
@@ -66,9 +84,18 @@ class BatchCalls:
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
         for key_out, value_out in outs:  # all checked before anything is read
-            self._check_outs(key_out, value_out)
-        return self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
-                                    range(len(block_ids)), max_workers, item_bytes=self.spec.block_bytes)
+            if not (self._plain_out(key_out) and self._plain_out(value_out)):
+                self._check_outs(key_out, value_out)
+        hits: list[bool | None] = [None] * len(block_ids)
+        if isinstance(namespace, str) and all(type(b) is str for b in block_ids):
+            keys = [(namespace, b) for b in block_ids]
+            self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
+            hits = self._reads.read_hot(keys, outs)  # small blocks: one locked step for every hot hit
+        rest = [i for i, hit in enumerate(hits) if hit is None]
+        for i, hit in zip(rest, self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
+                                                     rest, max_workers, item_bytes=self.spec.block_bytes)):
+            hits[i] = hit
+        return hits
 
     # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
     def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,

@@ -89,46 +89,59 @@ class WritePath:
                     raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
                 raise
 
-    def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, *, parent: str | None,
-                ttl: float | None, priority: int) -> str | None:
-        """A put of a small block (:data:`~.reads.HOT_COPY_MAX`) with a known id, in one
-        locked step: dedup, or room the fastest tier has free already (no demotion), the
-        copy into it (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit.
-        The lock held throughout stands in for the in-flight count (the room is a
-        :class:`Claim` all the same). None, with nothing counted or changed, when it is
-        not such a put (a bigger block, a tier that cannot copy under the lock or has no
-        free room, namespace shares, a closing store, ``parts`` that are not C-contiguous
-        host buffers): the caller then takes :meth:`put`. ``parts`` and the options are
-        checked by the caller, except ``block_id`` (checked here)."""
+    def put_hot(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
+                ttl: float | None, priority: int) -> list[str | BaseException | None]:
+        """Puts of small blocks (:data:`~.reads.HOT_COPY_MAX`) with known ids, all in one
+        locked step; ``items`` are ``(parts, block_id, parent)``. For each: dedup, or room
+        the fastest tier has free already (no demotion), the copy into it
+        (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit. The lock held
+        throughout stands in for the in-flight count (the room is a :class:`Claim` all
+        the same). Each entry is the id, the error that put raised (the others go on), or
+        None, with nothing counted or changed, when it is not such a put (a bigger block,
+        a tier that cannot copy under the lock or has no free room, namespace shares, a
+        closing store, parts that are not C-contiguous host buffers): the caller then
+        takes :meth:`put` for it. Parts, namespace, parents and options are checked
+        by the caller; ids here."""
+        done: list[str | BaseException | None] = [None] * len(items)
         if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
-            return None
-        key = (namespace, check_id(block_id))
-        started = time.perf_counter()
+            return done
         with self._lock:
             if self._inflight.closing:
-                return None
-            self.index.check_parent(key, parent)
-            if self._settled(key, parts):
-                self.metrics.counters.puts += 1
-                return block_id
-            try:
-                claim = Claim(self._lock, self.chain.tiers[0], 0, key, self._nbytes, parent)
-            except OSError:  # TierFull included: room must be made, or found below
-                return None
-            with claim:
-                if not claim.tier.fill_hot(claim.handle, parts):
-                    return None
-                self.metrics.counters.puts += 1
-                claim.commit(key)
-                meta = BlockMeta(key, self._nbytes, 0, parent=parent, priority=priority,
-                                 ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
+                return done
+            for i, (parts, block_id, parent) in enumerate(items):
                 try:
-                    if self._admit(meta):
-                        self.metrics.stored(0, meta.nbytes, started)
-                except BaseException:  # e.g. DirectoryFull: nothing stored
-                    self.metrics.rejected()
-                    raise
+                    done[i] = self._put_hot(parts, namespace, block_id, parent, ttl, priority)
+                except Exception as exc:  # this put's own error: the others still run
+                    done[i] = exc
+        return done
+
+    def _put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, parent: str | None,
+                 ttl: float | None, priority: int) -> str | None:
+        """Under the lock: one put of :meth:`put_hot`."""
+        started = time.perf_counter()
+        key = (namespace, check_id(block_id))
+        self.index.check_parent(key, parent)
+        if self._settled(key, parts):
+            self.metrics.counters.puts += 1
             return block_id
+        try:
+            claim = Claim(self._lock, self.chain.tiers[0], 0, key, self._nbytes, parent)
+        except OSError:  # TierFull included: room must be made, or found below
+            return None
+        with claim:
+            if not claim.tier.fill_hot(claim.handle, parts):
+                return None
+            self.metrics.counters.puts += 1
+            claim.commit(key)
+            meta = BlockMeta(key, self._nbytes, 0, parent=parent, priority=priority,
+                             ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
+            try:
+                if self._admit(meta):
+                    self.metrics.stored(0, meta.nbytes, started)
+            except BaseException:  # e.g. DirectoryFull: nothing stored
+                self.metrics.rejected()
+                raise
+        return block_id
 
     def _admit(self, meta: BlockMeta) -> bool:
         """Under the lock, once committed: enter the block in the index and publish it.

@@ -239,7 +239,7 @@ class SlabTier(Tier):
 def byte_views(buffers: Sequence[Any], nbytes: int, *, writable: bool) -> list[memoryview] | None:
     """``buffers`` as flat byte memoryviews when each is a C-contiguous host buffer (and
     writable, if asked) and together they hold ``nbytes``; else None."""
-    views = []
+    views, total = [], 0
     for buf in buffers:
         try:
             view = memoryview(buf).cast("B")
@@ -248,4 +248,5 @@ def byte_views(buffers: Sequence[Any], nbytes: int, *, writable: bool) -> list[m
         if writable and view.readonly:
             return None
         views.append(view)
-    return views if sum(len(v) for v in views) == nbytes else None
+        total += len(view)
+    return views if total == nbytes else None

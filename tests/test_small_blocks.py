@@ -1,0 +1,160 @@
+"""The hot path of small blocks: a get_into hit or a put with a known id of a block up to
+HOT_COPY_MAX in the SHM tier runs in one locked step, with the same answers, counts and
+checks as the leased path; the policy's deferred push of a hit keeps its victim order."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cascade import CascadeStore, Config
+from cascade.core.reads import HOT_COPY_MAX, ReadPath
+from cascade.core.writes import WritePath
+from cascade.errors import InvalidBlock
+from cascade.models import BlockSpec
+from cascade.policy import BlockMeta, Policy
+from cascade.tiers.shm import ShmTier
+
+
+def ident(i: int) -> str:
+    return f"{i:032x}"
+
+
+def pair(spec: BlockSpec, i: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(i)
+    return rng.standard_normal(spec.shape).astype(spec.np_dtype), rng.standard_normal(spec.shape).astype(spec.np_dtype)
+
+
+@pytest.fixture
+def store(tmp_path):
+    spec = BlockSpec(shape=(2, 4, 64), dtype="float16")  # 1 KiB halves: a small block
+    cfg = Config(shm_bytes=64 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path))
+    with CascadeStore(cfg, block_spec=spec) as s:
+        yield s
+
+
+def _no_slow_path(monkeypatch) -> None:
+    """Fail any put or get that leaves the hot path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("took the leased path")
+    monkeypatch.setattr(ReadPath, "read", refuse)
+    monkeypatch.setattr(WritePath, "put", refuse)
+
+
+def test_hot_puts_and_gets_never_take_the_leased_path_and_count_the_same(store, monkeypatch):
+    _no_slow_path(monkeypatch)
+    blocks = [pair(store.spec, i) for i in range(8)]
+    assert store.put_many(blocks[:4], block_ids=[ident(i) for i in range(4)]) == [ident(i) for i in range(4)]
+    for i in range(4, 8):
+        assert store.put(*blocks[i], block_id=ident(i)) == ident(i)
+    assert store.put(*blocks[0], block_id=ident(0)) == ident(0)  # a dedup
+    outs = [store.spec.empty() for _ in range(8)]
+    for i in range(4):
+        assert store.get_into(ident(i), *outs[i]) is True
+    assert store.get_many_into([ident(i) for i in range(4, 8)], outs[4:]) == [True] * 4
+    for (k, v), (ko, vo) in zip(blocks, outs):
+        assert np.array_equal(k, ko) and np.array_equal(v, vo)
+    stats = store.stats()
+    assert (stats["puts"], stats["stored"], stats["deduped"]) == (9, 8, 1)
+    assert (stats["gets"], stats["hits"], stats["misses"]) == (8, 8, 0)
+    assert all(m.readers == 0 for m in store._meta.values())
+
+
+def test_bad_outputs_on_the_hot_path_raise_like_the_leased_path_and_hold_nothing(store):
+    store.put(*pair(store.spec, 1), block_id=ident(1))
+    key_out, value_out = store.spec.empty()
+    read_only = value_out.copy()
+    read_only.flags.writeable = False
+    strided = np.empty((2, 4, 128), store.spec.np_dtype)[:, :, ::2]  # right shape, not contiguous
+    for bad in (read_only, strided):
+        with pytest.raises(InvalidBlock):
+            store.get_into(ident(1), key_out, bad)
+        with pytest.raises(InvalidBlock):
+            store.get_many_into([ident(1)], [(key_out, bad)])
+    assert store.stats()["gets"] == 0 and all(m.readers == 0 for m in store._meta.values())
+    assert store.get_into(ident(2), key_out, value_out) is False  # a miss still answers
+
+
+def test_bad_parts_on_the_hot_path_raise_and_store_nothing(store):
+    key, value = pair(store.spec, 3)
+    strided = np.empty((2, 4, 128), store.spec.np_dtype)[:, :, ::2]
+    with pytest.raises(InvalidBlock):
+        store.put(key, strided, block_id=ident(3))
+    with pytest.raises(InvalidBlock):
+        store.put(key, value, block_id="not-an-id")
+    assert len(store) == 0 and store.stats()["puts"] == 0
+
+
+def test_one_failing_put_of_a_hot_batch_leaves_the_others_stored(store):
+    blocks = [pair(store.spec, i) for i in range(3)]
+    with pytest.raises(InvalidBlock, match="own ancestor"):  # the second names itself as parent
+        store.put_many(blocks, block_ids=[ident(1), ident(1), ident(2)], chain=True)
+    assert store.contains(ident(1)) and store.contains(ident(2))
+
+
+def test_a_get_after_put_async_of_the_same_id_sees_it_on_the_hot_path(store):
+    key, value = pair(store.spec, 5)
+    store.put_async(key, value, block_id=ident(5))
+    key_out, value_out = store.spec.empty()
+    assert store.get_into(ident(5), key_out, value_out) is True
+    assert np.array_equal(value_out, value)
+
+
+def test_blocks_over_the_hot_size_take_the_leased_path(tmp_path, monkeypatch):
+    spec = BlockSpec.flat(2 * HOT_COPY_MAX)
+    cfg = Config(shm_bytes=8 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path))
+    with CascadeStore(cfg, block_spec=spec) as store:
+        def refuse(*args, **kwargs):
+            raise AssertionError("a big block copied under the lock")
+        monkeypatch.setattr(ShmTier, "read_hot", refuse)
+        monkeypatch.setattr(ShmTier, "fill_hot", refuse)
+        key, value = pair(spec, 7)
+        store.put(key, value, block_id=ident(7))
+        key_out, value_out = spec.empty()
+        assert store.get_into(ident(7), key_out, value_out) is True
+        assert np.array_equal(key_out, key)
+
+
+@pytest.mark.parametrize("kind", ["semantic", "lru"])
+@pytest.mark.parametrize("seed", range(5))
+def test_deferred_hit_pushes_keep_the_victim_order_of_pushing_at_once(kind, seed):
+    """The same random run of admits, hits, pins and evictions on a policy that pushes
+    each hit at once and one that defers it: the same victims in the same order."""
+    rng = random.Random(seed)
+    policies = [Policy(1, kind), Policy(1, kind)]
+    policies[1]._lazy_touch = False
+    metas: list[list[BlockMeta]] = [[], []]
+    live: list[int] = []
+    now, victims = 0.0, ([], [])
+    for step in range(3000):
+        now += 1.0
+        op = rng.random()
+        if op < 0.2 or len(live) < 4:
+            hits = rng.randrange(3)
+            for p, ms in zip(policies, metas):
+                meta = BlockMeta(("ns", f"b{len(ms)}"), 4096, 0, hits=hits)
+                ms.append(meta)
+                p.admitted(meta, now)
+            live.append(len(metas[0]) - 1)
+        elif op < 0.75:  # hits, often on the same few blocks (equal scores are common)
+            i = live[min(int(rng.expovariate(0.5)), len(live) - 1)]
+            for p, ms in zip(policies, metas):
+                p.touched(ms[i], now)
+        elif op < 0.85:  # a pin or unpin
+            i = rng.choice(live)
+            delta = 1 if metas[0][i].pins == 0 else -1
+            for p, ms in zip(policies, metas):
+                ms[i].pins += delta
+                p.changed(ms[i])
+        else:  # evict one
+            for p, out in zip(policies, victims):
+                meta = p.victim(0)
+                out.append(None if meta is None else meta.key[1])
+                if meta is not None:
+                    p.evicted(meta)
+                    p.removed(meta)
+            if victims[0][-1] is not None:
+                live.remove(int(victims[0][-1][1:]))
+        assert victims[0] == victims[1], f"step {step}"
+    assert sum(v is not None for v in victims[0]) > 100
