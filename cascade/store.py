@@ -203,12 +203,11 @@ class CascadeStore(BatchCalls):
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         if block_id is not None and not verify and self._plain(key) and self._plain(value):
-            stored = self._writes.put_hot([((key, value), block_id, parent)], namespace, ttl=ttl,
-                                          priority=priority)[0]
-            if isinstance(stored, BaseException):
-                raise stored
+            stored = self._writes.put_hot((key, value), namespace, block_id, parent=parent, ttl=ttl,
+                                          priority=priority)
             if stored is not None:
-                self._tick()
+                if self.config.stats_dir:
+                    self._tick()
                 return stored
         parts = self._check_pair(key, value)
         stored = self._writes.put(parts, namespace, block_id, verify=verify, parent=parent, ttl=ttl,
@@ -236,7 +235,7 @@ class CascadeStore(BatchCalls):
         if self._plain(key_out) and self._plain(value_out) and type(block_id) is str and type(namespace) is str:
             key = (namespace, block_id)
             self._async.wait_for_puts((key,))  # a get after a put_async of this id sees it
-            if self._reads.read_hot((key,), ((key_out, value_out),))[0]:
+            if self._reads.read_hot(key, (key_out, value_out)):
                 if self.config.stats_dir:
                     self._tick()
                 return True

@@ -54,8 +54,8 @@ class BatchCalls:
         if block_ids is not None:  # small blocks: one locked step for all that fit as they are
             self._check_put_options(namespace, parent, 0, None)
             hot = [i for i, (k, v) in enumerate(pairs) if self._plain(k) and self._plain(v)]
-            stored = self._writes.put_hot([(pairs[i], ids[i], parents[i]) for i in hot], namespace,
-                                          ttl=None, priority=0)
+            stored = self._writes.put_hot_many([(pairs[i], ids[i], parents[i]) for i in hot], namespace,
+                                               ttl=None, priority=0)
             for i, got in zip(hot, stored):
                 results[i] = got
             rest = [i for i, got in enumerate(results) if got is None]
@@ -86,12 +86,12 @@ class BatchCalls:
         for key_out, value_out in outs:  # all checked before anything is read
             if not (self._plain_out(key_out) and self._plain_out(value_out)):
                 self._check_outs(key_out, value_out)
-        hits: list[bool | None] = [None] * len(block_ids)
+        hits = [False] * len(block_ids)
         if isinstance(namespace, str) and all(type(b) is str for b in block_ids):
             keys = [(namespace, b) for b in block_ids]
             self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
-            hits = self._reads.read_hot(keys, outs)  # small blocks: one locked step for every hot hit
-        rest = [i for i, hit in enumerate(hits) if hit is None]
+            hits = self._reads.read_hot_many(keys, outs)  # small blocks: one locked step for every hot hit
+        rest = [i for i, hit in enumerate(hits) if not hit]
         for i, hit in zip(rest, self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
                                                      rest, max_workers, item_bytes=self.spec.block_bytes)):
             hits[i] = hit

@@ -45,35 +45,47 @@ class ReadPath:
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
 
-    def read_hot(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]]) -> list[bool | None]:
-        """Hits on small blocks (:data:`HOT_COPY_MAX`) in a tier that copies under the
-        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM), all in one locked
-        step: for each key, look it up, copy it into the matching ``outs``, count the hit,
-        tell the policy. The lock held throughout stands in for the leases and in-flight
-        count (close() cannot pass it, nothing can move or free the bytes). Each entry is
-        True, or None, with nothing counted or changed, when it is not such a hit (not
-        cached here, with a TTL or a hint, due for promotion, in another tier, a closing
-        store) or its outputs are not writable C-contiguous host buffers of the block's
-        size: the caller then takes :meth:`read` for it."""
-        done: list[bool | None] = [None] * len(keys)
+    def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
+        """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
+        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM), in one locked
+        step: look it up, copy it into ``outs``, count the hit, tell the policy. The lock
+        held throughout stands in for the lease and in-flight count (close() cannot pass
+        it, nothing can move or free the bytes). False, with nothing counted or changed,
+        when it is not such a hit (not cached here, with a TTL or a hint, due for
+        promotion, in another tier, a closing store) or ``outs`` are not writable
+        C-contiguous host buffers of the block's size: the caller then takes :meth:`read`."""
         if self._nbytes > HOT_COPY_MAX:
-            return done
-        tiers, blocks, promote = self.chain.tiers, self.index.blocks, self._promote_on_hit
+            return False
+        with self._lock:
+            return not self._inflight.closing and self._hot(key, outs)
+
+    def read_hot_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]]) -> list[bool]:
+        """:meth:`read_hot` of each key into the matching ``outs``, all in one locked step."""
+        if self._nbytes > HOT_COPY_MAX:
+            return [False] * len(keys)
         with self._lock:
             if self._inflight.closing:
-                return done
-            for i, key in enumerate(keys):
-                started = time.perf_counter()
-                meta = blocks.get(key)
-                if meta is None or meta.ttl or meta.hints or (meta.tier and promote):
-                    continue
-                t = meta.tier
-                if tiers[t].read_hot(key, outs[i]):
-                    self.metrics.counters.gets += 1
-                    self.metrics.hit(t, meta.nbytes, started)
-                    self.index.touched(meta)
-                    done[i] = True
-        return done
+                return [False] * len(keys)
+            return [self._hot(key, out) for key, out in zip(keys, outs)]
+
+    def _hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
+        """Under the lock: one hit of :meth:`read_hot`."""
+        started = time.perf_counter()
+        meta = self.index.blocks.get(key)
+        if meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit):
+            return False
+        t = meta.tier
+        try:
+            if not self.chain.tiers[t].read_hot(key, outs):
+                return False
+        except BaseException:  # an error of the copy itself: raised, counted as a miss (as read() does)
+            self.metrics.counters.gets += 1
+            self.metrics.miss()
+            raise
+        self.metrics.counters.gets += 1
+        self.metrics.hit(t, meta.nbytes, started)
+        self.index.touched(meta)
+        return True
 
     def read(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs``: True on a hit, False on a miss (a corrupt

@@ -89,19 +89,29 @@ class WritePath:
                     raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
                 raise
 
-    def put_hot(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
-                ttl: float | None, priority: int) -> list[str | BaseException | None]:
-        """Puts of small blocks (:data:`~.reads.HOT_COPY_MAX`) with known ids, all in one
-        locked step; ``items`` are ``(parts, block_id, parent)``. For each: dedup, or room
-        the fastest tier has free already (no demotion), the copy into it
-        (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit. The lock held
-        throughout stands in for the in-flight count (the room is a :class:`Claim` all
-        the same). Each entry is the id, the error that put raised (the others go on), or
-        None, with nothing counted or changed, when it is not such a put (a bigger block,
-        a tier that cannot copy under the lock or has no free room, namespace shares, a
-        closing store, parts that are not C-contiguous host buffers): the caller then
-        takes :meth:`put` for it. Parts, namespace, parents and options are checked
-        by the caller; ids here."""
+    def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, *, parent: str | None,
+                ttl: float | None, priority: int) -> str | None:
+        """A put of a small block (:data:`~.reads.HOT_COPY_MAX`) with a known id in one
+        locked step: dedup, or room the fastest tier has free already (no demotion), the
+        copy into it (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit.
+        The lock held throughout stands in for the in-flight count (the room is a
+        :class:`Claim` all the same). None, with nothing counted or changed, when it is
+        not such a put (a bigger block, a tier that cannot copy under the lock or has no
+        free room, namespace shares, a closing store, ``parts`` that are not C-contiguous
+        host buffers): the caller then takes :meth:`put`. Parts, namespace, parent and
+        options are checked by the caller; the id here."""
+        if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
+            return None
+        with self._lock:
+            if self._inflight.closing:
+                return None
+            return self._put_hot(parts, namespace, block_id, parent, ttl, priority)
+
+    def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
+                     ttl: float | None, priority: int) -> list[str | BaseException | None]:
+        """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step. Each
+        entry is the id, None (not such a put), or the error that put raised: the others
+        still run."""
         done: list[str | BaseException | None] = [None] * len(items)
         if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
             return done
@@ -128,18 +138,26 @@ class WritePath:
             claim = Claim(self._lock, self.chain.tiers[0], 0, key, self._nbytes, parent)
         except OSError:  # TierFull included: room must be made, or found below
             return None
+        counted = committed = False  # after the commit, a failure is the directory's (publish), not a tier's
         with claim:
-            if not claim.tier.fill_hot(claim.handle, parts):
-                return None
-            self.metrics.counters.puts += 1
-            claim.commit(key)
-            meta = BlockMeta(key, self._nbytes, 0, parent=parent, priority=priority,
-                             ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
             try:
+                if not claim.tier.fill_hot(claim.handle, parts):
+                    return None
+                self.metrics.counters.puts += 1
+                counted = True
+                claim.commit(key)
+                committed = True
+                meta = BlockMeta(key, self._nbytes, 0, parent=parent, priority=priority,
+                                 ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
                 if self._admit(meta):
                     self.metrics.stored(0, meta.nbytes, started)
-            except BaseException:  # e.g. DirectoryFull: nothing stored
-                self.metrics.rejected()
+            except BaseException as exc:  # counted as the leased path counts it: a rejected put
+                full = isinstance(exc, OSError) and not committed
+                if not counted:
+                    self.metrics.counters.puts += 1
+                self.metrics.rejected(claim.t if full else None)
+                if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
+                    raise TierFull(f"{claim.tier.name}: {exc}") from exc
                 raise
         return block_id
 
