@@ -208,7 +208,10 @@ def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False) -> int:
             if s.stream is not None and (_handle(s.stream), s.device) != (stream, device):
                 copier.synchronize(_handle(s.stream), s.device)  # the input is ready on its own stream
             copier.memcpy_async(d.ptr, s.ptr, n, "d2d", stream, device)
-        elif _pinned(s, copier, arena):
+        elif arena.contains(_ptr(s), n):
+            copier.memcpy_async(d.ptr, _ptr(s), n, "h2d", stream, device)
+            defer = False  # the arena slice goes back right after: never left in flight
+        elif _pinnable.pinned(_ptr(s), n, copier):
             copier.memcpy_async(d.ptr, _ptr(s), n, "h2d", stream, device)
         else:
             _staged(copier, arena, d, s, to_device=True)
@@ -326,7 +329,6 @@ def host_outputs(outs: Sequence[Any], what: str = "output buffer") -> Iterator[l
     with _stand_ins(views) as hosts:
         yield hosts
         pairs = [(v, h) for v, h in zip(views, hosts) if v is not h]
-        _batch.settle_all()
         copier, arena = _state()
         if any(not _pinned(h, copier, arena) for _, h in pairs):  # pageable stand-ins: staged one by one
             for v, h in pairs:

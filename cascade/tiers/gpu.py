@@ -62,7 +62,8 @@ class GpuTier(SlabTier):
         return buffers.copy(self._slab[offset:offset + buffers.nbytes(part, "block part")], part)
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        buffers.copy(out, self._slab[offset:offset + buffers.nbytes(out, "output buffer")])
+        # the slab's writes were synchronised: a batch's copies out wait for no slab stream
+        buffers.copy(out, buffers.settled(self._slab[offset:offset + buffers.nbytes(out, "output buffer")]))
 
     def _slab_view(self, offset: int, length: int) -> Any:
         return buffers.host_bytes(self._slab[offset:offset + length])
