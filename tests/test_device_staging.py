@@ -156,3 +156,37 @@ def test_demotions_of_device_blocks_use_the_arena_not_fresh_memory(tmp_path, cop
 def test_staging_buffers_stay_plain_memory_in_a_process_without_device_copies(tmp_path):
     with buffers.staging_buffer(64, device=True) as buf:
         assert buf.nbytes == 64  # no copier made, no cupy needed
+
+
+@pytest.mark.parametrize("to_device", [True, False])
+def test_a_failed_chunked_copy_gives_its_arena_slice_back(copier, to_device):
+    n = 3 * ARENA
+    host, dev = np.ones(n, np.uint8), HostCudaArray(np.ones(n, np.uint8))
+    copier.fail = RuntimeError("cudaErrorLaunchFailure (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        buffers.copy(dev, host) if to_device else buffers.copy(host, dev)
+    with buffers.staging_arena().lease(ARENA, wait_s=0) as whole:
+        assert whole is not None  # nothing of the arena is still held
+
+
+def test_a_failed_synchronisation_leaves_the_store_serving_and_closable(tmp_path, copier):
+    key = np.ones(SHAPE, np.float16)
+    store = _store(tmp_path, shm_bytes=1 << 20, file_bytes=1 << 20)
+    bid = store.put(key, key)
+    for fail_at in ("copy", "sync"):
+        if fail_at == "copy":
+            copier.fail = RuntimeError("cudaErrorIllegalAddress (injected)")
+        else:
+            copier.fail_sync = RuntimeError("cudaErrorIllegalAddress (injected)")
+        with pytest.raises(RuntimeError, match="injected"):
+            store.get_into(bid, HostCudaArray(np.empty_like(key)), HostCudaArray(np.empty_like(key)))
+    k_out = HostCudaArray(np.empty_like(key))
+    assert store.get_into(bid, k_out, HostCudaArray(np.empty_like(key)))
+    assert k_out.array.tobytes() == key.tobytes()
+    with buffers.staging_arena().lease(ARENA, wait_s=0) as whole:
+        assert whole is not None
+    closing = threading.Thread(target=store.close, daemon=True)
+    closing.start()
+    closing.join(3)
+    assert not closing.is_alive(), "close() is still waiting after a failed device copy"
+    assert copier.registered == {}
