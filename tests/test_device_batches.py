@@ -109,3 +109,15 @@ def test_failed_batch_synchronisation_is_raised_and_the_store_keeps_serving(stor
     closing.start()
     closing.join(3)
     assert not closing.is_alive(), "close() is still waiting after a failed batch"
+
+
+def test_a_copy_into_settled_memory_runs_on_the_inputs_stream_alone(copier):
+    """A tier slab names no stream (buffers.settled): a put from the caller's stream is
+    one copy and one synchronisation there, not a wait on the caller's stream first."""
+    src = HostCudaArray(np.arange(64, dtype=np.uint8), stream=0x55)
+    dst = HostCudaArray(np.zeros(64, np.uint8), stream=0x44)
+    buffers.copy(buffers.settled(dst), src)
+    assert copier.calls == [("d2d", 64, 0x55)] and copier.synced == [0x55]
+    buffers.copy(dst, src)  # an output with a stream of its own: the input's stream is waited for first
+    assert copier.calls[-1] == ("d2d", 64, 0x44) and copier.synced[1:] == [0x55, 0x44]
+    assert dst.array.tobytes() == src.array.tobytes()

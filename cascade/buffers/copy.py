@@ -11,8 +11,9 @@ directly; pageable memory goes through slices of the pinned staging arena, large
 in two halves that alternate so the CPU copy of one overlaps the DMA of the other.
 
 Streams follow the CUDA Array Interface v3: a copy is enqueued on the stream of its
-device end (of the output for device <- device), after synchronising the stream of a
-device input that names another one, and returns once the bytes are in place, except
+device end (of the output for device <- device, or of the input when the output names
+none, as a tier slab does: :func:`~cascade.buffers.settled`), after synchronising the
+stream of a device input that names another one, and returns once the bytes are in place, except
 inside :func:`one_sync` (:mod:`.batch`), which synchronises each stream once at its end.
 """
 from __future__ import annotations
@@ -205,7 +206,9 @@ def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False) -> int:
     if isinstance(d, DeviceView):
         stream, device = _handle(d.stream), d.device
         if isinstance(s, DeviceView):
-            if s.stream is not None and (_handle(s.stream), s.device) != (stream, device):
+            if d.stream is None and s.stream is not None:  # an output with nothing pending: the input's stream
+                stream, device = _handle(s.stream), s.device
+            elif s.stream is not None and (_handle(s.stream), s.device) != (stream, device):
                 copier.synchronize(_handle(s.stream), s.device)  # the input is ready on its own stream
             copier.memcpy_async(d.ptr, s.ptr, n, "d2d", stream, device)
         elif arena.contains(_ptr(s), n):
