@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from ..errors import InvalidBlock
+from ..errors import ConfigError, InvalidBlock
 from . import batch as _batch
 from .staging import DEFAULT_ARENA_BYTES, PinnableRanges, StagingArena
 from .views import ByteView, DeviceView, view
@@ -111,21 +111,22 @@ class CupyCopier:
         self._runtime.hostUnregister(ptr)
 
 
-_copier: DeviceCopier | None = None
-_arena: StagingArena | None = None
+_installed: tuple[DeviceCopier, StagingArena] | None = None  # replaced whole: read without the lock
 _arena_bytes = DEFAULT_ARENA_BYTES
 _copier_lock = threading.Lock()
 _pinnable = PinnableRanges()
 
 
 def _state() -> tuple[DeviceCopier, StagingArena]:
-    global _copier, _arena
+    global _installed
+    installed = _installed
+    if installed is not None:
+        return installed
     with _copier_lock:
-        if _copier is None:
-            _copier = CupyCopier()
-        if _arena is None:
-            _arena = StagingArena(_copier, _arena_bytes)
-        return _copier, _arena
+        if _installed is None:
+            copier = CupyCopier()
+            _installed = copier, StagingArena(copier, _arena_bytes)
+        return _installed
 
 
 def device_copier() -> DeviceCopier:
@@ -145,7 +146,7 @@ def set_staging_bytes(nbytes: int) -> None:
     back to pageable memory."""
     global _arena_bytes
     if nbytes <= 0:
-        raise InvalidBlock(f"the staging arena needs a positive size, got {nbytes}")
+        raise ConfigError(f"the staging arena needs a positive size, got {nbytes}")
     _arena_bytes = int(nbytes)
 
 
@@ -154,15 +155,15 @@ def use_device_copier(copier: DeviceCopier, *, staging_bytes: int | None = None)
     """Make ``copier`` the one every device copy goes through, for the ``with`` block,
     with a staging arena of its own (``staging_bytes``, default the configured size).
     Process-wide: meant for tests and for plugging in another copier at start-up."""
-    global _copier, _arena
+    global _installed
     with _copier_lock:
-        saved = _copier, _arena
-        _copier, _arena = copier, StagingArena(copier, staging_bytes or _arena_bytes)
+        saved = _installed
+        _installed = copier, StagingArena(copier, staging_bytes or _arena_bytes)
     try:
         yield copier
     finally:
         with _copier_lock:
-            _copier, _arena = saved
+            _installed = saved
 
 
 def register_pinnable(array: np.ndarray) -> Any:
@@ -351,7 +352,8 @@ def staging_buffer(nbytes: int, *, device: bool) -> Iterator[np.ndarray]:
     """A host buffer of ``nbytes`` for moving a block between tiers (a demotion, a
     promotion): a pinned arena slice when ``device`` (one end is device memory) and this
     process copies to devices already, else (or without room) a fresh array."""
-    arena = _arena if device and _copier is not None else None
+    installed = _installed
+    arena = installed[1] if device and installed is not None else None
     if arena is None:
         yield np.empty(nbytes, dtype=np.uint8)
         return
