@@ -148,7 +148,7 @@ def test_pinned_arena_and_registered_shm_slab_on_a_real_gpu(tmp_path):
             assert _host(v_out) == value.tobytes()
             ptr = int(store.tiers[0]._bytes.ctypes.data)
             attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
-            assert attrs.type == cupy.cuda.runtime.memoryTypeHost  # registered: the driver knows it
+            assert attrs.type == 1  # cudaMemoryTypeHost: registered, the driver knows it (pageable is 0)
         assert arena.stats["allocations"] == 1 and arena.stats["fallbacks"] == 0
         big = cupy.arange(24 << 20, dtype=cupy.uint8)  # 3x the arena: chunked through it
         back = np.empty(big.nbytes, np.uint8)
