@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from ..buffers import one_sync
 from ..errors import InvalidBlock
 from ..identity import DEFAULT_NAMESPACE, check_id
 
@@ -79,7 +80,9 @@ class BatchCalls:
     def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                       namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
         """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
-        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Local."""
+        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Copies into
+        device outputs are enqueued on their streams and each stream is synchronised once
+        at the end (:func:`cascade.buffers.one_sync`). Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
@@ -92,9 +95,11 @@ class BatchCalls:
             self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
             hits = self._reads.read_hot_many(keys, outs)  # small blocks: one locked step for every hot hit
         rest = [i for i, hit in enumerate(hits) if not hit]
-        for i, hit in zip(rest, self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
-                                                     rest, max_workers, item_bytes=self.spec.block_bytes)):
-            hits[i] = hit
+        if rest:
+            with one_sync([o for i in rest for o in outs[i]]) as batch:  # device outputs: one sync per stream
+                read = batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i])))
+                for i, hit in zip(rest, self._pools.parallel(read, rest, max_workers, item_bytes=self.spec.block_bytes)):
+                    hits[i] = hit
         return hits
 
     # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
