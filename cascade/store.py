@@ -33,7 +33,7 @@ from .core.chain import TierChain
 from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
 from .core.index import BlockIndex
-from .core.pools import Pools
+from .core.pools import Pools, spare_cores
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
@@ -110,7 +110,9 @@ class CascadeStore(BatchCalls):
         self._index = BlockIndex(self.policy, len(self.tiers))
         self._chain = TierChain(self.tiers, self._index, self.metrics, self._lock,
                                 namespace_share=self.config.namespace_share, check_open=self._inflight.check_open)
-        self._pools = Pools(self.config.io_threads, self._inflight.check_open)
+        waits_on_network = any(getattr(t, "on_lustre", False) for t in self.tiers)  # threads hide its latency
+        self._pools = Pools(self.config.io_threads, self._inflight.check_open,
+                            cores=None if waits_on_network else spare_cores())
         self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)

@@ -158,3 +158,21 @@ def test_deferred_hit_pushes_keep_the_victim_order_of_pushing_at_once(kind, seed
                 live.remove(int(victims[0][-1][1:]))
         assert victims[0] == victims[1], f"step {step}"
     assert sum(v is not None for v in victims[0]) > 100
+
+
+def test_a_batch_capped_at_one_core_runs_in_the_callers_thread():
+    """cores=1 (a two-core machine): a batch big enough for four workers runs inline."""
+    import threading
+
+    from cascade.core.pools import BYTES_PER_WORKER, Pools
+
+    capped, free = Pools(4, lambda: None, cores=1), Pools(4, lambda: None)
+    try:
+        me = threading.get_ident()
+        ran = capped.parallel(lambda _: threading.get_ident(), range(8), None, item_bytes=BYTES_PER_WORKER)
+        assert set(ran) == {me}
+        gate = threading.Barrier(2, timeout=30)  # uncapped: two workers must meet here
+        free.parallel(lambda i: gate.wait() if i < 2 else None, range(8), None, item_bytes=BYTES_PER_WORKER)
+    finally:
+        capped.shutdown()
+        free.shutdown()
