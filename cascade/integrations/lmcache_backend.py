@@ -155,6 +155,19 @@ class CascadeBackend(StoragePluginInterface):
                 return False
         return True
 
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """How many leading ``keys`` are cached (one batched lookup of the store; attached,
+        one request), each pinned with ``pin``."""
+        found = self.store.contains_many([chunk_block_id(k) for k in keys], namespace=self.namespace)
+        hits = found.index(False) if False in found else len(found)
+        if pin:
+            for i, key in enumerate(keys[:hits]):
+                try:
+                    self.store.pin(chunk_block_id(key), namespace=self.namespace)
+                except BlockNotFound:  # evicted in between: the (pinned) prefix ends here
+                    return i
+        return hits
+
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return self.store.put_pending(chunk_block_id(key), namespace=self.namespace)
 
@@ -170,9 +183,10 @@ class CascadeBackend(StoragePluginInterface):
                                 on_complete_callback: Callable[[CacheEngineKey], None] | None = None) -> None:
         """Copy each chunk into a block buffer and put it in the background (returns
         before the store has it). ``on_complete_callback(key)`` runs once a chunk is in."""
-        for key, obj in zip(keys, objs):
-            bid = chunk_block_id(key)
-            if self.store.contains(bid, namespace=self.namespace):
+        ids = [chunk_block_id(key) for key in keys]
+        present = self.store.contains_many(ids, namespace=self.namespace)  # one lookup for the batch
+        for key, obj, bid, there in zip(keys, objs, ids, present):
+            if there:
                 self._completed(key, on_complete_callback)  # same key, same prefix: same KV
                 continue
             buf = self._encode(key, obj)

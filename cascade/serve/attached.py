@@ -87,6 +87,10 @@ class AttachedStore:
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         return self._run(lambda: False, "contains", block_id, namespace=namespace)
 
+    def contains_many(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        """Which of ``block_ids`` are cached (one request); all False while the rank is gone."""
+        return self._run(lambda: [False] * len(block_ids), "contains_many", list(block_ids), namespace=namespace)
+
     def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         self.spec.check(key_out, "key_out")
         self.spec.check(value_out, "value_out")
