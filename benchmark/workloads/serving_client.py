@@ -28,7 +28,6 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
 
 from cascade.trace import block_chain
 
