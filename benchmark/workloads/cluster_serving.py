@@ -7,8 +7,9 @@ Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
   hot (after an untimed pass), the two taking turns block by block, then read as one batch (``get_many_into``, one request per
   staging-full), then put again under new ids as one batch (``put_many``). Reported:
   per-block put and get latency (p50/p90/p99/max) and batch get / put GB/s of each,
-  ``attached / in-process`` of the p50s (the price of the extra copy through the
-  staging region and the socket round trip), the channel's round trip alone (a one-id
+  ``attached / in-process`` of the p50s (the price of the socket round trip, of the
+  lease a read takes on the rank's slab, and of a put's extra copy through the staging
+  region), the channel's round trip alone (a one-id
   lookup) and the machine's load average: on a loaded machine each round trip also
   waits for the scheduler to run the rank's thread and then the client again.
 * serving, at the first size (``--ranks`` ranks, default 2): one engine process per rank,
@@ -204,8 +205,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"attach": [attach_cost(size, blocks, tempfile.mkdtemp(dir=workdir), seed) for size in sizes],
                 "serving": serving(sizes[0], ranks, options, workdir),
-                "note": "attached = a client process through cascade serve (one extra copy through its staging "
-                        "region + a Unix-socket round trip per request); in_process = the same store in the caller"}
+                "note": "attached = a client process through cascade serve (a Unix-socket round trip per request; "
+                        "reads copied straight from the rank's SHM slab under a lease, puts through the client's "
+                        "staging region: one copy more); in_process = the same store in the caller"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
