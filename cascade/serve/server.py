@@ -21,8 +21,7 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
-import numpy as np
-
+from .. import buffers
 from ..errors import BlockPinned, CascadeError, ConfigError, InvalidBlock
 from ..store import CascadeStore
 from . import protocol
@@ -228,7 +227,7 @@ class RankServer:
                 where.append(offsets)
                 continue
             for out, half in zip(s.staging.pair(slot), block):
-                np.copyto(out, half)
+                buffers.copy(out, half, what="staging slot")  # host or device (GPU tier) bytes
             where.append("staged")
         return where
 
