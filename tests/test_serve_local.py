@@ -273,3 +273,13 @@ def test_blocks_outside_the_slab_come_through_staging(tmp_path):
             server.close()
             store.close()
     os.rmdir(socket_dir)
+
+
+def test_a_read_in_place_uses_up_the_clients_hint(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    with connect(server.path) as client:
+        block_id = client.put(k, v)
+        assert client.hint([block_id]) == 1 and server.serve_stats()["client_hints"] == 1
+        assert client.get(block_id) is not None  # the queued request came: its hint is used up
+        assert server.serve_stats()["client_hints"] == 0 and store.stats()["hinted_bytes"] == 0

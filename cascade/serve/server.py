@@ -206,9 +206,7 @@ class RankServer:
             raise InvalidBlock("get_many_into: two blocks read into one staging slot")
         hits = self.store.get_many_into(a["ids"], s.staging.pairs(slots), namespace=a["ns"],
                                         max_workers=a.get("max_workers"))
-        for block_id, hit in zip(a["ids"], hits):  # a get uses up a hint (ours, if we hold one)
-            if hit and s.hints[(a["ns"], block_id)]:
-                s.hints[(a["ns"], block_id)] -= 1
+        _hints_used(s, a["ns"], a["ids"], hits)
         return hits
 
     def _view_many(self, s: _Session, a: dict[str, Any]) -> list[Any]:
@@ -229,6 +227,7 @@ class RankServer:
             for out, half in zip(s.staging.pair(slot), block):
                 buffers.copy(out, half, what="staging slot")  # host or device (GPU tier) bytes
             where.append("staged")
+        _hints_used(s, a["ns"], ids, [w is not None for w in where])
         return where
 
     def _contains_many(self, s: _Session, a: dict[str, Any]) -> list[bool]:
@@ -310,6 +309,13 @@ class RankServer:
         still = [s.pid for s in sessions if s.thread is not None and s.thread.is_alive()]
         if still:
             log.warning("rank %d: requests of client(s) %s still running after %.0f s", self.rank, still, timeout)
+
+
+def _hints_used(s: _Session, namespace: str, block_ids: list[str], hits: list[bool]) -> None:
+    """A read uses up a hint of the block (ours, if we hold one)."""
+    for block_id, hit in zip(block_ids, hits):
+        if hit and s.hints[(namespace, block_id)]:
+            s.hints[(namespace, block_id)] -= 1
 
 
 _OPS = {
