@@ -91,6 +91,17 @@ class _Reservation:
     written: bool = False
 
 
+_leads = threading.local()
+
+
+def _lead() -> memoryview:
+    """This thread's buffer for the header page read ahead of a buffered payload."""
+    lead = getattr(_leads, "buf", None)
+    if lead is None:
+        lead = _leads.buf = memoryview(bytearray(HEADER_BYTES))
+    return lead
+
+
 class FileTier(Recovery, Compaction, Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
@@ -156,6 +167,9 @@ class FileTier(Recovery, Compaction, Tier):
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
+        # Buffered reads of big records one at a time (see record_io), off Lustre: its
+        # OSTs serve several at once.
+        self._stream = None if self.on_lustre else threading.Lock()
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn), elsewhere the
@@ -387,9 +401,8 @@ class FileTier(Recovery, Compaction, Tier):
         digest = None
         try:
             direct = f.direct_fd if self._odirect else None
-            if direct is None:
-                lead = memoryview(bytearray(HEADER_BYTES))  # read the header too: see read_hashed
-                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, lead)
+            if direct is None:  # the header too (as the lead): see read_hashed
+                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, _lead(), stream=self._stream)
             elif all(page_aligned(v) for v in views):
                 ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:
