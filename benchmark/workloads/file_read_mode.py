@@ -7,8 +7,13 @@ and read cold (its files dropped from the page cache first) in two forms: ``loop
 (``get_into`` one by one, 1 request in flight) and ``batch`` (``get_many_into``,
 ``io_threads`` = 4 in flight). The same bytes in one plain file give the limits at the
 same depth (1 and 4 threads): raw O_DIRECT ``preadv`` cut into the requests the tier
-uses, and raw buffered cold ``preadv`` (kernel readahead on). The output buffers are
-zeroed before every pass (untimed). Every ratio divides a
+uses, and raw buffered cold ``preadv`` (kernel readahead on). The layouts differ only
+by Cascade's own format: the raw file holds the blocks back to back in the order they
+are read; the tier's files hold them as records in the order written (the order read,
+up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
+6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2). Cold means evicted from
+the page cache (:func:`~benchmark.machine.drop_page_cache`) before every pass, raw or
+not; the output buffers are zeroed before every pass (untimed). Every ratio divides a
 whole-pass rate by the better raw cold read at the same depth (``vs_best_raw``), in the
 same round; medians and min-max over rounds. Blocks are checked byte-exact.
 """
