@@ -1,6 +1,7 @@
 """record_io's buffered read path: records over SCAN bytes are read in order as pieces,
-each hashed as it lands, holding the tier's stream lock; every byte and the digest must
-come out as one whole read would give them, and a short file must fail the read."""
+each hashed as it lands, those of STREAM_MIN bytes and more holding the tier's stream
+lock; every byte and the digest must come out as one whole read would give them, and a
+short file must fail the read."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ from cascade.tiers.records import HEADER_BYTES
 
 SCAN = record_io.SCAN
 # around a piece's end (the lead shares the first piece), several pieces, a short last one
-SIZES = [1, 4096, SCAN - HEADER_BYTES, SCAN - HEADER_BYTES + 1, SCAN, SCAN + 1, 3 * SCAN + 4097]
+SIZES = [1, 4096, SCAN - HEADER_BYTES, SCAN - HEADER_BYTES + 1, SCAN, SCAN + 1, 3 * SCAN + 4097,
+         record_io.STREAM_MIN - 1, record_io.STREAM_MIN]
 
 
 class _Recorder:
@@ -55,10 +57,10 @@ def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, par
         os.close(fd)
     assert ok and bytes(out) == payload
     assert digest == checksum([payload], 7)
-    assert stream.entered == (1 if size + HEADER_BYTES > SCAN else 0) and not stream.held
+    assert stream.entered == (1 if size >= record_io.STREAM_MIN else 0) and not stream.held
 
 
-@pytest.mark.parametrize("size", [4096, 3 * SCAN + 4097])
+@pytest.mark.parametrize("size", [4096, 3 * SCAN + 4097, record_io.STREAM_MIN + 1])
 def test_a_truncated_record_fails_the_read(tmp_path, size):
     payload = os.urandom(size)
     fd = _record_file(tmp_path, payload[:-1])  # the file ends one byte early

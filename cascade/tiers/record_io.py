@@ -73,13 +73,17 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # records: one preadv.
 # Buffered reads of records over SCAN bytes go in file order as pieces of SCAN bytes,
 # each hashed as soon as it lands (still in the CPU cache, while the kernel's readahead
-# fetches the next ones), one such record at a time per tier (``stream``): several
-# threads' big reads at once made the kernel interleave their streams. Measured cold
-# with 256 MiB of records on this project's 2-core virtio disk, CPU seconds per GB
-# read (the reads are CPU-bound there): 1 thread, whole-record preadv then hash 0.110 /
-# 0.120 at 2 / 16 MiB, in pieces 0.094 / 0.091; 4 threads, whole 0.142 / 0.216, one
-# big read at a time 0.115 / 0.155. Pieces read out of order, several in flight, stop
-# the readahead (0.61x vs 0.85x whole at 16 MiB), so pieces stay in order.
+# fetches the next ones); records of STREAM_MIN and more are read one at a time per
+# tier (``stream``). Measured cold, 256 MiB of records on this project's 2-core virtio
+# disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
+# GB/s (CPU seconds per GB): 4 threads at 16 MiB, whole-record preadv then hash 1.01
+# (0.215), pieces 1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB
+# 2.18 (0.109), 2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead
+# window and gain from running together, four 16 MiB ones thrash it. 1 thread: whole
+# vs pieces 1.99 vs 1.86 at 2 MiB, 1.65 vs 1.70 at 16 MiB, CPU 0.105 / 0.115 vs 0.094
+# / 0.100 (noisy machine: loads of 6-9 from other work). Pieces read out of order,
+# several in flight, stop the readahead (0.61x vs 0.85x whole at 16 MiB), so they stay
+# in order.
 # Our own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
 # 2 MiB cold reads 3x slower (the advice call blocks on this kernel); POSIX_FADV_SEQUENTIAL
 # made no measurable difference (read_ahead_kb is 8 MiB here): neither is used.
@@ -87,6 +91,7 @@ CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
 SCAN = 512 << 10  # buffered records over this: read in order as pieces of this size
+STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier
 _reader_pool: ThreadPoolExecutor | None = None
 _reader_pool_lock = threading.Lock()
 
@@ -109,7 +114,8 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     ``start``, so the read starts where the previous record ended and the kernel sees
     one sequential stream, keeping its readahead going across records. A record over
     :data:`SCAN` bytes is read in order as pieces of that size, each hashed as it
-    lands, holding ``stream`` (if given) throughout: one big read at a time.
+    lands; one of :data:`STREAM_MIN` bytes or more holds ``stream`` (if given)
+    throughout: one such read at a time.
 
     With ``parallel`` (O_DIRECT), a big record is read as chunks with several reads in
     flight (preadv releases the GIL) and hashed in order as chunks land, so hashing
@@ -119,7 +125,7 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     if lead is not None:
         start -= lead.nbytes
         if length + lead.nbytes > SCAN:
-            with stream or nullcontext():
+            with stream if stream is not None and length >= STREAM_MIN else nullcontext():
                 return _read_in_order(fd, start, lead, views, h)
         if os.preadv(fd, [lead, *views], start) != length + lead.nbytes:
             return False, 0
