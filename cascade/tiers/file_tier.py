@@ -27,7 +27,9 @@ its copies (nothing is forgotten before its copy is durable), is counted
 because of it. Reads (``read_mode``): on Lustre O_DIRECT (through an
 aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
-records of 8 MiB and more are read as chunks with several reads in flight.
+records of 8 MiB and more are read as chunks with several reads in flight; buffered
+records over 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and
+more one at a time (see :mod:`.record_io`).
 
 Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
 its header rewritten in batches (``set_expiry(batched=True)``: at most every
@@ -172,11 +174,13 @@ class FileTier(Recovery, Compaction, Tier):
         self._stream = None if self.on_lustre else threading.Lock()
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
-        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn), elsewhere the
-        # page cache with readahead, which measured faster cold (and serves hot reads):
-        # benchmark file_read_mode, batches of cold reads at 64 KiB / 2 MiB / 16 MiB were
-        # 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x direct
-        # (results/cascade_file_read_mode_1n_20261125T135201.json, local disk).
+        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
+        # in flight), elsewhere the page cache with readahead, which measured faster cold
+        # (and serves hot reads): benchmark file_read_mode on a local disk, quiet machine,
+        # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
+        # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
+        # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
+        # direct (results/cascade_file_read_mode_1n_20261125T135201.json).
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:

@@ -76,21 +76,24 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # fetches the next ones); records of STREAM_MIN and more are read one at a time per
 # tier (``stream``). Measured cold, 256 MiB of records on this project's 2-core virtio
 # disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
-# GB/s (CPU seconds per GB): 4 threads at 16 MiB, whole-record preadv then hash 1.01
-# (0.215), pieces 1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB
-# 2.18 (0.109), 2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead
-# window and gain from running together, four 16 MiB ones thrash it. 1 thread: whole
-# vs pieces 1.99 vs 1.86 at 2 MiB, 1.65 vs 1.70 at 16 MiB, CPU 0.105 / 0.115 vs 0.094
-# / 0.100 (noisy machine: loads of 6-9 from other work). Pieces read out of order,
-# several in flight, stop the readahead (0.61x vs 0.85x whole at 16 MiB), so they stay
-# in order.
+# GB/s (CPU seconds per GB), on a machine loaded 6-9 by other work (noisy):
+# - 4 threads at 16 MiB, whole-record preadv then hash 1.01 (0.215), 512 KiB pieces
+#   1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB 2.18 (0.109),
+#   2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead window and gain
+#   from running together, four 16 MiB ones thrash it.
+# - pieces of 512 KiB / 1 MiB / 2 MiB vs whole records: 1 thread 1.45 / 1.89 / 1.72 vs
+#   1.98 at 2 MiB, 1.11 / 1.46 / 1.32 vs 1.35 at 16 MiB; 4 threads 2.61 / 2.72 / 2.75
+#   vs 2.33 at 2 MiB, 1.03 / 1.25 / 1.04 vs 0.94 at 16 MiB; pieces always took less
+#   CPU (0.094-0.164 vs 0.105-0.177 s/GB).
+# Pieces read out of order, several in flight, stop the readahead (0.61x vs 0.85x whole
+# at 16 MiB), so they stay in order.
 # Our own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
 # 2 MiB cold reads 3x slower (the advice call blocks on this kernel); POSIX_FADV_SEQUENTIAL
 # made no measurable difference (read_ahead_kb is 8 MiB here): neither is used.
 CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
-SCAN = 512 << 10  # buffered records over this: read in order as pieces of this size
+SCAN = 1 << 20  # buffered records over this: read in order as pieces of this size
 STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier
 _reader_pool: ThreadPoolExecutor | None = None
 _reader_pool_lock = threading.Lock()
