@@ -267,6 +267,11 @@ class Cluster:
     def unpin(self, key: BlockKey) -> int:
         return self.directory.release(*key)
 
+    def mark_failed(self, ranks) -> None:
+        """Declare ranks stopped: their directory locks and claims are reclaimed at once when
+        met (see :meth:`.directory.ShardedDirectory.mark_failed`). Local."""
+        self.directory.mark_failed(ranks)
+
     def _adjust_child(self, namespace: str, parent: str, delta: int) -> None:
         try:
             if delta > 0:
