@@ -46,3 +46,21 @@ def test_a_busy_rank_with_a_progress_thread_sees_another_ranks_atomic_land(comm,
 
 def test_a_progress_thread_refuses_a_bad_interval(comm, everywhere):
     assert everywhere(raises(ValueError, ProgressThread, comm, 0.0))
+
+
+@pytest.mark.parametrize("setting", ["on", "auto"])
+def test_the_store_runs_a_progress_thread_as_configured_until_close(comm, everywhere, shared_dir, setting):
+    from cascade import CascadeStore, Config
+
+    if comm.size < 2:
+        pytest.skip("the cluster (and its thread) exists only with several ranks")
+    store = CascadeStore(Config(model="tiny", shm_bytes=1 << 20, remote_bytes=0, file_bytes=0, file_dir=shared_dir,
+                                directory_slots=1 << 10, mpi_progress=setting), comm=comm)
+    cluster = store.cluster
+    thread = cluster.progress_thread
+    wanted = setting == "on" or cluster.atomics_progress is False  # auto: when atomics wait for the target
+    running = thread is not None and thread._thread is not None and thread._thread.is_alive()
+    store.close()
+    stopped = thread is None or thread._thread is None
+    assert everywhere(running == wanted and stopped and cluster.progress_thread is None,
+                      f"{setting}: running {running}, wanted {wanted}, stopped {stopped}")
