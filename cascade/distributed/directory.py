@@ -37,7 +37,8 @@ seal). Between nodes, whether atomics complete without the target's help depends
 network: measured on 2 emulated nodes (``MPIR_CVAR_NUM_CLIQUES=2``) with the PyPI MPICH,
 they wait until the target enters MPI (active messages), whatever the window hints,
 while ``Get`` (so ``lookup``/``lookup_many``) does not; hardware atomics (not available
-here) or ``MPIR_CVAR_ASYNC_PROGRESS=1`` lift that. On one node MPICH runs them in shared
+here), a :class:`.progress_thread.ProgressThread` on the owner (config ``mpi_progress``)
+or ``MPIR_CVAR_ASYNC_PROGRESS=1`` lift that. On one node MPICH runs them in shared
 memory. See :mod:`.progress_check`, which tests this at start-up.
 
 Reclaim
