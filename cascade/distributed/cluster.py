@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 #: The progress thread's visit interval and GIL switch interval when ``mpi_progress`` is on:
 #: the setting that kept busy-owner atomics under 10 ms p99 in benchmark/workloads/cross_node.py.
 PROGRESS_INTERVAL = 2e-4
+#: Publishes between two sweeps of this rank's directory shard (stale locks, claims and
+#: placeholders; see :meth:`.directory.ShardedDirectory.sweep`): one shard-sized Get.
+SWEEP_EVERY = 4096
 
 
 class Cluster:
@@ -105,6 +108,7 @@ class Cluster:
         self._peers = ShmPeerSlabs()
         self.unreadable = 0       # entries found that this rank cannot read (GPU, private files)
         self.optimistic_retries = 0
+        self._publishes = 0
         self.same_node_reads = 0  # SHM reads through /dev/shm (node peers)
         self.window_reads = 0     # SHM reads through the slab window (other nodes)
         self._warned: set[int] = set()
@@ -221,6 +225,9 @@ class Cluster:
         (cross-rank dedup: its share count rose). All or nothing: when counting the child
         raises, the insert is undone before the exception propagates."""
         entry = DirectoryEntry(tier=int(kind), rank=rank, location=location, length=length, checksum=checksum)
+        self._publishes += 1
+        if self._publishes % SWEEP_EVERY == 0:
+            self.directory.sweep()
         inserted, current = self.directory.insert_if_absent(key[0], key[1], entry)
         if inserted and parent is not None:
             try:

@@ -60,10 +60,16 @@ Every commit and unlock is itself a compare-and-swap, so a writer that was presu
 and wakes up cannot overwrite what a reclaimer did: it gets :class:`ClaimReclaimed`. The
 lease must therefore exceed any pause of a live rank inside one directory operation
 (default :data:`CLAIM_LEASE_SECONDS`; shorter than :data:`.rma.STALL_SECONDS`, after
-which waiters give up with :class:`~cascade.errors.RankFailure`). What it cannot reclaim:
-a placeholder's child count held by children a dead rank published (their entries stay
-until someone removes them), and a slot claimed but never written (no key in it) is
-found only by its owner's :meth:`ShardedDirectory.sweep`.
+which waiters give up with :class:`~cascade.errors.RankFailure`). A slot claimed but never
+written (no key in it) is found only by its owner's :meth:`ShardedDirectory.sweep`.
+
+A placeholder (see :mod:`.layout`) whose children were published by a rank that died
+would wait for their removal forever: the owner's sweep deletes placeholders older than
+``placeholder_lease`` (default :data:`PLACEHOLDER_LEASE_SECONDS`). Deleting one early only
+means a later re-put of that block starts with no child count (leaf-first eviction then
+sees it as a leaf). Not reclaimed: the child count of a parent that is still a block, and
+entries naming a dead rank (the directory does not record a block's parent, nor which
+tiers of a dead rank stay readable); reads of those fail their copy and count as misses.
 
 Thread-safety: a directory object is not thread-safe; use one per thread or a lock.
 """
@@ -96,6 +102,8 @@ log = logging.getLogger(__name__)
 #: Seconds a bucket lock or a slot being written may stay unchanged before another rank
 #: reclaims it (see "Reclaim" above).
 CLAIM_LEASE_SECONDS = 30.0
+#: Seconds (wall clock) after which the owner's sweep deletes a placeholder.
+PLACEHOLDER_LEASE_SECONDS = 3600.0
 
 _HEAD_BIG = struct.Struct(">Q")       # id bytes 0-7 as the owner reads them
 _TAIL_LITTLE = struct.Struct("<8xQ")  # id bytes 8-15 as the home bucket reads them
@@ -128,12 +136,15 @@ class ShardedDirectory:
     """Global directory, one shard of ``slots_per_rank`` entries (~82 bytes each) per rank
     of ``comm`` (default ``MPI.COMM_SELF``). Collective: the constructor, :meth:`free` (and
     the context manager); every other method is local and one-sided. ``claim_lease``:
-    seconds after which another rank's unchanged lock or claim is reclaimed."""
+    seconds after which another rank's unchanged lock or claim is reclaimed;
+    ``placeholder_lease``: wall-clock seconds after which :meth:`sweep` deletes a placeholder."""
 
     def __init__(self, comm: MPI.Comm | None = None, slots_per_rank: int = 1 << 16, *,
-                 claim_lease: float = CLAIM_LEASE_SECONDS) -> None:
-        if not claim_lease > 0:
-            raise ValueError(f"claim_lease must be > 0 seconds, not {claim_lease!r}")
+                 claim_lease: float = CLAIM_LEASE_SECONDS,
+                 placeholder_lease: float = PLACEHOLDER_LEASE_SECONDS) -> None:
+        if not (claim_lease > 0 and placeholder_lease > 0):
+            raise ValueError(f"claim_lease and placeholder_lease must be > 0 seconds, not "
+                             f"{claim_lease!r}, {placeholder_lease!r}")
         MPI = load_mpi()
         self._MPI = MPI
         comm = MPI.COMM_SELF if comm is None else comm
@@ -154,8 +165,9 @@ class ShardedDirectory:
         self._namespaces: dict[str, tuple[bytes, int]] = {}
         self._in_flight: list[np.ndarray] = []
         self.claim_lease = float(claim_lease)
+        self.placeholder_lease = float(placeholder_lease)
         self.failed: set[int] = set()  # ranks known to have stopped (mark_failed)
-        self.reclaimed = {"locks": 0, "committed": 0, "deleted": 0}  # what this rank reclaimed
+        self.reclaimed = {"locks": 0, "committed": 0, "deleted": 0, "placeholders": 0}  # what this rank reclaimed
         self._lock_count = 0
         self._held: dict[tuple[int, int], int] = {}  # (owner, home) -> our LOCK word
         self._swept: dict[tuple[int, int], tuple[int, float]] = {}  # sweep()'s sightings
@@ -172,11 +184,12 @@ class ShardedDirectory:
         self.failed |= bad
 
     def sweep(self) -> int:
-        """Reclaim stale locks and claims in this rank's own shard (found by nobody's
-        lookup: a claim whose writer stopped before writing its key). A lock or claim is
-        stale when it names a failed rank, or when an earlier sweep saw the same word at
-        least ``claim_lease`` seconds ago. Returns how many it reclaimed. Local: one
-        ``Get`` of the shard plus one CAS per reclaim."""
+        """Reclaim stale locks, claims and placeholders in this rank's own shard (a claim
+        whose writer stopped before writing its key is found by nobody's lookup). A lock
+        or claim is stale when it names a failed rank, or when an earlier sweep saw the
+        same word at least ``claim_lease`` seconds ago; a placeholder when it is older
+        than ``placeholder_lease``. Returns how many it reclaimed. Local: one ``Get`` of
+        the shard plus one CAS per reclaim."""
         words = np.frombuffer(self._snapshot(), dtype=np.uint64).reshape(self.nbuckets, L.BUCKET_WORDS)
         now, seen, done = time.monotonic(), {}, 0
         for bucket in np.nonzero(words[:, L.LOCK])[0].tolist():
@@ -191,6 +204,15 @@ class ShardedDirectory:
             claim = L.read_claim(buf, L.slot_offset(int(i)))
             if self._expired(self._swept, seen, (int(bucket), int(i)), ctl, now) or self._names_failed(claim):
                 done += self._reclaim(self.rank, int(bucket), int(i), ctl, claim)
+        slots = words[:, L.HEADER_WORDS:].reshape(self.nbuckets, L.BUCKET_SLOTS, L.ENTRY_WORDS)
+        old = (((slots[:, :, L.CTL] & np.uint64(3)) == L.VALID) & ((slots[:, :, L.PLACE] & np.uint64(0xFF)) == L.NO_TIER)
+               & (slots[:, :, L.LOCATION] + np.uint64(int(self.placeholder_lease)) < np.uint64(int(time.time()))))
+        for bucket, i in zip(*np.nonzero(old)):
+            ctl = int(slots[bucket, i, L.CTL])
+            gone = L.next_ctl(ctl, L.DELETED, keep_counts=False)  # fails if a count moved or it was re-put
+            if self._cas(self.rank, L.slot_disp(int(bucket), int(i)) + L.CTL, ctl, gone) == ctl:
+                self.reclaimed["placeholders"] += 1
+                done += 1
         self._swept = seen
         return done
 
@@ -367,7 +389,7 @@ class ShardedDirectory:
                 if found is None:
                     return Removal.ABSENT
                 bucket, i, ctl, current = found
-                if expect is not None and current.placement() != expect.placement():
+                if expect is not None and not _matches(current, expect):
                     return Removal.MISMATCH
                 if current.refs:
                     return Removal.PINNED
@@ -375,7 +397,7 @@ class ShardedDirectory:
                     return Removal.HAS_CHILDREN
                 if current.children:
                     if current.tier == L.NO_TIER or self._rewrite(owner, bucket, i, ctl, key,
-                                                                  _PLACEHOLDER_ENTRY) is not None:
+                                                                  _placeholder()) is not None:
                         return Removal.REMOVED
                 else:
                     deleted = L.next_ctl(ctl, L.DELETED, keep_counts=False)
@@ -719,8 +741,20 @@ def _check_commit(old: int, writing: int, final: int, what: str) -> None:
                              "or this rank was declared failed); nothing was written")
 
 
-_PLACEHOLDER_ENTRY = DirectoryEntry(L.NO_TIER, 0, 0, 0, 0)
-_PLACEHOLDER = _PLACEHOLDER_ENTRY  # as ``expect=``: compares (NO_TIER, 0, 0)
+def _placeholder() -> DirectoryEntry:
+    """A placeholder's entry: no tier, and as location the wall-clock second it is made."""
+    return DirectoryEntry(L.NO_TIER, 0, int(time.time()), 0, 0)
+
+
+def _matches(current: DirectoryEntry, expect: DirectoryEntry) -> bool:
+    """Whether ``current`` is what an ``expect=`` argument names: the same placement, or
+    any placeholder for :data:`_PLACEHOLDER`."""
+    if expect.tier == L.NO_TIER:
+        return current.tier == L.NO_TIER
+    return current.placement() == expect.placement()
+
+
+_PLACEHOLDER = DirectoryEntry(L.NO_TIER, 0, 0, 0, 0)  # as ``expect=``: any placeholder
 
 
 def _first_free(buf: bytearray, bucket: int) -> tuple[int, int, int] | None:

@@ -24,10 +24,12 @@ A shard is ``nbuckets`` buckets of :data:`BUCKET_WORDS` little-endian u64 words:
 * ``CHECKSUM`` is XXH3-64 of the block's bytes: every cross-rank read verifies the bytes
   it copied against it (end to end, whichever tier and rank served them).
 * ``SHARES`` counts the puts/sequences that deduplicated onto the entry (atomic add).
-* A *placeholder* is a VALID slot with tier :data:`NO_TIER` (and location, length and
-  checksum 0): the block was removed while children of it were still cached, so the
-  slot keeps only its child count. Lookups treat it as absent; an insert of its key
-  takes it over (keeping the count); it is deleted when its last child goes.
+* A *placeholder* is a VALID slot with tier :data:`NO_TIER` (length and checksum 0, and
+  as location the wall-clock second it became one): the block was removed while children
+  of it were still cached, so the slot keeps only its child count. Lookups treat it as
+  absent; an insert of its key takes it over (keeping the count); it is deleted when its
+  last child goes, or by its owner's sweep once older than the placeholder lease (its
+  children may have died with their rank).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ MPIR_CVAR_NUM_CLIQUES=2); rank 1 (or 0 at 2 ranks) then places the same block.
 """
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -23,10 +24,10 @@ LEASE = 0.5
 
 
 def key_owned_by(owner: int, size: int, seed: int) -> str:
-    k = seed
-    while id_owner(f"{k:032x}", size) != owner:
-        k += 1
-    return f"{k:032x}"
+    rng = random.Random(seed)
+    while id_owner(key := rng.randbytes(16).hex(), size) != owner:
+        pass
+    return key
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_a_stalled_inserters_finished_claim_is_committed_after_the_lease(comm, e
         if comm.rank == placer:  # not declared failed: its complete entry is committed for it
             inserted, entry = d.insert_if_absent(NS, block, DirectoryEntry(1, placer, 9, 64))
             ok = (not inserted and entry.rank == victim and entry.shares == 2
-                  and d.reclaimed == {"locks": 1, "committed": 1, "deleted": 0})
+                  and d.reclaimed == {"locks": 1, "committed": 1, "deleted": 0, "placeholders": 0})
         comm.Barrier()
         found = d.lookup(NS, block)
         ok = ok and found is not None and (found.rank, found.location) == (victim, 7)
@@ -118,3 +119,29 @@ def test_mark_failed_rejects_this_rank_and_strangers(comm, everywhere):
     with AbandoningDirectory(comm, slots_per_rank=64) as d:
         ok = raises(ValueError, d.mark_failed, [comm.rank]) and raises(ValueError, d.mark_failed, [comm.size])
         assert everywhere(ok)
+
+
+def test_a_placeholder_whose_child_died_with_its_rank_is_swept_after_its_lease(comm, everywhere, parts):
+    victim, placer = parts
+    parent, child = key_owned_by(0, comm.size, 4000), key_owned_by(victim, comm.size, 5000)
+    with AbandoningDirectory(comm, slots_per_rank=256, placeholder_lease=1.0) as d:
+        ok = True
+        if comm.rank == placer:
+            ok = d.insert_if_absent(NS, parent, DirectoryEntry(1, placer, 1, 64))[0]
+        comm.Barrier()
+        if comm.rank == victim:  # places a child of the block, then "dies" holding it
+            ok = d.insert_if_absent(NS, child, DirectoryEntry(1, victim, 2, 64))[0] and d.add_child(NS, parent) == 1
+        comm.Barrier()
+        if comm.rank == placer:  # the parent goes while its child is cached: a placeholder stays
+            ok = d.remove(NS, parent).value == "removed" and d.lookup(NS, parent) is None
+        comm.Barrier()
+        if comm.rank == 0:  # the placeholder's owner
+            young = d.sweep()
+            time.sleep(2.1)  # placeholders are stamped in whole wall-clock seconds
+            old = d.sweep()
+            ok = ok and (young, old, d.reclaimed["placeholders"]) == (0, 1, 1)
+        comm.Barrier()
+        if comm.rank == placer:  # a re-put starts afresh instead of inheriting the dead child's count
+            inserted, entry = d.insert_if_absent(NS, parent, DirectoryEntry(1, placer, 3, 64))
+            ok = ok and inserted and entry.children == 0
+        assert everywhere(ok, f"reclaimed {d.reclaimed}")
