@@ -32,6 +32,8 @@ promote_on_hit              True             copy a block up to the fastest tier
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
 io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
+demote_high                 0.95             above this fraction of the fastest tier, a background thread demotes (1 = off)
+demote_low                  0.85             ... down to this fraction (0 <= demote_low <= demote_high <= 1)
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs; 82 B each, at most 2**26)
 mpi_progress                ``"off"``        a thread entering MPI every 0.2 ms (GIL switch 0.2 ms) so inter-node atomics on a busy rank's shard progress: ``off``, ``on``, or ``auto`` (on when the start-up self-test finds them waiting)
@@ -141,6 +143,8 @@ class Config:
     cache_cluster_reads: bool = False
     hint_fraction: float = 1.0
     io_threads: int = 4
+    demote_high: float = 0.95
+    demote_low: float = 0.85
     namespace_share: float = 0.0
     directory_slots: int = 1 << 16
     mpi_progress: str = "off"
@@ -175,6 +179,9 @@ class Config:
             raise ConfigError("default_ttl: must be >= 0")
         if not 0.0 <= self.hint_fraction <= 1.0:  # NaN fails this too
             raise ConfigError("hint_fraction: must be in [0, 1]")
+        if not 0.0 <= self.demote_low <= self.demote_high <= 1.0:  # NaN fails this too
+            raise ConfigError(f"demote_low, demote_high: must satisfy 0 <= demote_low <= demote_high <= 1, "
+                              f"got {self.demote_low!r}, {self.demote_high!r}")
         if not 0.0 <= self.namespace_share <= 1.0:
             raise ConfigError("namespace_share: must be in [0, 1] (0 = no per-namespace quota)")
         if self.stats_interval <= 0:

@@ -57,6 +57,8 @@ class StoreCounters:
     kept_at_close: int = 0  # GPU/SHM/REMOTE blocks moved to the file tier by close()
     lost_at_close: int = 0  # blocks outside the file tier that close() could not keep
     dropped_at_restart: int = 0  # blocks found on disk that the global directory had no slot for
+    background_demotions: int = 0  # blocks the background demoter moved out of the fastest tier
+    background_demotion_errors: int = 0  # its moves that failed (logged; the block stayed)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -30,6 +30,7 @@ from .buffers.alloc import empty_like_kind
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
+from .core.demoter import Demoter
 from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
 from .core.index import BlockIndex
@@ -114,7 +115,9 @@ class CascadeStore(BatchCalls):
         self._pools = Pools(self.config.io_threads, self._inflight.check_open,
                             cores=None if waits_on_network else spare_cores())
         self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
-        self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, nbytes=nbytes,
+        self._demoter = Demoter(self._chain, self._inflight, self._lock, high=self.config.demote_high,
+                                low=self.config.demote_low)  # keeps room in the fastest tier for puts
+        self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, self._demoter, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
                                default_ttl=self.config.default_ttl, promote_on_hit=self.config.promote_on_hit,
@@ -330,10 +333,12 @@ class CascadeStore(BatchCalls):
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Wait for every non-blocking call submitted before it, then make every
-        completed put durable in the persistent tiers (fsync). Local."""
+        """Wait for every non-blocking call submitted before it and for the background
+        demoter to be idle, then make every completed put durable in the persistent
+        tiers (fsync). Local."""
         self._inflight.check_open()
         self._async.wait_all()
+        self._demoter.wait_idle()
         with self._lock:
             for tier in self.tiers:
                 tier.sync()
@@ -437,8 +442,9 @@ class CascadeStore(BatchCalls):
             if self._closed:
                 return
             self._inflight.closing = True
-            self._inflight.drain(timeout)
+            self._inflight.drain(timeout)  # the background demoter's move under way included
             self._closed = True
+            self._demoter.stop()
             try:
                 close_layers(self._chain, self._built_tiers, keep=keep, write_stats=self._write_final_stats)
             finally:

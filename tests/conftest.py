@@ -11,9 +11,10 @@ from cascade import Config
 
 @pytest.fixture
 def tiny_config(tmp_path) -> Config:
-    """A store config with the tiny model (4 KiB blocks), 64 blocks of SHM, 256 of file."""
+    """A store config with the tiny model (4 KiB blocks), 64 blocks of SHM, 256 of file;
+    no background demoter (tests count where each block lands; tests/test_background_demotion.py)."""
     return Config(model="tiny", shm_bytes=64 * 4096, file_bytes=256 * 8192,
-                  file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20)
+                  file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20, demote_high=1.0)
 
 
 @pytest.fixture(scope="session", autouse=True)

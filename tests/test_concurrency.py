@@ -83,7 +83,8 @@ def poison(*bufs) -> None:
 
 def config(tmp_path, **kw) -> Config:
     base = dict(model="tiny", shm_bytes=8 * BLOCK, file_bytes=48 * RECORD, file_dir=str(tmp_path / "files"),
-                file_segment_bytes=1 << 20, compact_dead_fraction=0.2, file_read_mode="buffered")
+                file_segment_bytes=1 << 20, compact_dead_fraction=0.2, file_read_mode="buffered",
+                demote_high=1.0)  # no background demoter: tests count where each block lands
     base.update(kw)
     return Config(**base)
 

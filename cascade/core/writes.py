@@ -3,7 +3,8 @@
 A put is settled as a dedup when the block is already cached (here or, multi-rank, on
 another rank); otherwise it claims room in the fastest tier that can make it (the tier
 chain demotes to make it), copies outside the store's lock, and commits under it, then
-publishes the block. Content-hashed puts of big blocks copy while a thread hashes. The
+publishes the block; a commit that leaves the fastest tier above its high watermark
+wakes the background demoter (:mod:`.demoter`). Content-hashed puts of big blocks copy while a thread hashes. The
 room claimed is a guard (:mod:`.guards`): any exception, the caller's bad input
 included, gives it back, and the put is counted as rejected. Thread-safe.
 """
@@ -24,6 +25,7 @@ from ..identity import BlockKey, block_id as compute_block_id, check_id
 from ..policy import BlockMeta
 from ..tiers.base import Memory
 from .chain import TierChain
+from .demoter import Demoter
 from .guards import Claim, InFlight
 from .pools import Pools
 from .reads import HOT_COPY_MAX
@@ -34,9 +36,10 @@ _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs
 class WritePath:
     """Puts of blocks of ``nbytes`` through ``chain``."""
 
-    def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, pools: Pools, *,
+    def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, pools: Pools, demoter: Demoter, *,
                  nbytes: int, hash_algo: str, default_ttl: float) -> None:
         self.chain, self.index, self.metrics = chain, chain.index, chain.metrics
+        self._demoter = demoter  # poked after each commit into the fastest tier
         self._inflight, self._lock, self._pools = inflight, lock, pools
         self._nbytes, self._algo, self._ttl = nbytes, hash_algo, default_ttl
 
@@ -80,6 +83,8 @@ class WritePath:
                                      ttl=self._ttl if ttl is None else ttl, checksum=block_sum)
                     if self._admit(meta):
                         self.metrics.stored(meta.tier, meta.nbytes, started)
+                        if claim.t == 0:
+                            self._demoter.poke()
                     return block_id
             except BaseException as exc:  # nothing was counted yet but the put itself
                 with self._lock:
@@ -151,6 +156,7 @@ class WritePath:
                                  ttl=self._ttl if ttl is None else ttl, checksum=self.chain.peers.checksum(parts))
                 if self._admit(meta):
                     self.metrics.stored(0, meta.nbytes, started)
+                    self._demoter.poke()
             except BaseException as exc:  # counted as the leased path counts it: a rejected put
                 full = isinstance(exc, OSError) and not committed
                 if not counted:

@@ -1,0 +1,132 @@
+"""The background demoter: keeps the fastest tier below a high watermark so a put finds
+room there and lands without demoting on its own thread.
+
+When a put's commit leaves the fastest tier above ``high`` (a fraction of its capacity),
+:meth:`Demoter.poke` wakes one daemon thread owned by the store, which demotes the
+index's victims (the same two-phase moves as the put path: :mod:`.chain`) until the tier
+is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InFlight`),
+so ``close()`` waits for the move under way and then stops the thread; the copies run
+outside the store's lock. A failed move is logged and counted
+(``background_demotion_errors``), ends the round (the next commit above ``high`` starts
+another) and never reaches a caller. A put that finds the tier truly full still makes
+room itself, as before. Thread-safe.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..errors import StoreClosed
+from ..policy import BlockMeta
+from .chain import Busy, MoveFailed, TierChain
+from .guards import InFlight
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 5.0  # close(): most seconds to wait for the thread to end once no move is in flight
+
+
+class Demoter:
+    """Background demotions out of ``chain``'s fastest tier, from ``high`` down to ``low``
+    (fractions of its capacity). Off (nothing starts) with one tier or ``high`` = 1."""
+
+    def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, *,
+                 high: float, low: float) -> None:
+        self._chain, self._inflight, self._lock = chain, inflight, lock
+        tier = chain.tiers[0]
+        self._high, self._low = high * tier.capacity, low * tier.capacity
+        self.enabled = len(chain.tiers) > 1 and high < 1.0
+        self._state = threading.Condition(threading.Lock())  # guards _wanted, _busy, _stopped
+        self._wanted = self._busy = self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Under the store's lock, after a commit: start a round when the fastest tier is
+        above the high watermark."""
+        if not self.enabled or self._chain.tiers[0].used <= self._high:
+            return
+        with self._state:
+            if self._stopped:
+                return
+            self._wanted = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cascade-demoter", daemon=True)
+                self._thread.start()
+            self._state.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait (not holding the store's lock) until no round is wanted or running;
+        False when ``timeout`` seconds passed first."""
+        with self._state:
+            return self._state.wait_for(lambda: self._stopped or not (self._wanted or self._busy), timeout)
+
+    def stop(self) -> None:
+        """Stop the thread (``close()``, after the in-flight moves drained): a bounded wait."""
+        with self._state:
+            self._stopped = True
+            self._state.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
+            if thread.is_alive():
+                log.warning("close: the background demoter did not stop within %.0f s", _JOIN_S)
+
+    def _run(self) -> None:
+        while True:
+            with self._state:
+                self._state.wait_for(lambda: self._wanted or self._stopped)
+                if self._stopped:
+                    self._state.notify_all()
+                    return
+                self._wanted, self._busy = False, True
+            try:
+                self._round()
+            except StoreClosed:
+                pass
+            except BaseException:  # never lost, never fatal (the thread lives on): the next poke tries again
+                log.exception("background demotion failed")
+                with self._lock:
+                    self._chain.metrics.counters.background_demotion_errors += 1
+            finally:
+                with self._state:
+                    self._busy = False
+                    self._state.notify_all()
+
+    def _round(self) -> None:
+        """Demote victims of the fastest tier until it is at or below ``low``."""
+        chain, tier = self._chain, self._chain.tiers[0]
+        set_aside: list[BlockMeta] = []  # victims another rank keeps in place
+        try:
+            while True:
+                with self._inflight.hold("a background demotion"):
+                    with self._lock:
+                        if tier.used <= self._low or (victim := chain.index.victim(0)) is None:
+                            return
+                        try:
+                            move = chain.start_demotion(victim)
+                        except Busy:
+                            chain.index.set_aside(victim)
+                            set_aside.append(victim)
+                            continue
+                        if move is None:  # no slower tier took it: dropped (counted an eviction)
+                            continue
+                    try:
+                        chain.run_move(move)
+                    except MoveFailed as exc:
+                        log.warning("background demotion of %s failed: %s", victim.key[1], exc.__cause__)
+                        with self._lock:
+                            chain.metrics.counters.background_demotion_errors += 1
+                        return
+                    except Busy:
+                        with self._lock:
+                            chain.index.set_aside(victim)
+                        set_aside.append(victim)
+                        continue
+                    with self._lock:
+                        if chain.index.get(victim.key) is victim and victim.tier > 0:  # not deleted meanwhile
+                            chain.metrics.counters.background_demotions += 1
+        finally:
+            if set_aside:
+                with self._lock:
+                    for meta in set_aside:
+                        chain.index.changed(meta)

@@ -1,0 +1,138 @@
+"""The background demoter: above ``demote_high`` of the fastest tier, a store thread
+demotes down to ``demote_low``; puts that find room land without demoting themselves;
+its failures are counted, never raised to a caller, and never stop the store."""
+from __future__ import annotations
+
+import errno
+import threading
+
+import numpy as np
+import pytest
+
+from cascade import CascadeStore, Config
+from cascade.errors import ConfigError
+from test_concurrency import BLOCK, SPEC, bid, check_block, config, put
+
+SHM_BLOCKS = 20
+
+
+def open_store(tmp_path, **kw) -> CascadeStore:
+    cfg = config(tmp_path, **{"shm_bytes": SHM_BLOCKS * BLOCK, "demote_high": 0.8, "demote_low": 0.5, **kw})
+    return CascadeStore(cfg, block_spec=SPEC, array_module=np)
+
+
+def moves_by_thread(store: CascadeStore, monkeypatch) -> list[str]:
+    """Record the thread of every demotion move the tier chain runs."""
+    names: list[str] = []
+    run_move = store._chain.run_move
+
+    def recording(move):
+        names.append(threading.current_thread().name)
+        return run_move(move)
+
+    monkeypatch.setattr(store._chain, "run_move", recording)
+    return names
+
+
+def demotions(store: CascadeStore) -> int:
+    return store.stats()["tiers"]["shm"]["demotions"]
+
+
+def test_puts_past_high_are_demoted_to_low_and_stay_readable(tmp_path):
+    store = open_store(tmp_path)
+    shm = store.tiers[0]
+    ids = [put(store, n) for n in range(17)]  # 17/20 > 0.8
+    store.flush()  # waits for the demoter to be idle
+    assert shm.used <= 0.5 * shm.capacity
+    counters = store.stats()
+    assert counters["background_demotions"] == demotions(store) > 0
+    assert counters["background_demotion_errors"] == 0
+    below = [b for b in ids if store._meta[("default", b)].tier == 1]
+    assert len(below) == counters["background_demotions"]
+    for b in ids:  # the demoted ones from the file tier, byte-exact
+        got = store.get(b)
+        assert got is not None
+        check_block(b, *got)
+    store.close()
+
+
+def test_a_put_with_room_does_not_demote_on_its_own_thread(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    names = moves_by_thread(store, monkeypatch)
+    for n in range(17):  # above high, never full: every put finds room
+        put(store, n)
+        assert threading.current_thread().name not in names
+    store.flush()
+    assert names and set(names) == {"cascade-demoter"}
+    assert store.stats()["background_demotions"] == demotions(store) == len(names)
+    store.close()
+
+
+def test_a_full_tier_still_makes_room_on_the_put_thread(tmp_path, monkeypatch):
+    store = open_store(tmp_path, demote_high=1.0)  # demoter off: the put itself must demote
+    names = moves_by_thread(store, monkeypatch)
+    ids = [put(store, n) for n in range(SHM_BLOCKS + 3)]
+    assert names == [threading.current_thread().name] * 3
+    assert store.stats()["background_demotions"] == 0
+    for b in ids:
+        check_block(b, *store.get(b))
+    store.close()
+
+
+def test_a_failing_background_demotion_is_counted_and_the_store_serves(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    ids = [put(store, n) for n in range(16)]  # 16/20: not above high
+
+    def broken_fill(*args, **kwargs):
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(store.tiers[1], "fill", broken_fill)
+    ids.append(put(store, 16))  # 17/20 > 0.8: the demoter's move into the file tier fails
+    store.flush()  # returns once the failed round ended
+    counters = store.stats()
+    assert counters["background_demotion_errors"] >= 1
+    assert counters["background_demotions"] == 0
+    monkeypatch.undo()
+    for b in ids:  # nothing was lost: every block still in SHM, exact
+        assert store._meta[("default", b)].tier == 0
+        check_block(b, *store.get(b))
+    ids.append(put(store, 17))  # the next commit above high retries, now with a working tier
+    store.flush()
+    assert store.stats()["background_demotions"] > 0
+    assert store.tiers[0].used <= 0.5 * store.tiers[0].capacity
+    for b in ids:
+        check_block(b, *store.get(b))
+    store.close(timeout=120.0)  # returns: CloseTimeout would name what is still held
+
+
+def test_a_demoter_bug_is_counted_and_close_returns(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(store._chain, "start_demotion", bug)
+    ids = [put(store, n) for n in range(17)]
+    store.flush()
+    assert store.stats()["background_demotion_errors"] >= 1
+    monkeypatch.undo()
+    for b in ids:
+        check_block(b, *store.get(b))
+    store.close(timeout=120.0)
+    assert not store._demoter._thread.is_alive()
+
+
+def test_one_tier_starts_no_demoter(tmp_path):
+    store = open_store(tmp_path, file_bytes=0)
+    for n in range(SHM_BLOCKS):
+        put(store, n)
+    store.flush()
+    assert store._demoter._thread is None
+    assert len(store) == SHM_BLOCKS  # nothing dropped early
+    store.close()
+
+
+@pytest.mark.parametrize("high, low", [(0.5, 0.8), (1.5, 0.5), (0.9, -0.1), (float("nan"), 0.5)])
+def test_bad_watermarks_are_refused(tmp_path, high, low):
+    with pytest.raises(ConfigError, match="demote_low"):
+        Config(model="tiny", demote_high=high, demote_low=low)
