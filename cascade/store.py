@@ -438,13 +438,13 @@ class CascadeStore(BatchCalls):
         if unfinished:
             log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
                         unfinished, ASYNC_CLOSE_SECONDS)
+        self._demoter.stop()  # after its move under way; a put then makes room itself
         with self._closer, self._lock:
             if self._closed:
                 return
             self._inflight.closing = True
-            self._inflight.drain(timeout)  # the background demoter's move under way included
+            self._inflight.drain(timeout)
             self._closed = True
-            self._demoter.stop()
             try:
                 close_layers(self._chain, self._built_tiers, keep=keep, write_stats=self._write_final_stats)
             finally:

@@ -11,7 +11,7 @@ import pytest
 
 from cascade import CascadeStore, Config
 from cascade.errors import ConfigError
-from test_concurrency import BLOCK, SPEC, bid, check_block, config, put
+from test_concurrency import BLOCK, RECORD, SPEC, bid, check_block, check_quiescent, config, put
 
 SHM_BLOCKS = 20
 
@@ -136,3 +136,43 @@ def test_one_tier_starts_no_demoter(tmp_path):
 def test_bad_watermarks_are_refused(tmp_path, high, low):
     with pytest.raises(ConfigError, match="demote_low"):
         Config(model="tiny", demote_high=high, demote_low=low)
+
+
+def test_threads_putting_and_reading_while_the_demoter_runs(tmp_path):
+    store = open_store(tmp_path, file_bytes=200 * RECORD)
+    errors: list[BaseException] = []
+
+    def worker(first: int) -> None:
+        try:
+            for n in range(first, first + 30):
+                b = put(store, n)
+                check_block(b, *store.get(b))
+        except BaseException as exc:  # raised in the test's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(100 * w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120.0)
+    assert not errors, errors
+    store.flush()
+    check_quiescent(store)
+    assert store.stats()["background_demotions"] > 0
+    assert store.stats()["background_demotion_errors"] == 0
+    for w in range(4):
+        for n in range(100 * w, 100 * w + 30):
+            got = store.get(bid(n))
+            assert got is not None
+            check_block(bid(n), *got)
+    store.close(timeout=120.0)
+
+
+def test_close_while_demoting_stops_the_thread(tmp_path):
+    store = open_store(tmp_path)
+    ids = [put(store, n) for n in range(SHM_BLOCKS)]  # the last puts poke the demoter; no flush
+    store.close(timeout=120.0)
+    assert not store._demoter._thread.is_alive()
+    with CascadeStore(config(tmp_path), block_spec=SPEC, array_module=np) as again:  # close kept them all
+        for b in ids:
+            check_block(b, *again.get(b))

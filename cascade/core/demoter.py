@@ -4,9 +4,10 @@ room there and lands without demoting on its own thread.
 When a put's commit leaves the fastest tier above ``high`` (a fraction of its capacity),
 :meth:`Demoter.poke` wakes one daemon thread owned by the store, which demotes the
 index's victims (the same two-phase moves as the put path: :mod:`.chain`) until the tier
-is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InFlight`),
-so ``close()`` waits for the move under way and then stops the thread; the copies run
-outside the store's lock. A failed move is logged and counted
+is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InFlight`);
+``close()`` stops the thread after the move under way (a bounded wait, not holding the
+store's lock); the copies run outside the store's lock. ``flush()`` waits for the rounds
+asked for before it. A failed move is logged and counted
 (``background_demotion_errors``), ends the round (the next commit above ``high`` starts
 another) and never reaches a caller. A put that finds the tier truly full still makes
 room itself, as before. Thread-safe.
@@ -36,32 +37,40 @@ class Demoter:
         tier = chain.tiers[0]
         self._high, self._low = high * tier.capacity, low * tier.capacity
         self.enabled = len(chain.tiers) > 1 and high < 1.0
-        self._state = threading.Condition(threading.Lock())  # guards _wanted, _busy, _stopped
-        self._wanted = self._busy = self._stopped = False
+        self._state = threading.Condition(threading.Lock())  # guards _asked, _done, _stopped
+        self._asked = self._done = 0  # rounds asked for by pokes, and asked for before the last one ended
+        self._stopped = False
         self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         """Under the store's lock, after a commit: start a round when the fastest tier is
         above the high watermark."""
-        if not self.enabled or self._chain.tiers[0].used <= self._high:
+        if not self.enabled or self._taken() <= self._high:
             return
         with self._state:
             if self._stopped:
                 return
-            self._wanted = True
+            self._asked += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cascade-demoter", daemon=True)
                 self._thread.start()
             self._state.notify_all()
 
+    def _taken(self) -> int:
+        """Bytes of the fastest tier allocated (what decides whether a block fits)."""
+        tier = self._chain.tiers[0]
+        return tier.capacity - tier.free
+
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait (not holding the store's lock) until no round is wanted or running;
-        False when ``timeout`` seconds passed first."""
+        """Wait (not holding the store's lock) until every round asked for before this
+        call has ended; False when ``timeout`` seconds passed first."""
         with self._state:
-            return self._state.wait_for(lambda: self._stopped or not (self._wanted or self._busy), timeout)
+            asked = self._asked
+            return self._state.wait_for(lambda: self._stopped or self._done >= asked, timeout)
 
     def stop(self) -> None:
-        """Stop the thread (``close()``, after the in-flight moves drained): a bounded wait."""
+        """Stop the thread after the move under way (``close()``; not holding the
+        store's lock): a bounded wait."""
         with self._state:
             self._stopped = True
             self._state.notify_all()
@@ -74,11 +83,11 @@ class Demoter:
     def _run(self) -> None:
         while True:
             with self._state:
-                self._state.wait_for(lambda: self._wanted or self._stopped)
+                self._state.wait_for(lambda: self._done < self._asked or self._stopped)
                 if self._stopped:
                     self._state.notify_all()
                     return
-                self._wanted, self._busy = False, True
+                asked = self._asked
             try:
                 self._round()
             except StoreClosed:
@@ -89,18 +98,19 @@ class Demoter:
                     self._chain.metrics.counters.background_demotion_errors += 1
             finally:
                 with self._state:
-                    self._busy = False
+                    self._done = asked
                     self._state.notify_all()
 
     def _round(self) -> None:
         """Demote victims of the fastest tier until it is at or below ``low``."""
-        chain, tier = self._chain, self._chain.tiers[0]
+        chain = self._chain
         set_aside: list[BlockMeta] = []  # victims another rank keeps in place
         try:
             while True:
                 with self._inflight.hold("a background demotion"):
                     with self._lock:
-                        if tier.used <= self._low or (victim := chain.index.victim(0)) is None:
+                        if (self._stopped or self._taken() <= self._low
+                                or (victim := chain.index.victim(0)) is None):
                             return
                         try:
                             move = chain.start_demotion(victim)
