@@ -419,6 +419,38 @@ def test_device_io_without_a_gpu_says_not_run_and_why(built):
     assert f"not run: {escape(doc['skipped'])}" in table and r"\toprule" in table
 
 
+def test_device_io_with_a_gpu_gives_ratios_and_verdicts(tmp_path):
+    """The GPU branch, on results shaped as device_io.run writes them on a GPU (no GPU here:
+    the numbers are placeholders; the real run is owed where a GPU is lent)."""
+    from benchmark.workloads.device_io import TARGET
+
+    results = _copy_samples(tmp_path)
+    suite = _suite(results)
+    _keep_runs(suite, lambda r: r["workload"] != "device_io")
+    ops = ("gpu_put", "gpu_get", "gpu_put_batch", "gpu_get_batch", "shm_put_from_gpu", "shm_get_into_gpu",
+           "shm_put_from_gpu_batch", "shm_get_into_gpu_batch")
+    raws = ("raw_d2d", "raw_pinned_h2d", "raw_pinned_d2h", "raw_pageable_h2d", "raw_pageable_d2h")
+    for rep in range(3):
+        below = TARGET * (0.5 if rep == 0 else 1.5)  # GPU-tier puts miss the target in repetition 0 only
+        rows = [{"size": size, "blocks": blocks, "limits": {k: {"gbps": 10.0, "cpu_us": 5.0} for k in raws},
+                 "cascade": {k: {"gbps": 9.0 + rep, "cpu_us_per_block": 4.0} for k in ops} | {
+                     "wrong_blocks": {"count": 0.0}},
+                 "ratios": {"gpu_put_vs_d2d": below, "gpu_get_vs_d2d": 0.9 + rep / 100,
+                            "shm_get_into_gpu_vs_pinned_h2d": 0.9, "shm_put_from_gpu_vs_pinned_d2h": 0.9}}
+                for size in (64 << 10, 2 << 20) for blocks in (1, 64)]
+        _add_to_suite(suite, f"rep{rep}/all_device_io_1n_2099010{rep + 1}T000000.json",
+                      {"system": "all", "workload": "device_io", "gpu": "Test GPU", "driver_version": 13000,
+                       "runtime_version": 13000, "rows": rows}, rep)
+    report = figures.generate(results, tmp_path / "out", only=["device_io"])
+    assert not report.errors and not report.skipped
+    sentence = _defined(tmp_path / "out")["DevSentence"]
+    assert sentence.startswith("ran on Test GPU (driver 13000)")
+    assert "GPU-tier puts at least" in sentence and "met in 2 of 3 repetitions" in sentence
+    assert "GPU-tier gets at least 0.91 (0.90--0.92)$\\times$ of the raw copy (met in all 3 repetitions)" in sentence
+    body = (tmp_path / "out" / "Tables" / "device_io.tex").read_text().split(r"\midrule")[1]
+    assert body.count(r"\\") == 4
+
+
 def test_small_blocks_targets_are_judged_in_each_repetition(tmp_path):
     """A target met in one repetition only reads "met in 1 of 3", whatever the median says."""
     from benchmark.workloads.small_blocks import GET_TARGET

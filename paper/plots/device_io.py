@@ -77,7 +77,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         lo = min(values, key=float)
         verdicts.append(f"{words} at least {sig(lo, 2)}$\\times$ of the raw copy "
                         f"({met_phrase(met_in(values, reps, lambda v: v >= target), reps)})")
-    m.add("DevSentence", f"ran on {escape(str(rf.get('gpu')))} (driver {integer(rf.num('driver_version'))}): "
+    m.add("DevSentence", f"ran on {escape(str(rf.get('gpu')))} (driver {int(rf.num('driver_version'))}): "
           f"against a target of {sig(target, 2)}$\\times$, " + "; ".join(verdicts),
           "; ".join(rf.source("rows", "*", "ratios", k) for k, *_ in RATIOS)
           + " (the smallest over sizes and batches; target benchmark/workloads/device_io.py: TARGET, per repetition)")
