@@ -31,14 +31,17 @@ HITS_CAPTION = (
     r"Block hit ratio (\%) of serving clients, one per rank, each replaying its share of one shared-prefix "
     r"request stream: through their ranks of one \texttt{cascade serve} job sharing one cache (shared), and "
     r"through private per-worker stores of the same capacity (private); per client and over all "
-    r"references; bytes: block bytes the ranks served from other ranks' memory.")
+    r"references; per-block get and put latency of the engines (median of their p50s, $\mu$s) and chunks read "
+    r"back wrong, where the run records them; bytes: block bytes the ranks served from other ranks' memory.")
 
 MACROS = ("CsRanks", "CsRequests", "CsServeBlock", "CsSharedPct", "CsPrivatePct", "CsSharedGainPts",
           "CsBytesOther", "CsOthers", "CsAttachSizes", "CsAttachGetUs", "CsAttachPutUs", "CsAttachGetRatio",
-          "CsAttachPutRatio", "CsRttUs")
+          "CsAttachPutRatio", "CsRttUs", "CsThroughEngine")
 
 OPS = ("put", "get")
 KNOWN = ("shared", "private")
+#: How the text names a further way of serving, by its key in ``serving``.
+LABELS = {"lmcache_cpu_disk": "LMCache CPU+disk (per worker)"}
 
 
 def _check(rf: ResultsFile) -> list[tuple[int, dict[str, Any]]]:
@@ -69,7 +72,7 @@ def _others(rf: ResultsFile) -> list[tuple[str, str, dict[str, Any]]]:
         if key in KNOWN or not isinstance(value, dict) or "global" not in value:
             continue
         rf.num("serving", key, "global")
-        label = value.get("label") if isinstance(value.get("label"), str) else key.replace("_", " ")
+        label = value.get("label") if isinstance(value.get("label"), str) else LABELS.get(key, key.replace("_", " "))
         out.append((key, label, value))
     return out
 
@@ -97,9 +100,17 @@ def build(ctx: Context) -> list[ResultsFile]:
         m.add("CsOthers", and_list([f"{pct(v['global'])}\\,\\% with {escape(label)}" for _, label, v in others]),
               "; ".join(rf.source("serving", k, "global") for k, _, _ in others))
     else:
-        m.add("CsOthers", "not replayed in this suite run",
+        m.add("CsOthers", "none in this suite run",
               rf.source("serving") + " (no object with a global hit ratio besides shared and private)")
-    m.add("CsAttachSizes", and_list([size(a["block_bytes"]) for _, a in attach]), rf.source("attach", "*", "block_bytes"))
+    through = s.get("attached_over_private_p50")
+    if isinstance(through, dict) and all(isinstance(through.get(op), (int, float)) for op in ("get", "put")):
+        m.add("CsThroughEngine", f"{sig(through['get'], 2)}$\\times$ for gets and {sig(through['put'], 2)}$\\times$ "
+              "for puts", rf.source("serving", "attached_over_private_p50"))
+    else:
+        m.add("CsThroughEngine", "not measured in this suite run",
+              rf.source("serving") + " (no attached_over_private_p50)")
+    m.add("CsAttachSizes", and_list([size(a["block_bytes"]) for _, a in attach]),
+          rf.source("attach", "*", "block_bytes"))
 
     def each(name: str, keys: tuple[str, ...], fmt, unit: str) -> None:
         m.add(name, per_size([(a["block_bytes"], fmt(rf.num(*keys, within=a, prefix=("attach", i))))
@@ -127,7 +138,8 @@ def build(ctx: Context) -> list[ResultsFile]:
     ctx.put(t)
 
     clients = int(s["ranks"])
-    cols = [("caches", "l"), ("all", "r")] + [(f"client {c}", "r") for c in range(clients)] + [("bytes", "r")]
+    cols = ([("caches", "l"), ("all", "r")] + [(f"client {c}", "r") for c in range(clients)]
+            + [(r"get $\mu$s", "r"), (r"put $\mu$s", "r"), ("wrong", "r"), ("bytes", "r")])
     h = ctx.table("cluster_hits", cols, [rf])
     for key, label, v in [("shared", "shared (one cache)", s["shared"]), ("private", "private per worker",
                                                                             s["private"]), *others]:
@@ -135,10 +147,15 @@ def build(ctx: Context) -> list[ResultsFile]:
         cells = [pct(x) if isinstance(x, (int, float)) else "--" for x in per[:clients]]
         cells += ["--"] * (clients - len(cells))
         moved = v.get("bytes_from_other_ranks")
-        h.add(escape(label), pct(v["global"]), *cells,
+        h.add(escape(label), pct(v["global"]), *cells, *(_cell(v.get(k)) for k in ("get_us_p50", "put_us_p50")),
+              _cell(v.get("wrong_chunks"), integer),
               sig(moved / (1 << 20)) + r"\,MiB" if isinstance(moved, (int, float)) else "--")
     ctx.put(h)
     return [rf]
+
+
+def _cell(value: Any, fmt=sig) -> str:
+    return fmt(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "--"
 
 
 SPEC = FigureSpec("cluster_serving", "", "cluster_serving results", build, macros=MACROS,

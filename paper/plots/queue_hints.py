@@ -25,7 +25,8 @@ TABLE_CAPTION = (
     r"rest), and their ratio; LRU and Belady (the offline optimum) for reference. Replayed through the real "
     r"store; each source's prefix as in the suite's options.")
 
-MACROS = ("QhCells", "QhShare", "QhAtShare", "QhWorst", "QhMonotonic", "QhDepths", "QhCapacities", "QhSources")
+MACROS = ("QhCells", "QhShare", "QhAtShare", "QhWorst", "QhMonotonic", "QhDepths", "QhCapacities", "QhSources",
+          "QhOnlineGeLru")
 
 
 def _share() -> float:
@@ -86,6 +87,11 @@ def build(ctx: Context) -> list[ResultsFile]:
                          for col in zip(*[per_rep(v, reps) for v in by_depth]))
     m.add("QhMonotonic", f"{monotonic} of {len(rows)}",
           rf.source("rows", "*", "cascade", "*", "block_hit_ratio") + " (never falls with depth, every repetition)")
+    online = [(r, c) for _, r in rows for c in r["cascade"] if c["queue_depth"] == 0]
+    ge_lru = sum(all(a >= b for a, b in zip(per_rep(c["block_hit_ratio"], reps), per_rep(r["reference_lru"], reps)))
+                 for r, c in online)
+    m.add("QhOnlineGeLru", f"{ge_lru} of {len(online)}" if online else "none (depth 0 not replayed)",
+          rf.source("rows", "*", "cascade", "queue_depth=0", "block_hit_ratio") + " >= reference_lru, every repetition")
     m.add("QhDepths", and_list([integer(d) for d in depths]), rf.source("rows", "*", "cascade", "*", "queue_depth"))
     m.add("QhCapacities", and_list([integer(c) for c in sorted({int(r["capacity_blocks"]) for _, r in rows})]),
           rf.source("rows", "*", "capacity_blocks"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import Context, FigureSpec, absent
-from ..macros import and_list, integer, sig, size
+from ..macros import and_list, sig, size
 from ..results import ResultsFile
 from ..tables import escape
 from .common import met_in, met_phrase
