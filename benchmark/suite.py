@@ -41,8 +41,9 @@ MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "stress_mpi": (4, {}),
 }
 
-#: run_benchmark / workload options per size. ``default`` is sized for about 25 minutes on
-#: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
+#: run_benchmark / workload options per size. ``default``: about 25 minutes on a quiet 2-core
+#: machine at 3 repetitions before small_blocks, file_read_mode, device_io, cluster_serving,
+#: restart and the full queue_hints grid joined; ``quick``: a few minutes; ``tiny``: tests.
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "write_throughput": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "3"],
