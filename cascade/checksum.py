@@ -6,7 +6,7 @@ from typing import Any
 
 import xxhash
 
-from .buffers import host_bytes
+from .buffers import host_views
 
 
 def checksum(parts: Iterable[Any], seed: int = 0) -> int:
@@ -14,6 +14,9 @@ def checksum(parts: Iterable[Any], seed: int = 0) -> int:
     Parts are any buffers :mod:`cascade.buffers` accepts (device memory is copied to the
     host first). Local, thread-safe."""
     h = xxhash.xxh3_64(seed=seed)
-    for part in parts:
-        h.update(part if type(part) in (bytes, bytearray, memoryview) else host_bytes(part, "block part"))
+    parts = list(parts)
+    with host_views([p for p in parts if type(p) not in (bytes, bytearray, memoryview)], "block part") as views:
+        rest = iter(views)
+        for part in parts:
+            h.update(part if type(part) in (bytes, bytearray, memoryview) else next(rest))
     return h.intdigest()

@@ -34,6 +34,7 @@ hint_fraction               1.0              most of the fastest tier that hinte
 io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs; 82 B each, at most 2**26)
+mpi_progress                ``"off"``        a thread entering MPI every 0.2 ms (GIL switch 0.2 ms) so inter-node atomics on a busy rank's shard progress: ``off``, ``on``, or ``auto`` (on when the start-up self-test finds them waiting)
 stats_dir                   ``""``           write ``stats_rank<r>.json`` here (empty = off)
 stats_interval              10.0             seconds between stats-file refreshes
 ==========================  ===============  ==================================================
@@ -71,6 +72,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "policy": ("semantic", "lru"),
     "ttl_mode": ("last_use", "first_use"),
     "file_read_mode": ("auto", "direct", "buffered"),
+    "mpi_progress": ("off", "auto", "on"),
 }
 # Strict: a number, then optionally a unit K/M/G/T (binary) with an optional "iB"/"B",
 # or a bare "B". "1iB", "4KB B" or "1e3" are errors, not some other size.
@@ -141,6 +143,7 @@ class Config:
     io_threads: int = 4
     namespace_share: float = 0.0
     directory_slots: int = 1 << 16
+    mpi_progress: str = "off"
     stats_dir: str = ""
     stats_interval: float = 10.0
 

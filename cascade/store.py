@@ -26,6 +26,7 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
+from .buffers.alloc import empty_like_kind
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
@@ -207,13 +208,18 @@ class CascadeStore(BatchCalls):
         return stored
 
     # -- get ------------------------------------------------------------------------------
-    def get(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> tuple[Any, Any] | None:
+    def get(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE, like: Any = None) -> tuple[Any, Any] | None:
         """(key, value) arrays of a cached block, or None on a miss. Local.
 
-        A block whose stored bytes fail verification is dropped, counted as a corruption
-        and reported as a miss (None): corrupted data is never returned.
+        The arrays are fresh ones of ``like``'s kind: numpy by default; a torch tensor
+        example gives torch tensors on its device (CPU or that CUDA device), a cupy array
+        cupy arrays on its device (only the example's kind and device matter, e.g.
+        ``store.get(bid, like=kv_cache_tensor)``). :class:`InvalidBlock` for other
+        examples (use :meth:`get_into` with your own buffers). A block whose stored bytes
+        fail verification is dropped, counted as a corruption and reported as a miss
+        (None): corrupted data is never returned.
         """
-        key_out, value_out = self.spec.empty()
+        key_out, value_out = (empty_like_kind(like, self.spec.shape, self.spec.np_dtype) for _ in range(2))
         return (key_out, value_out) if self._read(block_id, namespace, [key_out, value_out]) else None
 
     def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:

@@ -141,3 +141,19 @@ def test_lmcache_async_lookup_and_prefetch_reads_chunks_from_cascade(tmp_path):
             assert backend.unpin(_key(h))  # pinned by the lookup, released by the engine
     finally:
         sm.close()
+
+
+def test_batched_contains_counts_and_pins_only_the_cached_prefix(tmp_path):
+    sm = _manager(tmp_path)
+    try:
+        backend = sm.storage_backends["cascade"]
+        for h in (1, 2, 4):  # chunk 3 missing: the prefix is two chunks long
+            _put(sm, h)
+        keys = [_key(h) for h in (1, 2, 3, 4)]
+        assert backend.batched_contains(keys) == 2
+        assert backend.batched_contains(keys, pin=True) == 2
+        assert not backend.remove(keys[0]) and not backend.remove(keys[1])  # pinned: kept
+        assert backend.remove(keys[3])  # cached but past the prefix: not pinned
+        assert backend.unpin(keys[0]) and backend.unpin(keys[1]) and backend.remove(keys[0])
+    finally:
+        sm.close()

@@ -105,21 +105,27 @@ def test_client_killed_mid_put_leaks_no_pin_and_no_partial_block(serve_job, node
 
 
 @needs_lmcache
-@pytest.mark.parametrize("nodes", [1, 2], ids=["1node", "2nodes"])
-def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job, nodes):
+@pytest.mark.parametrize("nodes,how", [(1, "stop"), (2, "stop"), (1, "kill")], ids=["1node", "2nodes", "1node-sigkill"])
+def test_stopped_rank_fails_its_clients_at_once_and_lmcache_recomputes(serve_job, nodes, how):
     job = serve_job(2, nodes)
     waiting = _client("lmcache-wait", job.socket(1), 4, stdin=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == "attached"
     client, elsewhere = cascade.connect(job.socket(1), timeout=300), cascade.connect(job.socket(0), timeout=300)
     k, v = client.spec.empty()
     client.put(k, v, block_id="ab" * 16)
-    assert job.stop_rank(1) == 0  # every rank stops, cleanly
+    if how == "stop":
+        assert job.stop_rank(1) == 0  # every rank stops, cleanly
+    else:  # the rank dies without a word: no handler runs, its socket file stays
+        os.kill(job.pids[1], signal.SIGKILL)
+        job.proc.wait(60)  # mpiexec ends the job (the other rank with it)
     with pytest.raises(cascade.RankFailure, match="is gone"):  # EOF, not the 300 s reply timeout
         client.contains("ab" * 16)
     with pytest.raises(cascade.RankFailure, match="is gone"):  # and stays failed
         client.get_into("ab" * 16, k, v)
     with pytest.raises(cascade.RankFailure, match="is gone"):  # the other rank stopped with it
         elsewhere.contains("ab" * 16)
+    with pytest.raises(cascade.RankFailure, match="cannot attach"):  # a new client is refused at once
+        cascade.connect(job.socket(1), timeout=300)
     waiting.stdin.write("go\n")
     waiting.stdin.flush()
     result = _result(waiting)

@@ -1,5 +1,5 @@
-"""The cluster_serving benchmark workload at a tiny size: both parts run for real and what
-they read is what they wrote (the figures themselves belong to benchmark/results)."""
+"""The cluster_serving benchmark workload at a tiny size: both parts run for real (the
+serving part through real LMCache StorageManagers) and what they read is what they wrote (the figures themselves belong to benchmark/results)."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,15 @@ def test_cluster_serving_measures_both_paths_and_replays_shared_and_private(tmp_
         assert attach[side]["put"]["n"] == attach[side]["get"]["n"] == 8
     serving = result["serving"]
     assert serving["ranks"] == 2 and len(serving["shared"]["per_client"]) == 2
-    # the clients' references met blocks the other client put: some came from the other rank
+    # every way replayed the same references through a real LMCache StorageManager, and
+    # every chunk read back was the one asked for
+    ways = ("shared", "private", "lmcache_cpu_disk")
+    assert len({serving[w]["references"] for w in ways}) == 1 and all(serving[w]["wrong_chunks"] == 0 for w in ways)
+    assert serving["shared"]["backends"] == ["LocalCPUBackend", "cascade"]
+    assert serving["lmcache_cpu_disk"]["backends"] == ["LocalCPUBackend", "LocalDiskBackend"]
+    # the engines' references met chunks the other engine stored: some came from the other rank
     assert serving["shared"]["bytes_from_other_ranks"] > 0
     assert 0 < serving["private"]["global"] <= serving["shared"]["global"] <= 1
+    # private stores of either kind, same capacity, nothing evicted: the same hits
+    assert serving["lmcache_cpu_disk"]["global"] == serving["private"]["global"]
     assert "attached" in cluster_serving.table(result)

@@ -205,3 +205,81 @@ def test_torch_bfloat16_tensors_go_through_the_client_like_through_the_store(tmp
         server.close()
         store.close()
         os.rmdir(socket_dir)
+
+
+def test_reads_come_straight_from_the_ranks_slab_under_a_lease_until_the_next_request(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    with connect(server.path) as client:
+        block_id = client.put(k, v)
+        (key, value), missing = client.views([block_id, "f" * 32])
+        assert missing is None and np.array_equal(key, k) and np.array_equal(value, v)
+        assert not key.flags.writeable  # the slab is mapped read-only
+        with pytest.raises(ValueError):
+            key[0] = 1
+        assert server.serve_stats()["client_leases"] == 1
+        store.delete(block_id)  # deleted on the rank, and the slab then filled with other blocks
+        for pair in _blocks(200, seed=1):
+            store.put(*pair)
+        assert np.array_equal(key, k) and np.array_equal(value, v)  # its bytes stayed in place
+        assert client.stats()["serve"]["client_leases"] == 0  # that request gave the lease back
+        out = SPEC.empty()
+        assert client.get_into(store.put(k, v), *out) and np.array_equal(out[0], k) and np.array_equal(out[1], v)
+
+
+def test_a_client_killed_while_holding_a_lease_leaks_nothing(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    block_id = store.put(k, v)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, cascade; c = cascade.connect(sys.argv[1]); "
+         "assert c.views([sys.argv[2]])[0] is not None; print('leased', flush=True); sys.stdin.read()",
+         server.path, block_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    try:
+        assert holder.stdout.readline().strip() == "leased"
+        assert server.serve_stats()["client_leases"] == 1
+        holder.kill()  # SIGKILL: no goodbye
+        holder.wait(30)
+        assert _eventually(lambda: server.serve_stats()["clients"] == 0)
+        assert server.serve_stats()["client_leases"] == 0
+        store.delete(block_id)
+        assert store.stats()["tiers"]["shm"]["allocated"] == 0  # no lease holds its slot
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+
+
+def test_blocks_outside_the_slab_come_through_staging(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    files = Config(shm_bytes=0, file_bytes=4 << 20, file_dir=str(tmp_path / "files"))
+    both = Config(shm_bytes=SPEC.block_bytes * 4, file_bytes=4 << 20, file_dir=str(tmp_path / "both"),
+                  shm_dir=str(tmp_path))
+    for config in (files, both):  # no slab at all; a slab too small for every block
+        store = CascadeStore(config, block_spec=SPEC)
+        server = RankServer(store, socket_dir, 0)
+        try:
+            with connect(server.path) as client:
+                pairs = _blocks(12, seed=2)
+                ids = client.put_many(pairs)
+                assert server.serve_stats()["client_leases"] == 0
+                views = client.views(ids)
+                assert all(not k.flags.writeable and np.array_equal(k, p[0]) and np.array_equal(v, p[1])
+                           for (k, v), p in zip(views, pairs))
+                got = client.get_many(ids)
+                assert all(np.array_equal(g[0], p[0]) and np.array_equal(g[1], p[1]) for g, p in zip(got, pairs))
+        finally:
+            server.close()
+            store.close()
+    os.rmdir(socket_dir)
+
+
+def test_a_read_in_place_uses_up_the_clients_hint(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    with connect(server.path) as client:
+        block_id = client.put(k, v)
+        assert client.hint([block_id]) == 1 and server.serve_stats()["client_hints"] == 1
+        assert client.get(block_id) is not None  # the queued request came: its hint is used up
+        assert server.serve_stats()["client_hints"] == 0 and store.stats()["hinted_bytes"] == 0

@@ -7,21 +7,28 @@ Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
   hot (after an untimed pass), the two taking turns block by block, then read as one batch (``get_many_into``, one request per
   staging-full), then put again under new ids as one batch (``put_many``). Reported:
   per-block put and get latency (p50/p90/p99/max) and batch get / put GB/s of each,
-  ``attached / in-process`` of the p50s (the price of the extra copy through the
-  staging region and the socket round trip), the channel's round trip alone (a one-id
+  ``attached / in-process`` of the p50s (the price of the socket round trip, of the
+  lease a read takes on the rank's slab, and of a put's extra copy through the staging
+  region), the channel's round trip alone (a one-id
   lookup) and the machine's load average: on a loaded machine each round trip also
   waits for the scheduler to run the rank's thread and then the client again.
-* serving, at the first size (``--ranks`` ranks, default 2): one client process per rank
-  replays its share (request ``i`` goes to client ``i mod N``) of the built-in
-  shared-prefix workload (or ``--trace``; ``requests`` of it) through its rank with
-  :func:`cascade.replay.replay`; then the same shares are replayed by private
-  per-worker in-process stores of the same capacity (today's LMCache plugin without an
-  endpoint). Reported: per-client and global block hit ratio, shared vs private, and the
-  bytes served from other ranks (the ranks' ``cluster_hits`` x block bytes).
-
-The replay goes through :class:`cascade.serve.CascadeClient`, not through LMCache (that
-path is tested with a real LMCache StorageManager in tests/test_serve.py; LMCache's own
-CPU and disk backends are not part of this workload yet).
+* serving, at the first size (``--ranks`` ranks, default 2): one engine process per rank,
+  each a real LMCache 0.5.x ``StorageManager`` (CPU torch; :mod:`.serving_client`),
+  replays its share (request ``i`` goes to engine ``i mod N``) of the built-in
+  shared-prefix workload (or ``--trace``; ``requests`` of it) as LMCache's engine does
+  (cached prefix looked up and read, the rest stored), three ways, the engines of one way
+  running at once: ``shared`` (the Cascade plugin attached to its rank with
+  ``cascade.endpoint``), ``private`` (the Cascade plugin without an endpoint: a store
+  private to each engine, today's behaviour) and ``lmcache_cpu_disk`` (LMCache's own
+  ``LocalCPUBackend`` + ``LocalDiskBackend``, private to each engine as LMCache runs them),
+  each with ``SERVING_CAPACITY`` blocks per engine (per rank when shared; LMCache gets that
+  much CPU and that much disk). Reported per way: per-engine and global block hit ratio
+  (a hit is a chunk of the request's cached prefix), chunks read back wrong (must be 0),
+  the engines' per-block get / put latency (p50 per engine) and GB/s, lookup per request;
+  for ``shared`` also the bytes served from other ranks (the ranks' ``cluster_hits`` x
+  block bytes), and ``attached_over_private_p50``: the engines' per-block get and put
+  latency attached over in-process (through LMCache; an in-process put returns before
+  the store has it, an attached one after).
 """
 from __future__ import annotations
 
@@ -38,7 +45,6 @@ import numpy as np
 
 from cascade import CascadeStore, Config
 from cascade.models import BlockSpec
-from cascade.replay import replay
 from cascade.serve import connect
 from cascade.testing.serve_job import ROOT, ServeJob
 from cascade.trace import read_trace
@@ -113,48 +119,81 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
             "attach_cost_us_p50": {op: 1e6 * (attached[op]["p50"] - in_process[op]["p50"]) for op in ("put", "get")}}
 
 
-def _requests(options: dict[str, Any]) -> list:
-    limit = options.get("requests") or REQUESTS
-    if options.get("trace"):
-        return read_trace(options["trace"], limit)
-    return generate(WorkloadParams(), seed=options.get("seed") or 0)[:limit]
+def requests_of(spec: dict[str, Any]) -> list:
+    """The requests of the serving part: ``spec["requests"]`` of ``spec["trace"]`` or of
+    the built-in workload (seed ``spec["seed"]``)."""
+    if spec.get("trace"):
+        return read_trace(spec["trace"], spec["requests"])
+    return generate(WorkloadParams(), seed=spec.get("seed") or 0)[:spec["requests"]]
+
+
+def _engines(mode: str, args: list[str], spec: dict[str, Any], size: int, workdir: str) -> list[dict[str, Any]]:
+    """Run one engine process per entry of ``args`` at once (``serving_client``), each
+    replaying its share of the requests in ``mode``; their results."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "LMCACHE_TRACK_USAGE": "false",
+           "LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "ERROR")}
+    procs = []
+    for i, arg in enumerate(args):
+        engine_dir = tempfile.mkdtemp(prefix=f"{mode}{i}_", dir=workdir)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "benchmark.workloads.serving_client", mode, arg, str(i), str(len(args)), str(size),
+             engine_dir, json.dumps(spec)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode:
+            raise RuntimeError(f"{mode} serving engine failed: {err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _side(engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-engine (lists) and global (numbers) figures of one way of serving; a latency's
+    global figure is the median over engines of each engine's p50."""
+    refs = sum(e["references"] for e in engines)
+
+    def us(op: str) -> list[float | None]:
+        return [1e6 * e[op]["p50"] if e[op] else None for e in engines]
+
+    def median(xs: list[float | None]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return float(np.median(xs)) if xs else None
+    side = {"per_client": [e["block_hit_ratio"] for e in engines],
+            "global": sum(e["hits"] for e in engines) / max(1, refs),
+            "references": refs, "wrong_chunks": sum(e["wrong"] for e in engines),
+            "seconds_per_client": [e["seconds"] for e in engines],
+            "get_us_per_block_p50": us("get_per_block"), "put_us_per_block_p50": us("put_per_block"),
+            "lookup_us_per_request_p50": us("lookup_per_request"),
+            "get_gbps_per_client": [e["get_gbps"] for e in engines],
+            "put_gbps_per_client": [e["put_gbps"] for e in engines], "backends": engines[0]["backends"]}
+    side |= {"get_us_p50": median(side["get_us_per_block_p50"]), "put_us_p50": median(side["put_us_per_block_p50"]),
+             "lookup_us_p50": median(side["lookup_us_per_request_p50"]),
+             "get_gbps": median(side["get_gbps_per_client"]), "put_gbps": median(side["put_gbps_per_client"])}
+    return side
 
 
 def serving(size: int, ranks: int, options: dict[str, Any], workdir: str) -> dict[str, Any]:
-    requests = _requests(options)
-    tpb = 512 if options.get("trace") else WorkloadParams().tokens_per_block
-    shm = SERVING_CAPACITY * size
-    clients = []
-    with ServeJob(os.path.join(workdir, "serving"), ranks, block_bytes=size, shm=str(shm), shm_dir="/dev/shm") as job:
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        procs = [subprocess.Popen([sys.executable, "-m", "benchmark.workloads.cluster_serving", job.socket(r),
-                                   str(r), str(ranks), str(len(requests)), options.get("trace") or "", str(tpb),
-                                   str(options.get("seed") or 0)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-                 for r in range(ranks)]
-        for proc in procs:
-            out, err = proc.communicate(timeout=1800)
-            if proc.returncode:
-                raise RuntimeError(f"serving client failed: {err[-2000:]}")
-            clients.append(json.loads(out.strip().splitlines()[-1]))
+    spec = {"requests": options.get("requests") or REQUESTS, "trace": options.get("trace") or "",
+            "seed": options.get("seed") or 0}
+    capacity = SERVING_CAPACITY * size
+    with ServeJob(os.path.join(workdir, "serving"), ranks, block_bytes=size, shm=str(capacity),
+                  shm_dir="/dev/shm") as job:
+        shared = _engines("attached", [job.socket(r) for r in range(ranks)], spec, size, workdir)
         rank_stats = []
         for r in range(ranks):
             with connect(job.socket(r)) as c:
                 rank_stats.append(c.stats())
-    private = []
-    for r in range(ranks):
-        pdir = tempfile.mkdtemp(dir=workdir)
-        with CascadeStore(Config(shm_bytes=shm, file_bytes=0, file_dir=pdir),
-                          block_spec=BlockSpec.flat(size)) as store:
-            private.append(replay(store, requests[r::ranks], tokens_per_block=tpb).as_dict() | {"store_stats": None})
-
-    def ratio(results: list[dict]) -> float:
-        return sum(x["hits"] for x in results) / max(1, sum(x["references"] for x in results))
-    return {"block_bytes": size, "ranks": ranks, "requests": len(requests), "capacity_blocks_per_rank": SERVING_CAPACITY,
-            "shared": {"per_client": [c["block_hit_ratio"] for c in clients], "global": ratio(clients),
-                       "seconds_per_client": [c["seconds"] for c in clients],
-                       "bytes_from_other_ranks": size * sum(s["cluster_hits"] for s in rank_stats)},
-            "private": {"per_client": [p["block_hit_ratio"] for p in private], "global": ratio(private)}}
+    private = _engines("private", [str(capacity)] * ranks, spec, size, workdir)
+    lmcache = _engines("lmcache", [str(capacity)] * ranks, spec, size, workdir)
+    result = {"block_bytes": size, "ranks": ranks, "requests": len(requests_of(spec)),
+              "capacity_blocks_per_rank": SERVING_CAPACITY, "chunk_bytes": shared[0]["chunk_bytes"],
+              "shared": _side(shared) | {"bytes_from_other_ranks": size * sum(s["cluster_hits"] for s in rank_stats)},
+              "private": _side(private), "lmcache_cpu_disk": _side(lmcache)}
+    result["attached_over_private_p50"] = {
+        op: result["shared"][f"{op}_us_p50"] / result["private"][f"{op}_us_p50"]
+        if result["shared"][f"{op}_us_p50"] and result["private"][f"{op}_us_p50"] else None for op in ("get", "put")}
+    return result
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +205,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"attach": [attach_cost(size, blocks, tempfile.mkdtemp(dir=workdir), seed) for size in sizes],
                 "serving": serving(sizes[0], ranks, options, workdir),
-                "note": "attached = a client process through cascade serve (one extra copy through its staging "
-                        "region + a Unix-socket round trip per request); in_process = the same store in the caller"}
+                "note": "attached = a client process through cascade serve (a Unix-socket round trip per request; "
+                        "reads copied straight from the rank's SHM slab under a lease, puts through the client's "
+                        "staging region: one copy more); in_process = the same store in the caller"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -184,23 +224,23 @@ def table(result: dict[str, Any]) -> str:
     lines.append("channel round trip (one-id lookup) p50: " + ", ".join(
         f"{1e6 * a['attached']['lookup_rtt']['p50']:.0f} us" for a in result["attach"])
         + f"; load average {result['attach'][0]['load_average'][0]:.1f}")
-    lines.append(f"serving ({s['ranks']} clients over {s['ranks']} ranks, {s['requests']} requests, "
-                 f"{s['block_bytes'] >> 10} KiB blocks): hit ratio shared {s['shared']['global']:.1%} "
-                 f"(per client {', '.join(f'{x:.1%}' for x in s['shared']['per_client'])}), private "
-                 f"{s['private']['global']:.1%}; {s['shared']['bytes_from_other_ranks'] / 2**20:.1f} MiB from other ranks")
+    lines.append(f"serving through LMCache ({s['ranks']} engines, {s['requests']} requests, "
+                 f"{s['block_bytes'] >> 10} KiB blocks): hit ratio / per engine / get, put us per block p50 / wrong")
+    for way in ("shared", "private", "lmcache_cpu_disk"):
+        w = s[way]
+        lines.append(f"  {way:17} {w['global']:6.1%}  " + ", ".join(f"{x:.1%}" for x in w["per_client"])
+                     + "  " + ", ".join(f"{_us(g)}/{_us(p)}" for g, p in zip(w["get_us_per_block_p50"],
+                                                                         w["put_us_per_block_p50"]))
+                     + f"  {w['wrong_chunks']}")
+    lines.append(f"  {s['shared']['bytes_from_other_ranks'] / 2**20:.1f} MiB served from other ranks; attached over "
+                 f"in-process per block p50: get {_fmt(s['attached_over_private_p50']['get'])}, "
+                 f"put {_fmt(s['attached_over_private_p50']['put'])}")
     return "\n".join(lines)
 
 
-def _client(argv: list[str]) -> None:
-    """One serving client process: replay requests ``i::n`` through the rank at SOCKET."""
-    path, i, n, limit, trace, tpb, seed = argv
-    requests = (read_trace(trace, int(limit)) if trace else generate(WorkloadParams(), seed=int(seed))[:int(limit)])
-    with connect(path) as client:
-        t0 = time.perf_counter()
-        result = replay(client, requests[int(i)::int(n)], tokens_per_block=int(tpb))
-        seconds = time.perf_counter() - t0
-    print(json.dumps(result.as_dict() | {"store_stats": None, "seconds": seconds}), flush=True)
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
-if __name__ == "__main__":
-    _client(sys.argv[1:])
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"

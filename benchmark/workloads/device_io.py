@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade import CascadeStore, Config
+from cascade import CascadeStore, Config, buffers
 from cascade.models import BlockSpec
 
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
@@ -143,7 +143,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                          "targets": {k: v >= TARGET for k, v in ratios.items()}})
     return {"gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
             "driver_version": cp.cuda.runtime.driverGetVersion(),
-            "runtime_version": cp.cuda.runtime.runtimeGetVersion(), "rows": rows}
+            "runtime_version": cp.cuda.runtime.runtimeGetVersion(), "rows": rows,
+            "pinned_staging": {"arena_bytes": buffers.staging_arena().nbytes, **buffers.staging_arena().stats}}
 
 
 def table(result: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ caller already imported. Local, thread-safe.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,13 @@ def view(obj: Any, what: str = "buffer", *, writable: bool = False) -> ByteView:
         return _dlpack(obj, what, writable)
     raise InvalidBlock(f"{what}: a {type(obj).__name__} is not an array: pass a numpy array, a torch tensor, a "
                        "cupy array, or an object with the buffer protocol, __cuda_array_interface__ or __dlpack__")
+
+
+def settled(obj: Any, what: str = "buffer") -> ByteView:
+    """:func:`view` of ``obj`` for memory whose writes are all complete (e.g. a tier's
+    slab, written by synchronised copies): a copy out of it waits for no stream."""
+    v = view(obj, what)
+    return dataclasses.replace(v, stream=None) if isinstance(v, DeviceView) else v
 
 
 def check_layout(obj: Any, what: str = "buffer", *, writable: bool = False) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from ..buffers import one_sync
 from ..errors import InvalidBlock
 from ..identity import DEFAULT_NAMESPACE, check_id
 
@@ -61,14 +62,17 @@ class BatchCalls:
     def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                       namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
         """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
-        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Local."""
+        up to ``max_workers`` (default ``config.io_threads``) reads in flight. Copies into
+        device outputs are enqueued on their streams and each stream is synchronised once
+        at the end (:func:`cascade.buffers.one_sync`). Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
         for key_out, value_out in outs:  # all checked before anything is read
             self._check_outs(key_out, value_out)
-        return self._pools.parallel(lambda i: self._read(block_ids[i], namespace, list(outs[i])),
-                                    range(len(block_ids)), max_workers, item_bytes=self.spec.block_bytes)
+        with one_sync([o for pair in outs for o in pair]) as batch:  # device outputs: one sync per stream
+            return self._pools.parallel(batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i]))),
+                                        range(len(block_ids)), max_workers, item_bytes=self.spec.block_bytes)
 
     # -- non-blocking calls (ordering and buffer rules: cascade/async_ops.py) ----------------
     def put_async(self, key: Any, value: Any, *, parent: str | None = None, namespace: str = DEFAULT_NAMESPACE,

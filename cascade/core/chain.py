@@ -19,14 +19,13 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 
-import numpy as np
-
+from ..buffers import staging_buffer
 from ..distributed.store_layer import Solo
 from ..errors import CorruptBlock, TierFull
 from ..identity import BlockKey
 from ..policy import BlockMeta
 from ..stats import StoreMetrics
-from ..tiers.base import Tier
+from ..tiers.base import Memory, Tier
 from .guards import Claim, Lease, Move
 from .index import BlockIndex
 
@@ -222,9 +221,8 @@ class TierChain:
         then, under the lock, point the directory at the new copy and free the old one.
         A failed copy leaves the block where it was and raises :class:`MoveFailed`;
         :class:`Busy` when another rank pinned it meanwhile. Gives back the move."""
-        with move:
+        with move, staging_buffer(move.meta.nbytes, device=_touches_device(move)) as buf:
             meta, lease, dst = move.meta, move.source, move.dst  # a demotion's source is a Lease
-            buf = np.empty(meta.nbytes, dtype=np.uint8)
             error: Exception | None = None
             with nullcontext() if lease.tier.concurrent else self._lock:
                 try:
@@ -307,3 +305,8 @@ class TierChain:
                 tier.set_expiry(meta.key, self.index.wall_expiry(meta.key), batched=batched)
             except OSError as exc:  # the block still expires in this process
                 log.warning("cannot record the TTL of %s: %s", meta.key[1], exc)
+
+
+def _touches_device(move: Move) -> bool:
+    """Whether a move copies from or into device memory (its buffer is then pinned)."""
+    return Memory.DEVICE in (move.source.tier.memory, move.dst.tier.memory)  # a demotion's source is a Lease

@@ -122,7 +122,8 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
             remote = next((t for t in built if t.kind is TierKind.REMOTE), None)
             cluster = Cluster(comm, shm_path=shm.path if shm is not None else None, file_dir=config.file_dir,
                               shm_buffer=shm.mapping if shm is not None else None,
-                              remote=remote, directory_slots=config.directory_slots)
+                              remote=remote, directory_slots=config.directory_slots,
+                              mpi_progress=config.mpi_progress)
             chain.peers = Joined(cluster, chain.tiers, rank)
         try:
             adopt_found_blocks(chain, block_bytes=block_bytes, default_ttl=config.default_ttl,

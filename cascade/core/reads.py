@@ -17,13 +17,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-import numpy as np
 
-from ..buffers import host_outputs
+from ..buffers import host_outputs, staging_buffer
 from ..errors import CorruptBlock
 from ..identity import BlockKey
 from ..models import BlockSpec
 from ..policy import BlockMeta
+from ..tiers.base import Memory
 from .chain import Busy, TierChain
 from .guards import Claim, InFlight, Lease, Move, Reading
 
@@ -210,7 +210,7 @@ class ReadPath:
         moved up or dropped meanwhile, or no room can be made; until the move ends the
         block stays readable where it is (a get reads the lower tier, never waits). A
         corrupt record is dropped, as on a get."""
-        with self._inflight.hold(f"a hint's promotion of {key[1]}"), ExitStack() as held:
+        with self._inflight.hold(f"a hint's promotion of {key[1]}"), ExitStack() as staged, ExitStack() as held:
             with self._lock:
                 meta = self.index.get(key)
                 if meta is None or not meta.hints or meta.tier == 0:
@@ -220,7 +220,8 @@ class ReadPath:
                 if move is None:
                     return False
                 held.enter_context(move)  # given back on any error below; _promote ends it normally
-                buf = np.empty(meta.nbytes, dtype=np.uint8)
+                device = Memory.DEVICE in (lease.tier.memory, move.dst.tier.memory)
+                buf = staged.enter_context(staging_buffer(meta.nbytes, device=device))  # outlives held.pop_all()
                 if not lease.tier.concurrent:  # e.g. REMOTE (MPI): its copy stays under the lock
                     error = self._copy(lease, [buf])
             if lease.tier.concurrent:

@@ -3,6 +3,6 @@
 Every class takes its communicator (``comm=``); nothing here uses ``COMM_WORLD``.
 mpi4py is imported only when a window is built (install the ``mpi`` extra).
 """
-from .directory import DirectoryEntry, DirectoryFull, PinUnderflow, Removal, ShardedDirectory
+from .directory import ClaimReclaimed, DirectoryEntry, DirectoryFull, PinUnderflow, Removal, ShardedDirectory
 
-__all__ = ["DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
+__all__ = ["ClaimReclaimed", "DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]

@@ -26,7 +26,12 @@ DEFAULT_TIMEOUT = 600.0
 
 
 class PeerStepFailed(RankFailure):
-    """Another rank's part of a collective step failed (it raised its own error)."""
+    """Another rank's part of a collective step failed (it raised its own error);
+    ``ranks`` names them (e.g. for :meth:`.directory.ShardedDirectory.mark_failed`)."""
+
+    def __init__(self, message: str, ranks: list[int] | tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
 
 
 def agree(comm: Any, ok: bool, step: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -56,4 +61,4 @@ def agree(comm: Any, ok: bool, step: str, *, timeout: float = DEFAULT_TIMEOUT) -
         pause = min(pause * 2, 1e-3)
     failed = [r for r in range(size) if not everyone[r]]
     if failed and ok:
-        raise PeerStepFailed(f"{step} failed on rank(s) {failed}: see their error messages")
+        raise PeerStepFailed(f"{step} failed on rank(s) {failed}: see their error messages", failed)

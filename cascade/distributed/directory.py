@@ -37,21 +37,54 @@ seal). Between nodes, whether atomics complete without the target's help depends
 network: measured on 2 emulated nodes (``MPIR_CVAR_NUM_CLIQUES=2``) with the PyPI MPICH,
 they wait until the target enters MPI (active messages), whatever the window hints,
 while ``Get`` (so ``lookup``/``lookup_many``) does not; hardware atomics (not available
-here) or ``MPIR_CVAR_ASYNC_PROGRESS=1`` lift that. On one node MPICH runs them in shared
+here), a :class:`.progress_thread.ProgressThread` on the owner (config ``mpi_progress``)
+or ``MPIR_CVAR_ASYNC_PROGRESS=1`` lift that. On one node MPICH runs them in shared
 memory. See :mod:`.progress_check`, which tests this at start-up.
+
+Reclaim
+-------
+A rank that stops between taking a bucket lock or claiming a slot (state WRITING) and
+committing would block that bucket's inserts, and every reader of that key, for good.
+Both are reclaimable, by whichever rank meets them, with a compare-and-swap:
+
+* a LOCK word names its holder (rank and acquisition count): a waiter takes it over at
+  once when the holder is known failed (:meth:`ShardedDirectory.mark_failed`), or when it
+  has seen the very same word for ``claim_lease`` seconds;
+* a WRITING slot is reclaimed once a waiter has seen the very same CTL word for
+  ``claim_lease`` seconds, or at once when the entry its writer put there names a failed
+  rank. If the writer's words are complete (sealed for the commit's version) and name a
+  live rank, the reclaimer commits them on its behalf; otherwise the slot is deleted
+  (that block becomes a miss; a rewrite's pin and child counts go with it).
+
+Every commit and unlock is itself a compare-and-swap, so a writer that was presumed dead
+and wakes up cannot overwrite what a reclaimer did: it gets :class:`ClaimReclaimed`. The
+lease must therefore exceed any pause of a live rank inside one directory operation
+(default :data:`CLAIM_LEASE_SECONDS`; shorter than :data:`.rma.STALL_SECONDS`, after
+which waiters give up with :class:`~cascade.errors.RankFailure`). A slot claimed but never
+written (no key in it) is found only by its owner's :meth:`ShardedDirectory.sweep`.
+
+A placeholder (see :mod:`.layout`) whose children were published by a rank that died
+would wait for their removal forever: the owner's sweep deletes placeholders older than
+``placeholder_lease`` (default :data:`PLACEHOLDER_LEASE_SECONDS`). Deleting one early only
+means a later re-put of that block starts with no child count (leaf-first eviction then
+sees it as a leaf). Not reclaimed: the child count of a parent that is still a block, and
+entries naming a dead rank (the directory does not record a block's parent, nor which
+tiers of a dead rank stay readable); reads of those fail their copy and count as misses.
 
 Thread-safety: a directory object is not thread-safe; use one per thread or a lock.
 """
 from __future__ import annotations
 
 import enum
+import logging
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BlockNotFound, CascadeError, TierFull
+from ..errors import BlockNotFound, CascadeError, RankFailure, TierFull
 from ..identity import check_id, check_namespace, id_owner
 from . import layout as L
 from .layout import DirectoryEntry
@@ -62,7 +95,15 @@ if TYPE_CHECKING:
 
     from ..identity import BlockKey
 
-__all__ = ["DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
+__all__ = ["ClaimReclaimed", "DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a bucket lock or a slot being written may stay unchanged before another rank
+#: reclaims it (see "Reclaim" above).
+CLAIM_LEASE_SECONDS = 30.0
+#: Seconds (wall clock) after which the owner's sweep deletes a placeholder.
+PLACEHOLDER_LEASE_SECONDS = 3600.0
 
 _HEAD_BIG = struct.Struct(">Q")       # id bytes 0-7 as the owner reads them
 _TAIL_LITTLE = struct.Struct("<8xQ")  # id bytes 8-15 as the home bucket reads them
@@ -70,6 +111,11 @@ _TAIL_LITTLE = struct.Struct("<8xQ")  # id bytes 8-15 as the home bucket reads t
 
 class DirectoryFull(TierFull):
     """A directory shard has no free slot within the probe limit of a key's home bucket."""
+
+
+class ClaimReclaimed(RankFailure):
+    """This rank's bucket lock or slot claim was reclaimed by another rank (it held it
+    past the claim lease, or was declared failed); its operation did not take effect."""
 
 
 class PinUnderflow(CascadeError, ValueError):
@@ -89,9 +135,16 @@ class Removal(str, enum.Enum):
 class ShardedDirectory:
     """Global directory, one shard of ``slots_per_rank`` entries (~82 bytes each) per rank
     of ``comm`` (default ``MPI.COMM_SELF``). Collective: the constructor, :meth:`free` (and
-    the context manager); every other method is local and one-sided."""
+    the context manager); every other method is local and one-sided. ``claim_lease``:
+    seconds after which another rank's unchanged lock or claim is reclaimed;
+    ``placeholder_lease``: wall-clock seconds after which :meth:`sweep` deletes a placeholder."""
 
-    def __init__(self, comm: MPI.Comm | None = None, slots_per_rank: int = 1 << 16) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, slots_per_rank: int = 1 << 16, *,
+                 claim_lease: float = CLAIM_LEASE_SECONDS,
+                 placeholder_lease: float = PLACEHOLDER_LEASE_SECONDS) -> None:
+        if not (claim_lease > 0 and placeholder_lease > 0):
+            raise ValueError(f"claim_lease and placeholder_lease must be > 0 seconds, not "
+                             f"{claim_lease!r}, {placeholder_lease!r}")
         MPI = load_mpi()
         self._MPI = MPI
         comm = MPI.COMM_SELF if comm is None else comm
@@ -111,6 +164,57 @@ class ShardedDirectory:
         self._result = np.zeros(1, dtype=np.uint64)
         self._namespaces: dict[str, tuple[bytes, int]] = {}
         self._in_flight: list[np.ndarray] = []
+        self.claim_lease = float(claim_lease)
+        self.placeholder_lease = float(placeholder_lease)
+        self.failed: set[int] = set()  # ranks known to have stopped (mark_failed)
+        self.reclaimed = {"locks": 0, "committed": 0, "deleted": 0, "placeholders": 0}  # what this rank reclaimed
+        self._lock_count = 0
+        self._held: dict[tuple[int, int], int] = {}  # (owner, home) -> our LOCK word
+        self._swept: dict[tuple[int, int], tuple[int, float]] = {}  # sweep()'s sightings
+        self._pair = np.zeros((3, 2), dtype=np.uint64)  # origin, compare, result of 2 CASes
+
+    # -- failures ----------------------------------------------------------------------
+    def mark_failed(self, ranks) -> None:
+        """Declare ranks stopped (e.g. those a :class:`~.agree.PeerStepFailed` names): their
+        bucket locks, and claims whose entries name them, are reclaimed at once by this
+        rank when met. Local; other ranks learn it only from their own calls."""
+        bad = {int(r) for r in ranks}
+        if not bad <= set(range(self.size)) or self.rank in bad:
+            raise ValueError(f"mark_failed({sorted(bad)}): ranks must be other ranks of 0..{self.size - 1}")
+        self.failed |= bad
+
+    def sweep(self) -> int:
+        """Reclaim stale locks, claims and placeholders in this rank's own shard (a claim
+        whose writer stopped before writing its key is found by nobody's lookup). A lock
+        or claim is stale when it names a failed rank, or when an earlier sweep saw the
+        same word at least ``claim_lease`` seconds ago; a placeholder when it is older
+        than ``placeholder_lease``. Returns how many it reclaimed. Local: one ``Get`` of
+        the shard plus one CAS per reclaim."""
+        words = np.frombuffer(self._snapshot(), dtype=np.uint64).reshape(self.nbuckets, L.BUCKET_WORDS)
+        now, seen, done = time.monotonic(), {}, 0
+        for bucket in np.nonzero(words[:, L.LOCK])[0].tolist():
+            word = int(words[bucket, L.LOCK])
+            if self._expired(self._swept, seen, (bucket, -1), word, now) or L.lock_holder(word) in self.failed:
+                if self._cas(self.rank, L.bucket_disp(bucket) + L.LOCK, word, 0) == word:
+                    self.reclaimed["locks"] += 1
+                    done += 1
+        ctls = words[:, L.HEADER_WORDS + L.CTL::L.ENTRY_WORDS]
+        for bucket, i in zip(*np.nonzero((ctls & np.uint64(3)) == L.WRITING)):
+            ctl, buf = int(ctls[bucket, i]), memoryview(words[bucket]).cast("B")
+            claim = L.read_claim(buf, L.slot_offset(int(i)))
+            if self._expired(self._swept, seen, (int(bucket), int(i)), ctl, now) or self._names_failed(claim):
+                done += self._reclaim(self.rank, int(bucket), int(i), ctl, claim)
+        slots = words[:, L.HEADER_WORDS:].reshape(self.nbuckets, L.BUCKET_SLOTS, L.ENTRY_WORDS)
+        old = (((slots[:, :, L.CTL] & np.uint64(3)) == L.VALID) & ((slots[:, :, L.PLACE] & np.uint64(0xFF)) == L.NO_TIER)
+               & (slots[:, :, L.LOCATION] + np.uint64(int(self.placeholder_lease)) < np.uint64(int(time.time()))))
+        for bucket, i in zip(*np.nonzero(old)):
+            ctl = int(slots[bucket, i, L.CTL])
+            gone = L.next_ctl(ctl, L.DELETED, keep_counts=False)  # fails if a count moved or it was re-put
+            if self._cas(self.rank, L.slot_disp(int(bucket), int(i)) + L.CTL, ctl, gone) == ctl:
+                self.reclaimed["placeholders"] += 1
+                done += 1
+        self._swept = seen
+        return done
 
     # -- lifecycle ---------------------------------------------------------------------
     def free(self) -> None:
@@ -183,10 +287,16 @@ class ShardedDirectory:
             distance[pending[busy]] = 0
             onward = ~hit & ~busy & (distance[pending] < reach[pending])
             distance[pending[onward]] += 1
-            pending = pending[busy | onward]
             if busy.any():
                 backoff = backoff or Backoff("directory lookup_many")
                 backoff.wait()
+                if backoff.tries > 16:  # long in flight: the single-key path reclaims stale claims
+                    for k in pending[busy].tolist():
+                        namespace, block_id = keys[k]
+                        found = self._find(*self._key(namespace, block_id))
+                        results[k] = found[3] if found and found[3].tier != L.NO_TIER else None
+                    busy[:] = False
+            pending = pending[busy | onward]
         return results
 
     def insert_if_absent(self, namespace: str, block_id: str,
@@ -239,8 +349,7 @@ class ShardedDirectory:
             self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
             self._win.Put(slot[L.PLACE:L.CHECKSUM + 1], owner, disp + L.PLACE)
             self._win.Flush(owner)
-            self._store(owner, disp + L.CTL, final)
-            self._flush(owner)
+            self._commit(owner, disp, writing, final, block_id)
             return True, new
 
     def add_ref(self, namespace: str, block_id: str, n: int = 1) -> int:
@@ -280,7 +389,7 @@ class ShardedDirectory:
                 if found is None:
                     return Removal.ABSENT
                 bucket, i, ctl, current = found
-                if expect is not None and current.placement() != expect.placement():
+                if expect is not None and not _matches(current, expect):
                     return Removal.MISMATCH
                 if current.refs:
                     return Removal.PINNED
@@ -288,7 +397,7 @@ class ShardedDirectory:
                     return Removal.HAS_CHILDREN
                 if current.children:
                     if current.tier == L.NO_TIER or self._rewrite(owner, bucket, i, ctl, key,
-                                                                  _PLACEHOLDER_ENTRY) is not None:
+                                                                  _placeholder()) is not None:
                         return Removal.REMOVED
                 else:
                     deleted = L.next_ctl(ctl, L.DELETED, keep_counts=False)
@@ -441,16 +550,75 @@ class ShardedDirectory:
         raise BlockNotFound(f"{namespace}/{block_id} is not in the directory")
 
     def _lock(self, owner: int, home: int) -> None:
+        """Take the bucket lock; take it over from a failed or lease-expired holder."""
+        if (owner, home) in self._held:
+            raise RuntimeError("directory bucket lock taken twice by one rank (re-entrant call?)")
         disp = L.bucket_disp(home) + L.LOCK
+        self._lock_count += 1
+        mine = L.lock_word(self.rank, self._lock_count)
         backoff = Backoff(f"directory bucket lock {home} on rank {owner}")
-        while (holder := self._cas(owner, disp, 0, self.rank + 1)) != 0:
-            if holder == self.rank + 1:
-                raise RuntimeError("directory bucket lock taken twice by one rank (re-entrant call?)")
-            backoff.wait()
+        watch: dict = {}
+        expect = 0
+        while (word := self._cas(owner, disp, expect, mine)) != expect:
+            expect = 0
+            if word and (L.lock_holder(word) in self.failed
+                         or self._expired(watch, watch, (home, -1), word, time.monotonic())):
+                expect = word  # the next CAS takes it over
+            elif word:
+                backoff.wait()
+        if expect:
+            self.reclaimed["locks"] += 1
+            log.warning("rank %d took over bucket lock %d on rank %d from rank %d (%s)", self.rank, home,
+                        owner, L.lock_holder(expect),
+                        "failed" if L.lock_holder(expect) in self.failed else "lease expired")
+        self._held[(owner, home)] = mine
 
     def _unlock(self, owner: int, home: int) -> None:
-        self._store(owner, L.bucket_disp(home) + L.LOCK, 0)
-        self._flush(owner)
+        """Release the bucket lock if still held (:class:`ClaimReclaimed` if taken over)."""
+        mine = self._held.pop((owner, home), None)
+        if mine is not None and self._cas(owner, L.bucket_disp(home) + L.LOCK, mine, 0) != mine:
+            raise ClaimReclaimed(f"rank {self.rank}'s lock of bucket {home} on rank {owner} was taken over")
+
+    def _commit(self, owner: int, disp: int, writing: int, final: int, what: str) -> None:
+        """CAS a claimed slot from ``writing`` to ``final`` (1 round trip)."""
+        _check_commit(self._cas(owner, disp + L.CTL, writing, final), writing, final, what)
+
+    def _commit_and_unlock(self, owner: int, home: int, disp: int, writing: int, final: int, what: str) -> None:
+        """:meth:`_commit` and :meth:`_unlock` in one round trip (two CASes, one Flush)."""
+        mine = self._held.pop((owner, home))
+        self._pair[0] = final, 0
+        self._pair[1] = writing, mine
+        self._win.Compare_and_swap(self._pair[0, :1], self._pair[1, :1], self._pair[2, :1], owner, disp + L.CTL)
+        self._win.Compare_and_swap(self._pair[0, 1:], self._pair[1, 1:], self._pair[2, 1:], owner,
+                                   L.bucket_disp(home) + L.LOCK)
+        self._win.Flush(owner)
+        old, lock = (int(x) for x in self._pair[2])
+        _check_commit(old, writing, final, what)
+        if lock != mine:
+            raise ClaimReclaimed(f"rank {self.rank}'s lock of bucket {home} on rank {owner} was taken over")
+
+    def _expired(self, before: dict, after: dict, where: tuple[int, int], word: int, now: float) -> bool:
+        """Whether ``word`` at ``where`` was already seen (in ``before``) a lease ago;
+        records the sighting in ``after``."""
+        seen = before.get(where)
+        since = seen[1] if seen is not None and seen[0] == word else now
+        after[where] = (word, since)
+        return now - since >= self.claim_lease
+
+    def _names_failed(self, claim: DirectoryEntry | None) -> bool:
+        return claim is not None and claim.tier != L.NO_TIER and claim.rank in self.failed
+
+    def _reclaim(self, owner: int, bucket: int, i: int, ctl: int, claim: DirectoryEntry | None) -> int:
+        """Finish (complete words naming a live rank) or delete a stale claim: one CAS.
+        Returns 1 when this call changed it, 0 when it had moved on meanwhile."""
+        commit = claim is not None and not self._names_failed(claim)
+        new = L.next_ctl(ctl, L.VALID) if commit else L.next_ctl(ctl, L.DELETED, keep_counts=False)
+        if self._cas(owner, L.slot_disp(bucket, i) + L.CTL, ctl, new) != ctl:
+            return 0
+        self.reclaimed["committed" if commit else "deleted"] += 1
+        log.warning("rank %d reclaimed a stale claim of slot %d/%d on rank %d: %s", self.rank, bucket, i, owner,
+                    "committed its complete entry" if commit else "deleted it")
+        return 1
 
     def _find(self, owner: int, home: int, key: bytes) -> tuple[int, int, int, DirectoryEntry] | None:
         """``(bucket, slot, ctl, entry)`` of the key's VALID slot, or None."""
@@ -462,6 +630,7 @@ class ShardedDirectory:
         in :meth:`_find`, the home's MAXDIST, and (with ``want_free``) the first free
         slot seen as ``(bucket, slot, ctl)``."""
         backoff = None
+        watch: dict = {}  # claims carrying the key: (bucket, slot) -> (ctl, first seen)
         while True:
             buf = self._get_bucket(owner, home)
             reach = L.bucket_reach(buf)
@@ -473,6 +642,12 @@ class ShardedDirectory:
                 hit, slot_busy = L.find_in_bucket(buf, key)
                 if hit is not None:
                     return (bucket, *hit), reach, None
+                if slot_busy:
+                    now = time.monotonic()
+                    for i, ctl in L.claims_of(buf, key):
+                        claim = L.read_claim(buf, L.slot_offset(i))
+                        if self._expired(watch, watch, (bucket, i), ctl, now) or self._names_failed(claim):
+                            self._reclaim(owner, bucket, i, ctl, claim)
                 busy |= slot_busy
                 if want_free and free is None:
                     free = _first_free(buf, bucket)
@@ -497,8 +672,7 @@ class ShardedDirectory:
         self._win.Put(slot[L.SEAL:L.SEAL + 1], owner, disp + L.SEAL)
         self._win.Put(slot[L.PLACE:(L.SHARES if shares else L.CHECKSUM) + 1], owner, disp + L.PLACE)
         self._win.Flush(owner)
-        self._store(owner, disp + L.CTL, final)
-        self._flush(owner)
+        self._commit(owner, disp, writing, final, f"rewrite of slot {bucket}/{i}")
         return final
 
     def _insert_locked(self, owner: int, home: int, key: bytes,
@@ -532,7 +706,7 @@ class ShardedDirectory:
         if distance > reach:
             self._store(owner, L.bucket_disp(home) + L.MAXDIST, distance)
         self._flush(owner)
-        self._store(owner, disp + L.CTL, final)  # completed by the unlock's Flush
+        self._commit_and_unlock(owner, home, disp, writing, final, f"insert into slot {bucket}/{i}")
         return True, DirectoryEntry(entry.tier, entry.rank, entry.location, entry.length, entry.checksum,
                                     entry.refs, entry.shares, entry.children, L.ctl_version(final))
 
@@ -559,8 +733,28 @@ class ShardedDirectory:
             f"raise slots_per_rank")
 
 
-_PLACEHOLDER_ENTRY = DirectoryEntry(L.NO_TIER, 0, 0, 0, 0)
-_PLACEHOLDER = _PLACEHOLDER_ENTRY  # as ``expect=``: compares (NO_TIER, 0, 0)
+def _check_commit(old: int, writing: int, final: int, what: str) -> None:
+    """A commit CAS found ``old``: ours (``writing``), or already committed for us by a
+    reclaimer (VALID at the final version, counts maybe moved since); else it was lost."""
+    if old != writing and not (L.ctl_state(old) == L.VALID and L.ctl_version(old) == L.ctl_version(final)):
+        raise ClaimReclaimed(f"{what}: the claim was reclaimed by another rank (held past the claim lease, "
+                             "or this rank was declared failed); nothing was written")
+
+
+def _placeholder() -> DirectoryEntry:
+    """A placeholder's entry: no tier, and as location the wall-clock second it is made."""
+    return DirectoryEntry(L.NO_TIER, 0, int(time.time()), 0, 0)
+
+
+def _matches(current: DirectoryEntry, expect: DirectoryEntry) -> bool:
+    """Whether ``current`` is what an ``expect=`` argument names: the same placement, or
+    any placeholder for :data:`_PLACEHOLDER`."""
+    if expect.tier == L.NO_TIER:
+        return current.tier == L.NO_TIER
+    return current.placement() == expect.placement()
+
+
+_PLACEHOLDER = DirectoryEntry(L.NO_TIER, 0, 0, 0, 0)  # as ``expect=``: any placeholder
 
 
 def _first_free(buf: bytearray, bucket: int) -> tuple[int, int, int] | None:

@@ -5,7 +5,10 @@ A shard is ``nbuckets`` buckets of :data:`BUCKET_WORDS` little-endian u64 words:
     bucket = [LOCK, MAXDIST, slot 0 (ENTRY_WORDS words), ..., slot BUCKET_SLOTS-1]
     slot   = [SEAL, CTL, NS, ID_HI, ID_LO, PLACE, LOCATION, LENGTH, CHECKSUM, SHARES]
 
-* ``LOCK``: the insert/remove lock of keys whose home is this bucket (0 free, rank+1 held).
+* ``LOCK``: the insert/remove lock of keys whose home is this bucket: 0 free, else the
+  holder's rank + 1 in the low 32 bits and the holder's acquisition count above them, so
+  every acquisition is a distinct word (a waiter that sees one word for a lease knows it
+  is one holding, not many).
 * ``MAXDIST``: how many buckets past home the farthest key homed here lives (monotone),
   so a lookup reads exactly the buckets that can hold its key, tombstones or not.
 * ``CTL`` packs state (2 bits), pin count ``refs`` (20), cached-children count (20) and a
@@ -21,10 +24,12 @@ A shard is ``nbuckets`` buckets of :data:`BUCKET_WORDS` little-endian u64 words:
 * ``CHECKSUM`` is XXH3-64 of the block's bytes: every cross-rank read verifies the bytes
   it copied against it (end to end, whichever tier and rank served them).
 * ``SHARES`` counts the puts/sequences that deduplicated onto the entry (atomic add).
-* A *placeholder* is a VALID slot with tier :data:`NO_TIER` (and location, length and
-  checksum 0): the block was removed while children of it were still cached, so the
-  slot keeps only its child count. Lookups treat it as absent; an insert of its key
-  takes it over (keeping the count); it is deleted when its last child goes.
+* A *placeholder* is a VALID slot with tier :data:`NO_TIER` (length and checksum 0, and
+  as location the wall-clock second it became one): the block was removed while children
+  of it were still cached, so the slot keeps only its child count. Lookups treat it as
+  absent; an insert of its key takes it over (keeping the count); it is deleted when its
+  last child goes, or by its owner's sweep once older than the placeholder lease (its
+  children may have died with their rank).
 """
 from __future__ import annotations
 
@@ -213,6 +218,16 @@ def seal_of(buf, slot_off: int, version: int) -> int:
     return xxh3_64_intdigest(buf[slot_off + _SEAL_START:slot_off + _SEAL_STOP], version)
 
 
+def lock_word(rank: int, sequence: int) -> int:
+    """The LOCK word of ``rank``'s ``sequence``-th acquisition (never 0)."""
+    return (sequence % (1 << 32)) << 32 | (rank + 1)
+
+
+def lock_holder(word: int) -> int | None:
+    """The rank holding a LOCK word, None when free."""
+    return (word & 0xFFFFFFFF) - 1 if word else None
+
+
 def pack_place(tier: int, rank: int) -> int:
     if not (0 <= tier < 1 << _PLACE_RANK_SHIFT and 0 <= rank < 1 << 32):
         raise ValueError(f"tier {tier} must fit 8 bits and rank {rank} 32 bits")
@@ -261,6 +276,32 @@ def read_slot(buf, slot_off: int) -> tuple[int, DirectoryEntry] | None:
     return ctl, DirectoryEntry(place & 0xFF, place >> _PLACE_RANK_SHIFT, location, length, checksum,
                                ctl >> REFS_SHIFT & COUNT_MAX, shares, ctl >> CHILDREN_SHIFT & COUNT_MAX,
                                ctl >> VERSION_SHIFT)
+
+
+def read_claim(buf, slot_off: int) -> DirectoryEntry | None:
+    """The entry a WRITING slot's writer put in it, if its words are complete: sealed for
+    the version its commit would give (``version + 1``). None while (or if forever) the
+    writer has not finished its puts."""
+    seal, ctl, _, _, _, place, location, length, checksum, shares = _ENTRY.unpack_from(buf, slot_off)
+    version = ctl_version(next_ctl(ctl, VALID))
+    if ctl & 3 != WRITING or seal != seal_of(buf, slot_off, version):
+        return None
+    return DirectoryEntry(place & 0xFF, place >> _PLACE_RANK_SHIFT, location, length, checksum,
+                          ctl_refs(ctl), shares, ctl_children(ctl), version)
+
+
+def claims_of(buf, key: bytes, bucket_off: int = 0) -> list[tuple[int, int]]:
+    """``(slot, ctl)`` of the WRITING slots of a bucket that carry ``key`` (slot-aligned)."""
+    first = bucket_off + _FIRST_KEY
+    out, start, end = [], first, bucket_off + BUCKET_BYTES
+    while (pos := buf.find(key, start, end)) >= 0:
+        slot, misaligned = divmod(pos - first, _SLOT_BYTES)
+        if not misaligned:
+            ctl = _WORD.unpack_from(buf, pos - 8 * NS + 8 * CTL)[0]
+            if ctl & 3 == WRITING:
+                out.append((slot, ctl))
+        start = pos + 1
+    return out
 
 
 def entries_of(slots: np.ndarray) -> list[DirectoryEntry | None]:

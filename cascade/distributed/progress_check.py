@@ -71,6 +71,7 @@ def check_progress(comm: MPI.Comm, node_of: list[int]) -> bool | None:
         log.warning(
             "MPI atomics between nodes waited %.0f ms for a busy target (of %.0f ms busy): "
             "directory updates, pins and leases stall while a rank computes. Reads do not "
-            "(Get only). Remedy: MPIR_CVAR_ASYNC_PROGRESS=1 when cores are spare, or an MPI "
-            "whose network does hardware atomics.", waited * 1e3, BUSY_SECONDS * 1e3)
+            "(Get only). Remedy: config mpi_progress='auto' (a progress thread per rank), "
+            "MPIR_CVAR_ASYNC_PROGRESS=1 when cores are spare, or an MPI whose network does "
+            "hardware atomics.", waited * 1e3, BUSY_SECONDS * 1e3)
     return False

@@ -29,7 +29,8 @@ How chunks map onto Cascade:
   buffer and returns; the store's ``put_async`` writes it in the background
   (``exists_in_put_tasks`` says which are still in flight, LMCache's completion callback
   runs when one lands, a lookup or get of a chunk sees its pending put; attached to a
-  rank, a put is done when it returns: its bytes are then in the rank's store). LMCache's
+  rank, a batch's new chunks go as one request, done when it returns: their bytes are
+  then in the rank's store). A batch is looked up with one request too. LMCache's
   asynchronous entry points (``enable_async_loading``: ``batched_async_contains``,
   ``batched_get_non_blocking``, ``get_non_blocking``) run the lookups and batched reads
   on worker threads, never on LMCache's event loop.
@@ -123,6 +124,7 @@ class CascadeBackend(StoragePluginInterface):
                 raise ConfigError(f"cascade.block_bytes={block_bytes} but the rank at {self.store.endpoint} "
                                   f"serves {self.store.spec.block_bytes}-byte blocks")
             self.block_bytes = self.store.spec.block_bytes
+            self._attached = True
             workers = 1  # one connection: its requests go one at a time
             log.info("Cascade LMCache backend: attached to the Cascade rank at %s (shared cluster cache, "
                      "%d-byte blocks)%s", self.store.endpoint, self.block_bytes,
@@ -133,6 +135,7 @@ class CascadeBackend(StoragePluginInterface):
                 block_bytes = -(-(HEADER_BYTES + _full_chunk_bytes(metadata)) // 4096) * 4096
             self.block_bytes = int(block_bytes)
             self.store = CascadeStore(cascade_config, block_spec=BlockSpec.flat(self.block_bytes), rank=worker)
+            self._attached = False
             workers = cascade_config.io_threads
             log.info("Cascade LMCache backend: in-process store private to this worker (set cascade.endpoint "
                      "to share the node's Cascade rank)")
@@ -155,6 +158,19 @@ class CascadeBackend(StoragePluginInterface):
                 return False
         return True
 
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """How many leading ``keys`` are cached (one batched lookup of the store; attached,
+        one request), each pinned with ``pin``."""
+        found = self.store.contains_many([chunk_block_id(k) for k in keys], namespace=self.namespace)
+        hits = found.index(False) if False in found else len(found)
+        if pin:
+            for i, key in enumerate(keys[:hits]):
+                try:
+                    self.store.pin(chunk_block_id(key), namespace=self.namespace)
+                except BlockNotFound:  # evicted in between: the (pinned) prefix ends here
+                    return i
+        return hits
+
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return self.store.put_pending(chunk_block_id(key), namespace=self.namespace)
 
@@ -168,16 +184,24 @@ class CascadeBackend(StoragePluginInterface):
     def batched_submit_put_task(self, keys: Sequence[CacheEngineKey], objs: list[MemoryObj],
                                 transfer_spec: Any = None,
                                 on_complete_callback: Callable[[CacheEngineKey], None] | None = None) -> None:
-        """Copy each chunk into a block buffer and put it in the background (returns
-        before the store has it). ``on_complete_callback(key)`` runs once a chunk is in."""
-        for key, obj in zip(keys, objs):
-            bid = chunk_block_id(key)
-            if self.store.contains(bid, namespace=self.namespace):
+        """Copy each chunk into a block buffer and put it: in the background for an
+        in-process store (returns before the store has it), as one batch request to an
+        attached rank (returns once the rank has them). ``on_complete_callback(key)`` runs
+        once a chunk is in."""
+        ids = [chunk_block_id(key) for key in keys]
+        present = self.store.contains_many(ids, namespace=self.namespace)  # one lookup for the batch
+        todo = []
+        for key, obj, bid, there in zip(keys, objs, ids, present):
+            if there:
                 self._completed(key, on_complete_callback)  # same key, same prefix: same KV
                 continue
             buf = self._encode(key, obj)
-            if buf is None:
-                continue
+            if buf is not None:
+                todo.append((key, bid, buf))
+        if self._attached:
+            self._put_batch(todo, on_complete_callback)
+            return None
+        for key, bid, buf in todo:
             try:
                 future = self.store.put_async(buf[:self._half], buf[self._half:], block_id=bid,
                                               namespace=self.namespace)
@@ -186,6 +210,23 @@ class CascadeBackend(StoragePluginInterface):
                 continue
             future.add_done_callback(lambda done, key=key: self._landed(done, key, on_complete_callback))
         return None
+
+    def _put_batch(self, todo: list[tuple[CacheEngineKey, str, np.ndarray]],
+                   callback: Callable[[CacheEngineKey], None] | None) -> None:
+        """Put the encoded chunks of ``todo`` on the rank as one batch (one request per
+        staging-full); a chunk the rank did not take is logged and not cached."""
+        if not todo:
+            return
+        landed = todo
+        try:
+            self.store.put_many([(buf[:self._half], buf[self._half:]) for _, _, buf in todo],
+                                block_ids=[bid for _, bid, _ in todo], namespace=self.namespace)
+        except CascadeError as exc:  # some may have landed: ask which
+            there = self.store.contains_many([bid for _, bid, _ in todo], namespace=self.namespace)
+            landed = [t for t, ok in zip(todo, there) if ok]
+            log.warning("Cascade did not store %d of %d chunks: %s", len(todo) - len(landed), len(todo), exc)
+        for key, _, _ in landed:
+            self._completed(key, callback)
 
     def _landed(self, future: Any, key: CacheEngineKey, callback: Callable[[CacheEngineKey], None] | None) -> None:
         error = future.exception()

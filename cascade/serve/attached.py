@@ -16,12 +16,11 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from ..errors import BlockNotFound, CascadeError, RankFailure
+from ..errors import BlockNotFound, RankFailure
 from ..models import BlockSpec
 from ..store import DEFAULT_NAMESPACE
 from .client import CascadeClient, connect
@@ -87,6 +86,10 @@ class AttachedStore:
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         return self._run(lambda: False, "contains", block_id, namespace=namespace)
 
+    def contains_many(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        """Which of ``block_ids`` are cached (one request); all False while the rank is gone."""
+        return self._run(lambda: [False] * len(block_ids), "contains_many", list(block_ids), namespace=namespace)
+
     def get_into(self, block_id: str, key_out: Any, value_out: Any, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         self.spec.check(key_out, "key_out")
         self.spec.check(value_out, "value_out")
@@ -109,21 +112,21 @@ class AttachedStore:
             raise RankFailure(f"no Cascade rank at {self.endpoint}: block not stored")
         return self._run(gone, "put", self._as_rank(key), self._as_rank(value), **kwargs)
 
-    def put_async(self, key: Any, value: Any, **kwargs: Any) -> Future:
-        """:meth:`put`, done before it returns (the bytes must be in the staging region
-        before the caller may reuse its buffer): a completed future of its id or error.
-        Bad input raises at once, as the store's."""
-        self.spec.check(key, "key")
-        self.spec.check(value, "value")
-        done: Future = Future()
-        try:
-            done.set_result(self.put(key, value, **kwargs))
-        except CascadeError as exc:
-            done.set_exception(exc)
-        return done
+    def put_many(self, pairs: Sequence[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+        """:meth:`put` of every pair, one request per staging-full; as the store's, each
+        put is its own and the first error is raised after all were tried."""
+        for key, value in pairs:
+            self.spec.check(key, "key")
+            self.spec.check(value, "value")
+
+        def gone() -> list[str]:
+            raise RankFailure(f"no Cascade rank at {self.endpoint}: blocks not stored")
+        return self._run(gone, "put_many", [(self._as_rank(k), self._as_rank(v)) for k, v in pairs],
+                         block_ids=None if block_ids is None else list(block_ids), namespace=namespace)
 
     def put_pending(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
-        """Always False: an attached put is done when :meth:`put_async` returns."""
+        """Always False: an attached put is done when :meth:`put` / :meth:`put_many` returns."""
         return False
 
     def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:

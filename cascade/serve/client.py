@@ -2,9 +2,11 @@
 uses its node's ``cascade serve`` rank as if it held the store itself.
 
 The client has the store's API and raises the store's errors. Block bytes go through
-the client's staging region (shared memory, :mod:`.staging`): a put copies key and value
-into slots and sends one small request for the whole batch; a get has the rank read into
-slots and copies out. Batches larger than the region go as several requests.
+shared memory, never the socket: a put copies key and value into slots of the client's
+staging region (:mod:`.staging`) and sends one small request for the whole batch; a get
+leases the blocks on the rank and copies them straight out of the rank's SHM slab, mapped
+read-only (:mod:`.slab_map`; blocks in slower tiers or on other ranks come through staging
+slots). Batches larger than the region go as several requests.
 
 When the rank is gone (stopped, died, or silent for ``timeout`` seconds) every call
 raises :class:`~cascade.errors.RankFailure` at once: treat it as a miss and recompute,
@@ -26,6 +28,7 @@ from ..store import DEFAULT_NAMESPACE
 from ..models import BlockSpec
 from . import protocol
 from .paths import resolve_endpoint
+from .slab_map import SlabMap
 from .staging import DEFAULT_STAGING_BYTES, Staging
 
 DEFAULT_TIMEOUT = 120.0
@@ -69,9 +72,12 @@ class CascadeClient:
             if not reply.get("ok"):
                 protocol.raise_error(reply)
             info = reply["result"]
-            _, fds, _, _ = socket.recv_fds(self._sock, 1, 1)
-            if len(fds) != 1:
-                raise protocol.ChannelClosed("the rank sent no staging region")
+            _, fds, _, _ = socket.recv_fds(self._sock, 1, 2)
+            if len(fds) != 1 + bool(info.get("slab_bytes")):
+                for fd in fds:
+                    os.close(fd)
+                raise protocol.ChannelClosed(f"the rank sent {len(fds)} descriptors, not the staging region "
+                                             "(and its slab)")
         except CascadeError:
             self._sock.close()
             raise
@@ -83,8 +89,10 @@ class CascadeClient:
         self.block_tokens = int(info["block_tokens"])
         try:
             self._staging = Staging(fds[0], self.spec, int(info["slots"]))
+            self._slab = SlabMap(fds[1], int(info["slab_bytes"]), self.spec) if len(fds) > 1 else None
         finally:
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
 
     def __repr__(self) -> str:
         return f"CascadeClient({self.path!r}, rank={self.rank})"
@@ -192,8 +200,9 @@ class CascadeClient:
 
     def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                       namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> list[bool]:
-        """:meth:`CascadeStore.get_many_into <cascade.store.CascadeStore.get_many_into>`
-        through the staging region: the rank reads into slots, the client copies out."""
+        """:meth:`CascadeStore.get_many_into <cascade.store.CascadeStore.get_many_into>`:
+        one copy from the rank's slab per block (:meth:`views`), or, when the rank has no
+        SHM tier, the rank reads into staging slots and the client copies out."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
@@ -203,15 +212,42 @@ class CascadeClient:
         hits: list[bool] = []
         with self._lock:
             for batch in self._batches(len(block_ids)):
-                got = self._call("get_many_into", ns=namespace, ids=block_ids[batch.start:batch.stop],
-                                 slots=list(range(len(batch))), max_workers=max_workers)
-                for slot, (i, hit) in enumerate(zip(batch, got)):
-                    if hit:
-                        k, v = self._staging.pair(slot)
-                        buffers.copy(outs[i][0], k, what="key_out")
-                        buffers.copy(outs[i][1], v, what="value_out")
-                hits += got
+                ids = block_ids[batch.start:batch.stop]
+                if self._slab is not None:
+                    blocks = self._views(ids, namespace)
+                else:
+                    got = self._call("get_many_into", ns=namespace, ids=ids, slots=list(range(len(batch))),
+                                     max_workers=max_workers)
+                    blocks = [self._staging.pair(slot) if hit else None for slot, hit in enumerate(got)]
+                for i, block in zip(batch, blocks):
+                    if block is not None:
+                        buffers.copy(outs[i][0], block[0], what="key_out")
+                        buffers.copy(outs[i][1], block[1], what="value_out")
+                    hits.append(block is not None)
         return hits
+
+    def views(self, block_ids: Sequence[str], *, namespace: str = DEFAULT_NAMESPACE
+              ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Read-only (key, value) arrays over each block's bytes (None for a miss), valid
+        until this client's next request: in the rank's SHM slab, leased there (an evicted
+        or deleted block's bytes stay in place until then), or a staged copy. No copy on
+        this side; at most one staging-full of ids (:class:`InvalidBlock` else)."""
+        block_ids = list(block_ids)
+        if len(block_ids) > self._staging.slots:
+            raise InvalidBlock(f"views: at most {self._staging.slots} ids at once, got {len(block_ids)}")
+        if not block_ids:
+            return []
+        with self._lock:
+            if self._slab is None:
+                got = self._call("get_many_into", ns=namespace, ids=block_ids, slots=list(range(len(block_ids))))
+                return [_read_only(self._staging.pair(i)) if hit else None for i, hit in enumerate(got)]
+            return self._views(block_ids, namespace)
+
+    def _views(self, block_ids: list[str], namespace: str) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """``view_many`` on the rank (the caller holds ``_lock``)."""
+        where = self._call("view_many", ns=namespace, ids=block_ids)
+        return [None if w is None else _read_only(self._staging.pair(i)) if w == "staged" else self._slab.pair(*w)
+                for i, w in enumerate(where)]
 
     # -- lookups, pins, hints -------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
@@ -278,6 +314,8 @@ class CascadeClient:
             self._closed = True
             self._drop()
             self._staging.close()
+            if self._slab is not None:
+                self._slab.close()
 
     def __enter__(self) -> "CascadeClient":
         return self
@@ -285,3 +323,8 @@ class CascadeClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+
+def _read_only(pair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    key, value = pair[0].view(), pair[1].view()
+    key.flags.writeable = value.flags.writeable = False
+    return key, value

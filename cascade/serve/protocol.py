@@ -5,14 +5,17 @@ length, then a UTF-8 JSON object. Block bytes never travel here: they sit in the
 client's staging region (:mod:`.staging`), and requests name slots of it.
 
 * The client opens with ``{"op": "hello", "version", "staging_bytes"}``; the rank replies
-  with its block spec, rank, world size, ``block_tokens`` and slot layout, then sends one
-  byte carrying the staging region's file descriptor (``SCM_RIGHTS``).
+  with its block spec, rank, world size, ``block_tokens``, slot layout and ``slab_bytes``,
+  then sends one byte carrying the staging region's file descriptor and, when
+  ``slab_bytes`` is not 0, a read-only one of its SHM slab (``SCM_RIGHTS``).
 * A request is ``{"op": ..., args}``; its reply ``{"ok": true, "result": ...}`` or
   ``{"ok": false, "error": <CascadeError subclass name>, "message": ...}``, which the
   client raises as that same class. One request at a time per connection.
 
-Ops: ``put`` (one slot), ``put_many`` (slots), ``get_many_into`` (slots),
-``contains_many``, ``pin``, ``unpin``, ``hint``, ``unhint``, ``delete``, ``stats``.
+Ops: ``put`` (one slot), ``put_many`` (slots), ``get_many_into`` (slots), ``view_many``
+(ids: leased slab offsets, ``"staged"`` into slot i, or None; the leases last until the
+next request), ``contains_many``, ``pin``, ``unpin``, ``hint``, ``unhint``, ``delete``,
+``stats``.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from .. import errors
 from ..distributed.agree import PeerStepFailed
 from ..distributed.directory import DirectoryFull, PinUnderflow
 
-VERSION = 1
+VERSION = 2
 MAX_FRAME = 16 << 20  # a request names at most a few thousand 32-hex ids
 _LEN = struct.Struct("<I")
 _ERRORS: dict[str, type[errors.CascadeError]] = {

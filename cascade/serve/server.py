@@ -4,8 +4,9 @@ this rank's :class:`~cascade.store.CascadeStore`.
 One thread per client connection, each blocking only on its own socket: the store is
 thread-safe, so one client's requests never wait for another's I/O (no lock of this
 module is held across a socket call or a store call). What a client takes is tied to its
-connection: its staging region, and the pins and hints it holds, are given back when the
-connection ends for any reason (close, crash, SIGKILL). A put acts only on a whole
+connection: its staging region, the pins and hints it holds, and the leases of the blocks
+it last read in place (:mod:`.slab_map`; given back at its next request) are given back
+when the connection ends for any reason (close, crash, SIGKILL). A put acts only on a whole
 request, and a client sends one only after its staging slots are written, so a client
 killed mid-put leaves either a complete block or none.
 """
@@ -17,12 +18,15 @@ import socket
 import struct
 import threading
 from collections import Counter
+from contextlib import ExitStack
 from typing import Any
 
+from .. import buffers
 from ..errors import BlockPinned, CascadeError, ConfigError, InvalidBlock
 from ..store import CascadeStore
 from . import protocol
 from .paths import is_listening, prepare_socket_dir, socket_path
+from .slab_map import SlabWindow
 from .staging import Staging, check_size
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ class _Session:
         self.pins: Counter[tuple[str, str]] = Counter()
         self.hints: Counter[tuple[str, str]] = Counter()
         self.thread: threading.Thread | None = None
+        self.leases = ExitStack()  # views of the blocks of its last view_many
+        self.leased = 0
 
 
 class RankServer:
@@ -47,6 +53,7 @@ class RankServer:
 
     def __init__(self, store: CascadeStore, socket_dir: str, rank: int, *, world_size: int = 1) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
+        self._slab = SlabWindow(store)
         self.path = socket_path(socket_dir, rank)  # too long: refused before anything is made
         prepare_socket_dir(socket_dir)
         if os.path.lexists(self.path):
@@ -121,16 +128,23 @@ class RankServer:
             protocol.send(session.sock, protocol.error_reply(exc if isinstance(exc, CascadeError) else ConfigError(str(exc))))
             raise protocol.ChannelClosed("refused hello") from exc
         session.staging, fd = Staging.create(spec, slots)
+        fds = [fd]
         try:
+            slab_fd = self._slab.read_only_fd()
+            if slab_fd is not None:
+                fds.append(slab_fd)
             protocol.send(session.sock, {"ok": True, "result": {
                 "rank": self.rank, "world_size": self.world_size, "shape": list(spec.shape), "dtype": spec.dtype,
-                "slots": slots, "stride": session.staging.stride, "block_tokens": self.store.config.block_tokens}})
-            socket.send_fds(session.sock, [b"F"], [fd])
+                "slots": slots, "stride": session.staging.stride, "block_tokens": self.store.config.block_tokens,
+                "slab_bytes": self._slab.nbytes if slab_fd is not None else 0}})
+            socket.send_fds(session.sock, [b"F"], fds)
         finally:
-            os.close(fd)  # the client has its own descriptor now; the mapping stays
+            for sent in fds:
+                os.close(sent)  # the client has its own descriptors now; the mappings stay
 
     def _release(self, session: _Session) -> None:
-        """Give back every pin and hint ``session`` holds, unmap its staging region."""
+        """Give back every lease, pin and hint ``session`` holds, unmap its staging region."""
+        self._give_back_leases(session)
         for (namespace, block_id), n in session.pins.items():
             for _ in range(n):
                 try:
@@ -150,12 +164,20 @@ class RankServer:
         with self._lock:
             self._sessions.discard(session)
 
+    def _give_back_leases(self, session: _Session) -> None:
+        try:
+            session.leases.close()
+        except CascadeError as exc:  # e.g. the store is closing
+            log.warning("releasing leases of client pid %d: %s", session.pid, exc)
+        session.leases, session.leased = ExitStack(), 0
+
     # -- requests -------------------------------------------------------------------------
     def _answer(self, session: _Session, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
         with self._lock:
             self._counts["requests"] += 1
+        self._give_back_leases(session)  # the client is done with what it last read in place
         try:
             if handler is None:
                 raise InvalidBlock(f"unknown request {op!r}")
@@ -184,10 +206,29 @@ class RankServer:
             raise InvalidBlock("get_many_into: two blocks read into one staging slot")
         hits = self.store.get_many_into(a["ids"], s.staging.pairs(slots), namespace=a["ns"],
                                         max_workers=a.get("max_workers"))
-        for block_id, hit in zip(a["ids"], hits):  # a get uses up a hint (ours, if we hold one)
-            if hit and s.hints[(a["ns"], block_id)]:
-                s.hints[(a["ns"], block_id)] -= 1
+        _hints_used(s, a["ns"], a["ids"], hits)
         return hits
+
+    def _view_many(self, s: _Session, a: dict[str, Any]) -> list[Any]:
+        """Lease each block and say where it is: ``[key_offset, value_offset]`` in the
+        slab, ``"staged"`` (not in the slab: copied into staging slot ``i``) or None (a
+        miss). The leases last until the session's next request."""
+        ids = a["ids"]
+        if not 0 < len(ids) <= s.staging.slots:
+            raise InvalidBlock(f"view_many: 1..{s.staging.slots} ids per request, got {len(ids)}")
+        where: list[Any] = []
+        for slot, block_id in enumerate(ids):
+            block = s.leases.enter_context(self.store.view(block_id, namespace=a["ns"]))
+            offsets = None if block is None else [self._slab.offset(half) for half in block]
+            if block is None or None not in offsets:
+                s.leased += block is not None
+                where.append(offsets)
+                continue
+            for out, half in zip(s.staging.pair(slot), block):
+                buffers.copy(out, half, what="staging slot")  # host or device (GPU tier) bytes
+            where.append("staged")
+        _hints_used(s, a["ns"], ids, [w is not None for w in where])
+        return where
 
     def _contains_many(self, s: _Session, a: dict[str, Any]) -> list[bool]:
         return self.store.contains_many(a["ids"], namespace=a["ns"])
@@ -225,8 +266,8 @@ class RankServer:
         return {**self.store.stats(), "serve": self.serve_stats()}
 
     def serve_stats(self) -> dict[str, Any]:
-        """Clients attached now and in all, staging bytes mapped, pins and hints clients
-        hold, requests answered."""
+        """Clients attached now and in all, staging bytes mapped, pins, hints and slab
+        leases clients hold, requests answered."""
         with self._lock:
             sessions = list(self._sessions)
             counts = dict(self._counts)
@@ -234,7 +275,8 @@ class RankServer:
                 "requests": counts.get("requests", 0),
                 "staging_bytes": sum(s.staging.nbytes for s in sessions if s.staging is not None),
                 "client_pins": sum(sum(list(s.pins.values())) for s in sessions),
-                "client_hints": sum(sum(list(s.hints.values())) for s in sessions)}
+                "client_hints": sum(sum(list(s.hints.values())) for s in sessions),
+                "client_leases": sum(s.leased for s in sessions)}
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
@@ -269,8 +311,16 @@ class RankServer:
             log.warning("rank %d: requests of client(s) %s still running after %.0f s", self.rank, still, timeout)
 
 
+def _hints_used(s: _Session, namespace: str, block_ids: list[str], hits: list[bool]) -> None:
+    """A read uses up a hint of the block (ours, if we hold one)."""
+    for block_id, hit in zip(block_ids, hits):
+        if hit and s.hints[(namespace, block_id)]:
+            s.hints[(namespace, block_id)] -= 1
+
+
 _OPS = {
     "put": RankServer._put, "put_many": RankServer._put_many, "get_many_into": RankServer._get_many_into,
+    "view_many": RankServer._view_many,
     "contains_many": RankServer._contains_many, "pin": RankServer._pin, "unpin": RankServer._unpin,
     "hint": RankServer._hint, "unhint": RankServer._unhint, "delete": RankServer._delete,
     "stats": RankServer._stats,

@@ -7,8 +7,9 @@ same pages. It is freed when both sides have unmapped it (connection closed, or 
 process died). The region is cut into slots of one block each (``stride`` bytes, page
 aligned); slot ``i``'s key sits at ``i * stride``, its value right after.
 
-A put or get through a client costs one copy more than the in-process store (client
-buffer <-> staging slot); leasing slots of the rank's SHM slab itself is future work.
+A put through a client costs one copy more than the in-process store (client buffer ->
+staging slot); so does a get of a block outside the rank's SHM slab. A get of a block in
+the slab is copied straight out of it (:mod:`.slab_map`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 :class:`HostCudaArray` exposes host memory through ``__cuda_array_interface__`` (v3, with
 a stream), so :mod:`cascade.buffers` treats it exactly as a CUDA array;
 :class:`HostMemoryCopier` is a device copier (the interface :class:`~cascade.buffers.CupyCopier`
-implements) that copies such memory with ``memmove`` and records each call.
+implements) that copies such memory with ``memmove`` and records each call; its "pinned"
+memory is plain host memory it counts, so tests see which copies were staged.
 """
 from __future__ import annotations
 
@@ -39,13 +40,23 @@ class HostCudaArray:
 
 class HostMemoryCopier:
     """A device copier for :class:`HostCudaArray` memory: ``memmove`` at enqueue time.
-    ``calls`` records ``(direction, nbytes, stream)`` per copy, ``synced`` each stream
-    synchronised; ``fail`` makes the next copy raise it (fault injection)."""
+    ``calls`` records ``(direction, nbytes, stream)`` per copy (``pointers`` their
+    ``(dst, src)``), ``synced`` each stream synchronised, ``pinned_allocs`` the sizes
+    of pinned allocations, ``registered`` the ranges registered now (``unregistered``
+    those given back); ``fail`` makes the next copy raise it, ``fail_sync`` the next
+    synchronisation (fault injection)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Direction, int, int]] = []
+        self.pointers: list[tuple[int, int]] = []
         self.synced: list[int] = []
+        self.events = 0
+        self.pinned_allocs: list[int] = []
+        self.registered: dict[int, int] = {}
+        self.unregistered: list[int] = []
         self.fail: BaseException | None = None
+        self.fail_sync: BaseException | None = None
+        self.fail_register: BaseException | None = None
 
     def memcpy_async(self, dst: int, src: int, nbytes: int, direction: Direction, stream: int,
                      device: int | None) -> None:
@@ -57,6 +68,33 @@ class HostMemoryCopier:
                 del error  # no frame -> exception -> traceback -> frame cycle keeping buffers alive
         ctypes.memmove(dst, src, nbytes)
         self.calls.append((direction, nbytes, stream))
+        self.pointers.append((dst, src))
 
     def synchronize(self, stream: int, device: int | None) -> None:
+        if self.fail_sync is not None:
+            error, self.fail_sync = self.fail_sync, None
+            try:
+                raise error
+            finally:
+                del error
         self.synced.append(stream)
+
+    def record_event(self, stream: int, device: int | None) -> int:
+        self.events += 1
+        return self.events
+
+    def wait_event(self, event: int) -> None:
+        pass  # memmove is done at enqueue time
+
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        self.pinned_allocs.append(nbytes)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        if self.fail_register is not None:
+            raise self.fail_register
+        self.registered[ptr] = nbytes
+
+    def unregister_host(self, ptr: int) -> None:
+        del self.registered[ptr]
+        self.unregistered.append(ptr)

@@ -4,7 +4,7 @@ Blocks are appended as records (see :mod:`.records`) to ``agg_rank{rank:03d}_{id
 rolling to a new file at ``segment_bytes``. Each rank writes only its own files; an
 exclusive ``flock`` on ``agg_rank{rank:03d}.lock`` keeps a second process from writing
 them at the same time. On open the index is rebuilt by scanning the files (warm
-restart): torn tails and records with a bad header are skipped and counted, and every
+restart, :mod:`.file_recovery`): torn tails and records with a bad header are skipped and counted, and every
 payload is verified against its checksum when read, so corrupted bytes are never served.
 
 A delete kills its record in place: the record's header is rewritten as a tombstone of
@@ -16,7 +16,7 @@ killed record elsewhere); they are read and carried along as long as their targe
 
 Disk use is bounded: a file is sealed (the next record goes to a new one) at
 ``seal_bytes = min(segment_bytes, capacity // 4)`` (at least one record per file), and
-any file, the active one once it reaches ``seal_bytes``, whose dead fraction reaches
+any file (:mod:`.compaction`), the active one once it reaches ``seal_bytes``, whose dead fraction reaches
 ``compact_dead_fraction`` (f, at most 0.9) is compacted: its live records are copied to
 the active file, fsynced, and only then is the old file unlinked. So, once no read or
 write is in flight, ``disk_bytes <= capacity / (1 - f) + max(seal_bytes, largest
@@ -27,7 +27,9 @@ its copies (nothing is forgotten before its copy is durable), is counted
 because of it. Reads (``read_mode``): on Lustre O_DIRECT (through an
 aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
-records of 8 MiB and more are read as chunks with several reads in flight.
+records of 8 MiB and more are read as chunks with several reads in flight; buffered
+records over 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and
+more one at a time (see :mod:`.record_io`).
 
 Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
 its header rewritten in batches (``set_expiry(batched=True)``: at most every
@@ -46,11 +48,10 @@ import fcntl
 import logging
 import mmap
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -59,10 +60,13 @@ from ..buffers import as_byte_view, host_bytes
 from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
 from .base import BlockKey, Memory, Tier, TierKind
+from .compaction import Compaction
+from .file_recovery import Recovery
+from .file_state import Loc, SegmentFile
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
 from .record_io import READERS, encode_location, open_own, page_aligned, pwritev_all, read_hashed
-from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad, unpack_header
+from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
@@ -70,53 +74,37 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 READ_MODES = ("auto", "direct", "buffered")
 EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
 EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
-_RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
-
-
-@dataclass(slots=True)
-class _Loc:
-    file_id: int
-    offset: int  # of the record header
-    length: int  # payload bytes
-    checksum: int
-    parent: str | None
-    expires: float = 0.0  # wall-clock expiry, 0 = none
-
-    @property
-    def record_bytes(self) -> int:
-        return HEADER_BYTES + pad(self.length)
-
-
-@dataclass
-class _File:
-    file_id: int
-    path: str
-    fd: int
-    size: int
-    live: int = 0  # bytes of live records
-    tombstones: list[tuple[BlockKey, int, int]] = field(default_factory=list)
-    direct_fd: int | None = None
-    users: int = 0  # reads and writes in flight: the file is not compacted away meanwhile
 
 
 @dataclass(slots=True, eq=False)
 class _Lease:
     """A block being read outside the store's lock: its record and the open file."""
     key: BlockKey
-    loc: _Loc
-    file: _File
+    loc: Loc
+    file: SegmentFile
 
 
 @dataclass(slots=True, eq=False)
 class _Reservation:
     """Room claimed at the end of a file for one record, written outside the lock."""
-    file: _File
+    file: SegmentFile
     header: RecordHeader
     offset: int
     written: bool = False
 
 
-class FileTier(Tier):
+_leads = threading.local()
+
+
+def _lead() -> memoryview:
+    """This thread's buffer for the header page read ahead of a buffered payload."""
+    lead = getattr(_leads, "buf", None)
+    if lead is None:
+        lead = _leads.buf = memoryview(bytearray(HEADER_BYTES))
+    return lead
+
+
+class FileTier(Recovery, Compaction, Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
@@ -148,8 +136,8 @@ class FileTier(Tier):
         self._odirect = odirect  # resolved against read_mode once the file system is known
         self._fsync = fsync
         self._compact_fraction = compact_dead_fraction
-        self._index: dict[BlockKey, _Loc] = {}
-        self._files: dict[int, _File] = {}
+        self._index: dict[BlockKey, Loc] = {}
+        self._files: dict[int, SegmentFile] = {}
         self._live_bytes = 0  # record bytes of live blocks (what counts against capacity)
         self._payload_bytes = 0
         self._reserved_bytes = 0  # record bytes claimed by writes in flight
@@ -181,13 +169,18 @@ class FileTier(Tier):
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
+        # Buffered reads of big records one at a time (see record_io), off Lustre: its
+        # OSTs serve several at once.
+        self._stream = None if self.on_lustre else threading.Lock()
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
-        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn), elsewhere the
-        # page cache with readahead, which measured faster cold (and serves hot reads):
-        # benchmark file_read_mode, batches of cold reads at 64 KiB / 2 MiB / 16 MiB were
-        # 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x direct
-        # (results/cascade_file_read_mode_1n_20261125T135201.json, local disk).
+        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
+        # in flight), elsewhere the page cache with readahead, which measured faster cold
+        # (and serves hot reads): benchmark file_read_mode on a local disk, quiet machine,
+        # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
+        # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
+        # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
+        # direct (results/cascade_file_read_mode_1n_20261125T135201.json).
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
@@ -221,15 +214,15 @@ class FileTier(Tier):
     def _file_path(self, file_id: int) -> str:
         return os.path.join(self.directory, f"agg_rank{self.rank:03d}_{file_id:06d}.bin")
 
-    def _open_file(self, file_id: int, *, create: bool = False) -> _File:
+    def _open_file(self, file_id: int, *, create: bool = False) -> SegmentFile:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         path = self._file_path(file_id)
         fd = open_own(path, flags)
-        f = _File(file_id, path, fd, os.fstat(fd).st_size)
+        f = SegmentFile(file_id, path, fd, os.fstat(fd).st_size)
         self._files[file_id] = f
         return f
 
-    def _new_file(self) -> _File:
+    def _new_file(self) -> SegmentFile:
         """A fresh file with an id above every file name seen (a name taken meanwhile,
         e.g. planted by someone else, is passed over)."""
         for _ in range(64):
@@ -240,66 +233,7 @@ class FileTier(Tier):
                 continue
         raise CascadeError(f"{self.name}: 64 file names in a row are taken in {self.directory}")
 
-    def _recover(self) -> None:
-        # \d{6,}: ids are zero-padded to 6 digits and keep growing past 999999.
-        pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6,}})\.bin$")
-        ids = sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n)))
-        self._next_id = max(ids, default=0) + 1  # skipped names too: never reuse one
-        for file_id in ids:
-            try:
-                f = self._open_file(file_id)
-            except (OSError, CascadeError) as exc:  # a directory, symlink or foreign file in its place
-                self.counters["bad_files"] += 1
-                log.warning("%s: skipping %s: %s", self.name, self._file_path(file_id), exc)
-                continue
-            self._scan(f)
-        for f in list(self._files.values()):
-            if f.live == 0 and not self._needed_tombstones(f):
-                self._drop_file(f)
-        self.counters["recovered"] = len(self._index)
-        if ids:
-            log.info("%s: recovered %d blocks from %d files in %s", self.name, len(self._index), len(ids), self.directory)
-
-    def _scan(self, f: _File) -> None:
-        offset = 0
-        last: tuple[BlockKey, _Loc] | None = None
-        while offset + HEADER_BYTES <= f.size:
-            header = unpack_header(os.pread(f.fd, HEADER_BYTES, offset))
-            if header is None:  # not a record: resynchronise at the next page
-                self.counters["bad_headers"] += 1
-                offset += PAGE
-                continue
-            if offset + header.record_bytes > f.size:
-                self.counters["torn_records"] += 1
-                break
-            key = (header.namespace, header.block_id)
-            if header.tombstone and (header.target_file, header.target_offset) == (f.file_id, offset):
-                if key in self._index:  # killed in place: every earlier record of the key is dead too
-                    self._forget(key)
-            elif header.tombstone:
-                f.tombstones.append((key, header.target_file, header.target_offset))
-                loc = self._index.get(key)
-                if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
-                    self._forget(key)
-            else:
-                loc = _Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
-                old = self._index.get(key)
-                if old is not None:  # an older copy (e.g. a crash mid-compaction): kill it for good
-                    self._forget(key)
-                    self._write_kill(key, old.file_id, old.offset, old.length)
-                self._remember(key, loc)
-                last = (key, loc)
-            offset += header.record_bytes
-        # A crash mid-append tears the last record (or, with writes in flight from several
-        # threads, one of the last few): verify the last now; every read verifies the rest.
-        if last is not None and self._index.get(last[0]) is last[1]:
-            buf = bytearray(last[1].length)
-            if (os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf)
-                    or checksum([buf], key_seed(*last[0])) != last[1].checksum):
-                self.counters["torn_records"] += 1
-                self._forget(last[0])
-
-    def _remember(self, key: BlockKey, loc: _Loc) -> None:
+    def _remember(self, key: BlockKey, loc: Loc) -> None:
         if key in self._index:
             self._forget(key)
         self._index[key] = loc
@@ -307,7 +241,7 @@ class FileTier(Tier):
         self._live_bytes += loc.record_bytes
         self._payload_bytes += loc.length
 
-    def _forget(self, key: BlockKey) -> _Loc:
+    def _forget(self, key: BlockKey) -> Loc:
         loc = self._index.pop(key)
         self._files[loc.file_id].live -= loc.record_bytes
         self._live_bytes -= loc.record_bytes
@@ -364,7 +298,7 @@ class FileTier(Tier):
         self._unreserve(reservation)
         if key in self._index:  # replaced: the old record must not come back at a restart
             self._kill(key)
-        self._remember(key, _Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
+        self._remember(key, Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
                                  header.parent, header.expires))
         self._after_change()
 
@@ -388,13 +322,13 @@ class FileTier(Tier):
         reservation.file.users -= 1
         self._reserved_bytes -= reservation.header.record_bytes
 
-    def _room_for(self, record_bytes: int) -> _File:
+    def _room_for(self, record_bytes: int) -> SegmentFile:
         """The active file, or a new one when this record would pass ``seal_bytes``."""
         if self._active.size and self._active.size + record_bytes > self.seal_bytes:
             self._active = self._new_file()
         return self._active
 
-    def _write_record(self, f: _File, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
+    def _write_record(self, f: SegmentFile, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
         tail = pad(header.payload_len) - header.payload_len
         iov = [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
         try:
@@ -471,9 +405,8 @@ class FileTier(Tier):
         digest = None
         try:
             direct = f.direct_fd if self._odirect else None
-            if direct is None:
-                lead = memoryview(bytearray(HEADER_BYTES))  # read the header too: see read_hashed
-                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, lead)
+            if direct is None:  # the header too (as the lead): see read_hashed
+                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, _lead(), stream=self._stream)
             elif all(page_aligned(v) for v in views):
                 ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:
@@ -511,7 +444,7 @@ class FileTier(Tier):
                     bounce_map.close()
         return True
 
-    def _direct_fd(self, f: _File) -> int | None:
+    def _direct_fd(self, f: SegmentFile) -> int | None:
         if not self._odirect:
             return None
         if f.direct_fd is None:
@@ -605,7 +538,7 @@ class FileTier(Tier):
         self._dirty_expiries.discard(key)
         self._write_header(key, loc)
 
-    def _write_header(self, key: BlockKey, loc: _Loc) -> None:
+    def _write_header(self, key: BlockKey, loc: Loc) -> None:
         f = self._files[loc.file_id]
         header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
         os.pwrite(f.fd, header.pack(), loc.offset)
@@ -631,105 +564,6 @@ class FileTier(Tier):
                 except OSError as exc:
                     log.debug("%s: cannot refresh the expiry of %s: %s", self.name, key[1], exc)
 
-    # -- compaction -----------------------------------------------------------------------
-    def _needed_tombstones(self, f: _File) -> list[tuple[BlockKey, int, int]]:
-        return [t for t in f.tombstones if t[1] in self._files and t[1] != f.file_id]
-
-    def _after_change(self) -> None:
-        """After a delete or commit: retry pending kills, then compact what is due.
-        Never raises: a compaction that cannot run now is counted and retried later."""
-        self._changes += 1
-        self._retry_kills()
-        self._maybe_flush_expiries()
-        if self._compacting or self._changes < self._retry_at:
-            return
-        for f in self._due():
-            if f.file_id in self._files and not self.compact(f.file_id):
-                break  # the disk is full: the bigger ones would fail too
-
-    def _due(self) -> list[_File]:
-        """Files to compact: dead fraction at ``compact_dead_fraction`` or more (the
-        active file only once it is ``seal_bytes`` long or the disk is full), no read or
-        write in flight."""
-        return sorted((f for f in self._files.values()
-                if not f.users and f.size and 1.0 - f.live / f.size >= self._compact_fraction
-                and (f is not self._active or f.size >= self.seal_bytes or self._disk_full)),
-                key=lambda f: f.live)  # cheapest first: a dead file needs no room
-
-    def compact(self, file_id: int) -> bool:
-        """Move ``file_id``'s live records (and still-needed tombstones) to the active
-        file, fsync them, then unlink it. Local; one read and one write per live record.
-        Failure-atomic: on a full disk (or any I/O error) the copies are undone, the file
-        stays as it was, and False is returned (counted in ``compactions_deferred``)."""
-        f = self._files[file_id]
-        moved: list[tuple[BlockKey, _Loc, int, int]] = []
-        carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
-        self._compacting = True
-        mark = (self._active, self._active.size, self._next_id)
-        try:
-            if f is self._active:
-                self._active = self._new_file()
-            need = sum(l.record_bytes for l in self._index.values() if l.file_id == file_id)
-            need += HEADER_BYTES * len(self._needed_tombstones(f))
-            st = os.statvfs(self.directory)
-            if st.f_bavail * st.f_frsize < need:  # cheap to find out: no backoff
-                self.counters["compactions_deferred"] += 1
-                self._undo_copies(*mark)
-                return False
-            for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
-                buf = bytearray(loc.length)
-                try:
-                    self.read_parts_into(key, [buf])  # verified; a corrupt one is killed, not copied
-                except CorruptBlock:
-                    continue
-                header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
-                moved.append((key, loc, *self._append(header, [memoryview(buf)])))
-            for tomb in self._needed_tombstones(f):
-                key, tfile, toff = tomb
-                header = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff)
-                carried.append((self._append(header, [])[0], tomb))
-            for copy_id in {m[2] for m in moved} | {c[0] for c in carried}:
-                os.fsync(self._files[copy_id].fd)  # durable before the originals go
-        except (OSError, CascadeError) as exc:  # CascadeError: no file name left to take
-            self._undo_copies(*mark)
-            self.counters["compactions_deferred"] += 1
-            self._retry_at = self._changes + self._retry_step
-            self._retry_step = min(2 * self._retry_step, _RETRY_MAX)
-            if self.counters["compactions_deferred"] == 1:
-                log.warning("%s: cannot compact %s now (%s): its dead space stays until there is room",
-                            self.name, f.path, exc)
-            return False
-        finally:
-            self._compacting = False
-        relocated = []
-        for key, loc, new_file, new_offset in moved:
-            if self._index.get(key) is loc:
-                self._remember(key, _Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
-                relocated.append(key)
-            else:  # (not expected: the store's lock is held) a copy nobody maps must not come back
-                self._kill_record(key, new_file, new_offset, loc.length)
-        if relocated and self.on_relocate is not None:  # other ranks' readers learn the new places
-            self.on_relocate(relocated)
-        for copy_id, tomb in carried:
-            self._files[copy_id].tombstones.append(tomb)
-        self._drop_file(f)
-        self.counters["compactions"] += 1
-        self._retry_step = 16
-        self._disk_full = False
-        return True
-
-    def _undo_copies(self, active: _File, size: int, next_id: int) -> None:
-        """Cut a failed compaction's copies off: files it opened go, the active file it
-        started from is truncated back to ``size`` and is active again."""
-        for file_id in [i for i in self._files if i >= next_id]:
-            self._drop_file(self._files[file_id])
-        self._active, self._next_id = active, next_id
-        try:
-            os.ftruncate(active.fd, size)
-        except OSError:  # the copies stay as dead bytes (later records win at a restart)
-            return
-        active.size = size
-
     def remove_files(self) -> None:
         """Unlink every file of this tier: its blocks are gone (after another rank adopted
         them, see :mod:`.adoption`). Local."""
@@ -742,7 +576,7 @@ class FileTier(Tier):
         except FileNotFoundError:
             pass
 
-    def _drop_file(self, f: _File) -> None:
+    def _drop_file(self, f: SegmentFile) -> None:
         for fd in (f.fd, f.direct_fd):
             if fd is not None:
                 os.close(fd)
@@ -752,15 +586,8 @@ class FileTier(Tier):
         except FileNotFoundError:
             pass
 
-    def disk_bound(self, largest_record: int | None = None) -> int:
-        """Most bytes this tier's files hold once no read or write is in flight and no
-        compaction is deferred: ``capacity / (1 - f) + max(seal_bytes, largest record)``."""
-        record = largest_record if largest_record is not None else max(
-            (l.record_bytes for l in self._index.values()), default=0)
-        return int(self._capacity / (1.0 - self._compact_fraction)) + max(self.seal_bytes, record)
-
     # -- misc -----------------------------------------------------------------------------
-    def _loc(self, key: BlockKey) -> _Loc:
+    def _loc(self, key: BlockKey) -> Loc:
         try:
             return self._index[key]
         except KeyError:

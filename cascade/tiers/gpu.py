@@ -59,13 +59,15 @@ class GpuTier(SlabTier):
     # Every copy goes through cascade.buffers: device <-> device, host <-> device (cupy slab)
     # or host <-> host (numpy slab), whatever the caller's buffer is.
     def _copy_in(self, offset: int, part: Any) -> int:
-        return buffers.copy(self._slab[offset:offset + buffers.nbytes(part, "block part")], part)
+        # free slab room has nothing pending: the copy runs on the part's own stream
+        return buffers.copy(buffers.settled(self._slab[offset:offset + buffers.nbytes(part, "block part")]), part)
 
     def _copy_out(self, offset: int, out: Any) -> None:
-        buffers.copy(out, self._slab[offset:offset + buffers.nbytes(out, "output buffer")])
+        # the slab's writes were synchronised: a batch's copies out wait for no slab stream
+        buffers.copy(out, buffers.settled(self._slab[offset:offset + buffers.nbytes(out, "output buffer")]))
 
     def _slab_view(self, offset: int, length: int) -> Any:
-        return buffers.host_bytes(self._slab[offset:offset + length])
+        return self._slab[offset:offset + length]  # checksums stage it through the pinned arena
 
     def _slab_array(self) -> Any:
         return self._slab

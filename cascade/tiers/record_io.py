@@ -14,6 +14,7 @@ import stat
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -68,14 +69,32 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 
 # O_DIRECT reads of big records go as 1 MiB chunks, up to 8 in flight (striped Lustre
 # files serve them from several OSTs at once; untested on Lustre: none here, and on this
-# project's virtio disk they measured the same as one whole read). Buffered reads stay
-# one preadv per record: measured cold (7 rounds, vs the better raw read) 0.85x whole vs
-# 0.61x chunked at 16 MiB, since out-of-order chunks stop the kernel's readahead. Our
-# own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
-# 2 MiB cold reads 3x slower (the advice call blocks on this kernel): not used.
+# project's virtio disk they measured the same as one whole read). Smaller O_DIRECT
+# records: one preadv.
+# Buffered reads of records over SCAN bytes go in file order as pieces of SCAN bytes,
+# each hashed as soon as it lands (still in the CPU cache, while the kernel's readahead
+# fetches the next ones); records of STREAM_MIN and more are read one at a time per
+# tier (``stream``). Measured cold, 256 MiB of records on this project's 2-core virtio
+# disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
+# GB/s (CPU seconds per GB), on a machine loaded 6-9 by other work (noisy):
+# - 4 threads at 16 MiB, whole-record preadv then hash 1.01 (0.215), 512 KiB pieces
+#   1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB 2.18 (0.109),
+#   2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead window and gain
+#   from running together, four 16 MiB ones thrash it.
+# - pieces of 512 KiB / 1 MiB / 2 MiB vs whole records: 1 thread 1.45 / 1.89 / 1.72 vs
+#   1.98 at 2 MiB, 1.11 / 1.46 / 1.32 vs 1.35 at 16 MiB; 4 threads 2.61 / 2.72 / 2.75
+#   vs 2.33 at 2 MiB, 1.03 / 1.25 / 1.04 vs 0.94 at 16 MiB; pieces always took less
+#   CPU (0.094-0.164 vs 0.105-0.177 s/GB).
+# Pieces read out of order, several in flight, stop the readahead (0.61x vs 0.85x whole
+# at 16 MiB), so they stay in order.
+# Our own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
+# 2 MiB cold reads 3x slower (the advice call blocks on this kernel); POSIX_FADV_SEQUENTIAL
+# made no measurable difference (read_ahead_kb is 8 MiB here): neither is used.
 CHUNK = 1 << 20
-PARALLEL_MIN = 8 << 20  # smaller records: one preadv
+PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
+SCAN = 1 << 20  # buffered records over this: read in order as pieces of this size
+STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier
 _reader_pool: ThreadPoolExecutor | None = None
 _reader_pool_lock = threading.Lock()
 
@@ -89,26 +108,36 @@ def _readers() -> ThreadPoolExecutor:
 
 
 def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], seed: int,
-                 lead: memoryview | None = None, parallel: bool = False) -> tuple[bool, int]:
+                lead: memoryview | None = None, parallel: bool = False,
+                stream: threading.Lock | None = None) -> tuple[bool, int]:
     """Read a record's payload at ``start`` into ``views``; (complete, XXH3 digest seeded
-    with ``seed``). ``lead`` (not hashed) receives the bytes just before ``start``: a
-    buffered read then starts where the previous record ended, so the kernel sees a
-    sequential stream and keeps its readahead going across records.
+    with ``seed``).
 
-    With ``parallel``, a big record is read as chunks with several reads in flight
-    (preadv releases the GIL) and hashed in order as chunks land, so hashing overlaps
-    the reads still in flight.
+    Buffered (``lead`` given): ``lead`` (not hashed) receives the bytes just before
+    ``start``, so the read starts where the previous record ended and the kernel sees
+    one sequential stream, keeping its readahead going across records. A record over
+    :data:`SCAN` bytes is read in order as pieces of that size, each hashed as it
+    lands; one of :data:`STREAM_MIN` bytes or more holds ``stream`` (if given)
+    throughout: one such read at a time.
+
+    With ``parallel`` (O_DIRECT), a big record is read as chunks with several reads in
+    flight (preadv releases the GIL) and hashed in order as chunks land, so hashing
+    overlaps the reads still in flight. Otherwise one preadv, then the hash.
     O_DIRECT callers pass page-aligned views (chunks stay page-aligned)."""
     h = xxhash.xxh3_64(seed=seed)
     if lead is not None:
         start -= lead.nbytes
-        length += lead.nbytes
-        views = [lead, *views]
+        if length + lead.nbytes > SCAN:
+            with stream if stream is not None and length >= STREAM_MIN else nullcontext():
+                return _read_in_order(fd, start, lead, views, h)
+        if os.preadv(fd, [lead, *views], start) != length + lead.nbytes:
+            return False, 0
+        for v in views:
+            h.update(v)
+        return True, h.intdigest()
     if not parallel or length < PARALLEL_MIN or READERS < 2:
         if os.preadv(fd, list(views), start) != length:
             return False, 0
-        if lead is not None:
-            views = views[1:]
         for v in views:
             h.update(v)
         return True, h.intdigest()
@@ -123,12 +152,11 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     futures = [pool.submit(os.preadv, fd, [chunk], off) for chunk, off in chunks]
     ok = True
     try:
-        for i, ((chunk, _), fut) in enumerate(zip(chunks, futures)):
+        for (chunk, _), fut in zip(chunks, futures):
             if fut.result() != chunk.nbytes:
                 ok = False
                 break
-            if lead is None or i > 0:
-                h.update(chunk)
+            h.update(chunk)
     finally:
         for fut in futures:  # no read may still write into the caller's buffers
             try:
@@ -136,6 +164,38 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
             except OSError:
                 ok = False
     return ok, h.intdigest() if ok else 0
+
+
+def _read_in_order(fd: int, pos: int, lead: memoryview, views: Sequence[memoryview],
+                   h: xxhash.xxh3_64) -> tuple[bool, int]:
+    """``lead`` then ``views`` from ``pos`` on, as pieces of :data:`SCAN` bytes (the last
+    may be shorter) read one after another; each piece, less ``lead``, is hashed into
+    ``h`` as it lands."""
+    iov: list[memoryview] = [lead]
+    room = SCAN - lead.nbytes
+    for view in views:
+        lo = 0
+        while lo < view.nbytes:
+            part = view[lo:lo + room] if lo or view.nbytes > room else view
+            iov.append(part)
+            lo += part.nbytes
+            room -= part.nbytes
+            if room == 0:
+                if not _read_piece(fd, iov, pos, h, iov[0] is lead):
+                    return False, 0
+                pos += sum(v.nbytes for v in iov)
+                iov, room = [], SCAN
+    if iov and not _read_piece(fd, iov, pos, h, iov[0] is lead):
+        return False, 0
+    return True, h.intdigest()
+
+
+def _read_piece(fd: int, iov: list[memoryview], pos: int, h: xxhash.xxh3_64, skip_first: bool) -> bool:
+    if os.preadv(fd, iov, pos) != sum(v.nbytes for v in iov):
+        return False
+    for v in iov[1:] if skip_first else iov:
+        h.update(v)
+    return True
 
 
 def open_own(path: str, flags: int) -> int:

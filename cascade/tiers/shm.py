@@ -130,6 +130,7 @@ class ShmTier(SlabTier):
         name = f"cascade-{os.getpid()}-{secrets.token_hex(16)}"
         self.path = os.path.join(directory, name)
         self._mmap: mmap.mmap | None = None
+        self._pinnable = None
         self._view: memoryview | None = None
         self._fd: int | None = None
         self._backed = 0  # bytes from the start reserved with posix_fallocate
@@ -156,6 +157,7 @@ class ShmTier(SlabTier):
             raise
         self._view = memoryview(self._mmap)
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy
         free = _free_bytes(directory)
         if free is not None and free < capacity:
             log.warning("shm: %s has %d bytes free, less than the tier's %d: puts go to slower tiers "
@@ -196,6 +198,8 @@ class ShmTier(SlabTier):
         return self._bytes
 
     def close(self) -> None:
+        buffers.forget_pinnable(self._pinnable)  # unregistered before the unmap
+        self._pinnable = None
         self._bytes = None
         if self._view is not None:
             self._view.release()

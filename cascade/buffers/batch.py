@@ -1,0 +1,127 @@
+"""One synchronisation per stream for a batch of copies into device outputs.
+
+Inside ``with one_sync(outputs) as batch:``, a copy into one of ``outputs`` that is in
+device memory is only enqueued on its stream (the output's, per the CUDA Array
+Interface); the batch synchronises each distinct stream once when the block ends,
+exceptions included. Worker threads join the batch by running their work through
+:meth:`SyncBatch.bind`.
+
+Deferring is safe because the bytes being read stay in place until the batch ends: any
+other copy (a put into a tier slab, a staging slice, an unregistration) first settles
+every batch that still has copies in flight (:func:`settle_all`), and copies through the
+pinned staging arena are never deferred (their slice is given back right after).
+Copies with a host destination are never deferred either (their reader needs the bytes).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+_current: ContextVar["SyncBatch | None"] = ContextVar("cascade_sync_batch", default=None)
+_open: set["SyncBatch"] = set()
+_open_lock = threading.Lock()
+
+
+class SyncBatch:
+    """Device outputs whose copies are synchronised once per stream. Thread-safe."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self._ranges = sorted(ranges)
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[int, int | None], None] = {}
+        self.synchronized = 0  # stream synchronisations this batch made
+
+    def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` run inside this batch, in whichever thread calls it."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            token = _current.set(self)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _current.reset(token)
+        return run
+
+    def covers(self, ptr: int, nbytes: int) -> bool:
+        return any(start <= ptr and ptr + nbytes <= end for start, end in self._ranges)
+
+    def enqueued(self, stream: int, device: int | None) -> None:
+        with self._lock:
+            self._pending[(stream, device)] = None
+
+    def settle(self) -> None:
+        """Synchronise each stream with copies in flight once (all of them, even when
+        one fails; the first error is raised)."""
+        from .copy import device_copier
+
+        with self._lock:
+            streams, self._pending = list(self._pending), {}
+        error = None
+        for stream, device in streams:
+            try:
+                device_copier().synchronize(stream, device)
+                self.synchronized += 1
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+
+@contextlib.contextmanager
+def one_sync(outputs: Sequence[Any]) -> Iterator[SyncBatch]:
+    """A batch over the device buffers among ``outputs`` (host ones are ignored);
+    synchronised once per stream when the block ends. Local."""
+    from .views import DeviceView, view
+
+    ranges = []
+    for out in outputs:
+        v = view(out, "output buffer", writable=True)
+        if isinstance(v, DeviceView):
+            ranges.append((v.ptr, v.ptr + v.nbytes))
+    batch = SyncBatch(ranges)
+    with _open_lock:
+        _open.add(batch)
+    try:
+        yield batch
+    except BaseException:
+        with contextlib.suppress(Exception):  # the body's error is the one to report
+            batch.settle()
+        raise
+    else:
+        batch.settle()
+    finally:
+        with _open_lock:
+            _open.discard(batch)
+
+
+def defers(dst: Any) -> bool:
+    """Whether a copy into ``dst`` (a byte view) is deferred by the calling thread's batch."""
+    batch = _current.get()
+    if batch is None:
+        return False
+    from .views import DeviceView
+
+    return isinstance(dst, DeviceView) and batch.covers(dst.ptr, dst.nbytes)
+
+
+def enqueued(stream: int, device: int | None) -> None:
+    """Record a deferred copy on ``stream`` in the calling thread's batch."""
+    batch = _current.get()
+    assert batch is not None, "enqueued() outside a batch"
+    batch.enqueued(stream, device)
+
+
+def settle_all() -> None:
+    """Synchronise every open batch's copies in flight (cheap when there are none)."""
+    if not _open:
+        return
+    with _open_lock:
+        batches = [b for b in _open if b.pending]
+    for batch in batches:
+        batch.settle()

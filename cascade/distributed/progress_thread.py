@@ -1,0 +1,85 @@
+"""A thread that enters MPI every so often, so that RMA needing this rank's progress
+completes while its main thread computes.
+
+Between nodes MPICH (the PyPI wheel: ch4 ucx/ofi) runs ``Compare_and_swap`` and
+``Fetch_and_op`` as active messages that the *target* rank serves only when it enters MPI
+(:mod:`.progress_check`): directory inserts, pins and releases on a shard whose owner
+computes in Python wait for it. :class:`ProgressThread` enters MPI (one ``Iprobe`` that
+matches nothing of Cascade's) every ``interval`` seconds. Under the GIL it runs only when
+the main thread lets go of it, at the latest after ``sys.getswitchinterval()`` (5 ms by
+default) of pure-Python work, which bounds how long an atomic waits for a busy target;
+``switch_interval=`` lowers that bound for the whole process while the thread runs.
+Measured in benchmark/workloads/cross_node.py (``busy_owner_atomics*`` rows). Needs
+``MPI_THREAD_MULTIPLE`` (mpi4py's default). Local; start and stop are thread-safe.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from .rma import load_mpi
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_TAG = 0x7CA5  # no Cascade message uses it; Iprobe only peeks anyway
+
+
+class ProgressThread:
+    """Drive this rank's MPI progress from a daemon thread until :meth:`stop` (or the
+    ``with`` block ends). ``interval``: seconds between visits to MPI (sleeping, GIL
+    released, in between). ``switch_interval``: if given, ``sys.setswitchinterval`` for
+    the thread's lifetime (restored by :meth:`stop`)."""
+
+    def __init__(self, comm: MPI.Comm, interval: float = 1e-3, *, switch_interval: float | None = None) -> None:
+        MPI = load_mpi()
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise RuntimeError("ProgressThread needs MPI initialised with MPI_THREAD_MULTIPLE "
+                               "(mpi4py's default; check mpi4py.rc.thread_level)")
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, not {interval!r}")
+        self._comm = comm
+        self._interval = interval
+        self._switch = switch_interval
+        self._saved_switch: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.visits = 0
+
+    def start(self) -> ProgressThread:
+        with self._lock:
+            if self._thread is None:
+                if self._switch is not None:
+                    self._saved_switch = sys.getswitchinterval()
+                    sys.setswitchinterval(self._switch)
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="cascade-mpi-progress", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (waits up to ``timeout`` s for it; it is a daemon either way)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._stop.set()
+            thread.join(timeout)
+            if self._saved_switch is not None:
+                sys.setswitchinterval(self._saved_switch)
+                self._saved_switch = None
+
+    def _run(self) -> None:
+        MPI = load_mpi()
+        probe = self._comm.Iprobe
+        while not self._stop.wait(self._interval):
+            probe(MPI.ANY_SOURCE, _TAG)
+            self.visits += 1
+
+    def __enter__(self) -> ProgressThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""Warm restart of the file tier: rebuild its index by scanning its files.
+
+Records are read header by header in file order. A page that holds no valid header is
+skipped (resynchronising at the next page) and counted (``bad_headers``); a record
+running past the end of its file is torn (``torn_records``). A tombstone written over
+a record in place forgets every earlier record of its key; an appended tombstone kills
+the record it names. A key seen twice (a crash in the middle of a compaction) keeps its
+later record, and the earlier one is killed on disk. The last record of each file is
+verified against its checksum now (a crash tears appends at the end); every read
+verifies the others. Files left with nothing live are removed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from ..checksum import checksum
+from ..errors import CascadeError
+from .base import BlockKey
+from .file_state import Loc, SegmentFile
+from .records import HEADER_BYTES, PAGE, key_seed, unpack_header
+
+log = logging.getLogger("cascade.tiers.file_tier")
+
+
+class Recovery:
+    """The :class:`~cascade.tiers.file_tier.FileTier` methods that rebuild its index
+    from its files at open (a mixin: it uses the tier's files, index and counters)."""
+
+    def _recover(self) -> None:
+        # \d{6,}: ids are zero-padded to 6 digits and keep growing past 999999.
+        pattern = re.compile(rf"^agg_rank{self.rank:03d}_(\d{{6,}})\.bin$")
+        ids = sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n)))
+        self._next_id = max(ids, default=0) + 1  # skipped names too: never reuse one
+        for file_id in ids:
+            try:
+                f = self._open_file(file_id)
+            except (OSError, CascadeError) as exc:  # a directory, symlink or foreign file in its place
+                self.counters["bad_files"] += 1
+                log.warning("%s: skipping %s: %s", self.name, self._file_path(file_id), exc)
+                continue
+            self._scan(f)
+        for f in list(self._files.values()):
+            if f.live == 0 and not self._needed_tombstones(f):
+                self._drop_file(f)
+        self.counters["recovered"] = len(self._index)
+        if ids:
+            log.info("%s: recovered %d blocks from %d files in %s", self.name, len(self._index), len(ids), self.directory)
+
+    def _scan(self, f: SegmentFile) -> None:
+        offset = 0
+        last: tuple[BlockKey, Loc] | None = None
+        while offset + HEADER_BYTES <= f.size:
+            header = unpack_header(os.pread(f.fd, HEADER_BYTES, offset))
+            if header is None:  # not a record: resynchronise at the next page
+                self.counters["bad_headers"] += 1
+                offset += PAGE
+                continue
+            if offset + header.record_bytes > f.size:
+                self.counters["torn_records"] += 1
+                break
+            key = (header.namespace, header.block_id)
+            if header.tombstone and (header.target_file, header.target_offset) == (f.file_id, offset):
+                if key in self._index:  # killed in place: every earlier record of the key is dead too
+                    self._forget(key)
+            elif header.tombstone:
+                f.tombstones.append((key, header.target_file, header.target_offset))
+                loc = self._index.get(key)
+                if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
+                    self._forget(key)
+            else:
+                loc = Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
+                old = self._index.get(key)
+                if old is not None:  # an older copy (e.g. a crash mid-compaction): kill it for good
+                    self._forget(key)
+                    self._write_kill(key, old.file_id, old.offset, old.length)
+                self._remember(key, loc)
+                last = (key, loc)
+            offset += header.record_bytes
+        # A crash mid-append tears the last record (or, with writes in flight from several
+        # threads, one of the last few): verify the last now; every read verifies the rest.
+        if last is not None and self._index.get(last[0]) is last[1]:
+            buf = bytearray(last[1].length)
+            if (os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf)
+                    or checksum([buf], key_seed(*last[0])) != last[1].checksum):
+                self.counters["torn_records"] += 1
+                self._forget(last[0])

@@ -1,0 +1,123 @@
+"""Batches on one stream (issue 24 item 3): ``get_many_into`` with device outputs enqueues
+every copy on the outputs' streams and synchronises each stream once, not once per copy;
+and what keeps that safe (a copy that may rewrite memory a batch still reads settles the
+batch first). Runs without a GPU: HostMemoryCopier records every synchronisation."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cascade import CascadeStore, Config, buffers
+from cascade.models import BlockSpec
+from cascade.testing.device_buffers import HostCudaArray, HostMemoryCopier
+
+SHAPE = (2, 2, 16, 16)
+N = 8
+
+
+@pytest.fixture
+def copier():
+    with buffers.use_device_copier(HostMemoryCopier()) as c:
+        yield c
+
+
+@pytest.fixture
+def store(tmp_path):
+    cfg = Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, gpu_bytes=0, file_dir=str(tmp_path / "f"))
+    with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16)) as s:
+        yield s
+
+
+def _out(stream: int) -> HostCudaArray:
+    return HostCudaArray(np.zeros(SHAPE, np.float16), stream=stream)
+
+
+def _blocks(store: CascadeStore) -> tuple[list[str], list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(SHAPE).astype(np.float16) for _ in range(2 * N)]
+    ids = [store.put(HostCudaArray(arrays[2 * i]), HostCudaArray(arrays[2 * i + 1])) for i in range(N)]
+    return ids, arrays
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_batch_of_device_outputs_synchronises_its_stream_once(store, copier, workers):
+    ids, arrays = _blocks(store)
+    outs = [(_out(0x5A), _out(0x5A)) for _ in range(N)]
+    synced, calls = len(copier.synced), len(copier.calls)
+    assert store.get_many_into(ids, outs, max_workers=workers) == [True] * N
+    assert copier.synced[synced:] == [0x5A]  # one synchronisation, not 2 x N
+    assert [c[2] for c in copier.calls[calls:]] == [0x5A] * 2 * N  # every copy on the caller's stream
+    for i, (k, v) in enumerate(outs):
+        assert k.array.tobytes() == arrays[2 * i].tobytes() and v.array.tobytes() == arrays[2 * i + 1].tobytes()
+
+
+def test_each_distinct_stream_is_synchronised_once(store, copier):
+    ids, _ = _blocks(store)
+    outs = [(_out(0x10 + i % 2), _out(0x10 + i % 2)) for i in range(N)]
+    synced = len(copier.synced)
+    store.get_many_into(ids, outs, max_workers=3)
+    assert sorted(copier.synced[synced:]) == [0x10, 0x11]
+
+
+def test_single_get_into_still_returns_with_its_bytes_in_place(store, copier):
+    ids, arrays = _blocks(store)
+    k, v = _out(7), _out(7)
+    synced = len(copier.synced)
+    assert store.get_into(ids[0], k, v)
+    assert copier.synced[synced:] == [7, 7]  # outside a batch each copy is synchronised
+    assert v.array.tobytes() == arrays[1].tobytes()
+
+
+def test_a_copy_that_may_rewrite_batch_sources_settles_the_batch_first(copier):
+    """Another thread's put into a slab range a batch read from must wait for that read."""
+    out = HostCudaArray(np.zeros(64, np.uint8), stream=0x33)
+    src = np.arange(64, dtype=np.uint8)
+    token = buffers.register_pinnable(src)  # stands for a registered SHM slab
+    try:
+        with buffers.one_sync([out]) as batch:
+            batch.bind(buffers.copy)(out, src)
+            assert copier.synced == [] and batch.pending
+            seen = []
+
+            def rewrite() -> None:  # e.g. a put into the freed range
+                buffers.copy(src, np.zeros(64, np.uint8))
+                seen.append(list(copier.synced))
+
+            t = threading.Thread(target=rewrite)
+            t.start()
+            t.join(5)
+            assert seen == [[0x33]]  # settled before the rewrite ran
+        assert copier.synced == [0x33]  # and not again at the end
+    finally:
+        buffers.forget_pinnable(token)
+
+
+def test_failed_batch_synchronisation_is_raised_and_the_store_keeps_serving(store, copier):
+    ids, arrays = _blocks(store)
+    outs = [(_out(9), _out(9)) for _ in range(N)]
+    copier.fail_sync = RuntimeError("cudaErrorLaunchFailure (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        store.get_many_into(ids, outs, max_workers=2)
+    assert store.get_many_into(ids, outs, max_workers=2) == [True] * N
+    assert outs[-1][1].array.tobytes() == arrays[-1].tobytes()
+    copier.fail = RuntimeError("cudaErrorIllegalAddress (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        store.get_many_into(ids, outs)
+    closing = threading.Thread(target=store.close, daemon=True)
+    closing.start()
+    closing.join(3)
+    assert not closing.is_alive(), "close() is still waiting after a failed batch"
+
+
+def test_a_copy_into_settled_memory_runs_on_the_inputs_stream_alone(copier):
+    """A tier slab names no stream (buffers.settled): a put from the caller's stream is
+    one copy and one synchronisation there, not a wait on the caller's stream first."""
+    src = HostCudaArray(np.arange(64, dtype=np.uint8), stream=0x55)
+    dst = HostCudaArray(np.zeros(64, np.uint8), stream=0x44)
+    buffers.copy(buffers.settled(dst), src)
+    assert copier.calls == [("d2d", 64, 0x55)] and copier.synced == [0x55]
+    buffers.copy(dst, src)  # an output with a stream of its own: the input's stream is waited for first
+    assert copier.calls[-1] == ("d2d", 64, 0x44) and copier.synced[1:] == [0x55, 0x44]
+    assert dst.array.tobytes() == src.array.tobytes()

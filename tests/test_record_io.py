@@ -1,0 +1,72 @@
+"""record_io's buffered read path: records over SCAN bytes are read in order as pieces,
+each hashed as it lands, those of STREAM_MIN bytes and more holding the tier's stream
+lock; every byte and the digest must come out as one whole read would give them, and a
+short file must fail the read."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from cascade.checksum import checksum
+from cascade.tiers import record_io
+from cascade.tiers.records import HEADER_BYTES
+
+SCAN = record_io.SCAN
+# around a piece's end (the lead shares the first piece), several pieces, a short last one
+SIZES = [1, 4096, SCAN - HEADER_BYTES, SCAN - HEADER_BYTES + 1, SCAN, SCAN + 1, 3 * SCAN + 4097,
+         record_io.STREAM_MIN - 1, record_io.STREAM_MIN]
+
+
+class _Recorder:
+    """A stand-in for the stream lock that counts how often it was held."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.held = False
+
+    def __enter__(self) -> None:
+        assert not self.held
+        self.entered += 1
+        self.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
+
+
+def _record_file(tmp_path, payload: bytes) -> int:
+    path = tmp_path / "rec.bin"
+    path.write_bytes(os.urandom(HEADER_BYTES) + payload)
+    return os.open(path, os.O_RDONLY)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("parts", [1, 3])
+def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, parts):
+    payload = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes()
+    fd = _record_file(tmp_path, payload)
+    cuts = sorted({0, size, *(size * k // parts + k for k in range(1, parts))} & set(range(size + 1)))
+    out = bytearray(size)
+    views = [memoryview(out)[a:b] for a, b in zip(cuts, cuts[1:])]
+    stream = _Recorder()
+    try:
+        ok, digest = record_io.read_hashed(fd, HEADER_BYTES, size, views, 7,
+                                           lead=memoryview(bytearray(HEADER_BYTES)), stream=stream)
+    finally:
+        os.close(fd)
+    assert ok and bytes(out) == payload
+    assert digest == checksum([payload], 7)
+    assert stream.entered == (1 if size >= record_io.STREAM_MIN else 0) and not stream.held
+
+
+@pytest.mark.parametrize("size", [4096, 3 * SCAN + 4097, record_io.STREAM_MIN + 1])
+def test_a_truncated_record_fails_the_read(tmp_path, size):
+    payload = os.urandom(size)
+    fd = _record_file(tmp_path, payload[:-1])  # the file ends one byte early
+    try:
+        ok, _ = record_io.read_hashed(fd, HEADER_BYTES, size, [memoryview(bytearray(size))], 7,
+                                      lead=memoryview(bytearray(HEADER_BYTES)), stream=_Recorder())
+    finally:
+        os.close(fd)
+    assert not ok
