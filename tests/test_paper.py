@@ -507,6 +507,24 @@ def test_cluster_serving_renders_a_further_cache_when_the_results_have_one(tmp_p
     assert "LMCache CPU+disk per worker & " in (tmp_path / "out" / "Tables" / "cluster_hits.tex").read_text()
 
 
+def test_queue_hints_without_the_oracle_is_skipped_with_its_reason(tmp_path):
+    """A suite whose queue_hints predates the lookahead oracle: n/a, never an error."""
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "queue_hints", rep)
+        doc = json.loads(path.read_text())
+        for row in doc["rows"]:
+            for cell in row["cascade"]:
+                del cell["reference_lookahead"], cell["vs_lookahead"]
+        doc["schema"] = "cascade-bench/queue_hints/1"
+        path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["queue_hints"])
+    assert not report.errors
+    [(name, reason)] = report.skipped
+    assert name == "queue_hints" and "no lookahead oracle (schema cascade-bench/queue_hints/1" in reason
+    assert _defined(tmp_path / "out")["QhWorst"] == MISSING
+
+
 def test_queue_hints_counts_cells_against_the_oracle(built):
     out, _ = built
     doc = json.loads(_sample(SAMPLES, "queue_hints").read_text())

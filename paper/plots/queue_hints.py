@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core import Context, FigureSpec, absent
+from ..core import Context, FigureSpec, Skip, absent
 from ..macros import and_list, integer, pct, sig
 from ..results import ResultsFile
 from ..tables import escape
@@ -58,6 +58,9 @@ def build(ctx: Context) -> list[ResultsFile]:
     rf = ctx.results.newest("queue_hints")
     if rf is None:
         raise absent("queue_hints")
+    if not any("reference_lookahead" in c for r in rf.seq("rows") for c in r.get("cascade", [])):
+        raise Skip(f"{rf.name} has no lookahead oracle (schema {rf.doc.get('schema', 'unnamed')}; "
+                   "the oracle came with cascade-bench/queue_hints/2)")
     rows = _rows(rf)
     reps = len(rf.reps)
     share = _share()
