@@ -200,7 +200,10 @@ METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio",
 NESTED = ("vs_systems", "vs_best", "vs_limit", "speedup_vs_1_rank", "latency_s")
 Figure = tuple[dict[str, Any], str, float]
 RESTART_METRICS = ("gib", "open_s", "open_s_per_gib", "recovered", "adopted", "missing", "wrong")
-OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips"),
+OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips",
+                             "busy_owner_atomics", "busy_owner_atomics_progress_thread",
+                             "busy_owner_atomics_progress_thread_switch_1ms",
+                             "busy_owner_atomics_progress_thread_switch_02ms"),
               "stress_mpi": ("total", "phases")}
 
 
