@@ -29,7 +29,7 @@ from .results import RESULTS_DIR, versions
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
              "thread_scaling", "tier_bandwidth", "small_blocks", "file_read_mode", "device_io", "cluster_serving",
-             "mpi_micro", "cross_node", "stress_mpi", "faults", "run")
+             "mpi_micro", "cross_node", "stress_mpi", "faults", "restart", "run")
 #: Workloads whose results files hold rows of their own shape: every number of each row
 #: becomes a figure, named by its path (per-pass samples left out), keyed by ``ROW_KEYS``.
 OWN_ROWS = ("small_blocks", "file_read_mode", "device_io", "cluster_serving")
@@ -41,8 +41,9 @@ MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
     "stress_mpi": (4, {}),
 }
 
-#: run_benchmark / workload options per size. ``default`` is sized for about 25 minutes on
-#: a quiet 2-core machine at 3 repetitions; ``quick`` for under 2 minutes; ``tiny`` for tests.
+#: run_benchmark / workload options per size. ``default``: about 25 minutes on a quiet 2-core
+#: machine at 3 repetitions before small_blocks, file_read_mode, device_io, cluster_serving,
+#: restart and the full queue_hints grid joined; ``quick``: a few minutes; ``tiny``: tests.
 SIZES: dict[str, dict[str, list[str]]] = {
     "default": {
         "write_throughput": ["--sizes", "2M,16M", "--blocks", "16", "--warmup", "4", "--rounds", "3"],
@@ -52,8 +53,9 @@ SIZES: dict[str, dict[str, list[str]]] = {
         # capacity after 300, 17% after 600): the common prefix must be long enough
         "trace_replay": ["--requests", "600", "--capacities", "2000", "--full-capacities", "5000",
                          "--time-limit", "180"],
-        "queue_hints": ["--requests", "2000", "--capacities", "1000,5000", "--queue-depths", "0,64",
-                        "--seeds", "0"],
+        # the workload's own grid (issue 20 asks seeds 0-4: "--seeds", "0,1,2,3,4", about 1 min more a rep)
+        "queue_hints": ["--requests", "2000", "--capacities", "1000,5000,20000", "--queue-depths", "0,16,64,256",
+                        "--seeds", "0,1,2"],
         "scaling": ["--sizes", "2M", "--blocks", "8", "--warmup", "2", "--rounds", "1", "--rank-counts", "1,2,4"],
         "thread_scaling": ["--sizes", "2M,16M", "--threads", "1,2,4", "--total-bytes", "384M", "--rounds", "3"],
         "tier_bandwidth": ["--sizes", "64K,1M,2M,16M,64M", "--total-bytes", "128M"],
@@ -67,6 +69,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "file_read_mode": ["--rounds", "3"],
         "device_io": ["--rounds", "5"],
         "cluster_serving": [],
+        "restart": ["--gib", "1"],  # four cases (1:1, 4:4, 4:1, 1:4) of 1 GiB: about a minute here
     },
     "quick": {
         "write_throughput": ["--sizes", "2M", "--blocks", "4", "--warmup", "1", "--rounds", "1"],
@@ -87,6 +90,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "file_read_mode": ["--sizes", "64K,2M", "--rounds", "1", "--blocks", "64"],
         "device_io": ["--sizes", "64K", "--rounds", "2"],
         "cluster_serving": ["--sizes", "64K", "--blocks", "16", "--requests", "40"],
+        "restart": ["--gib", "0.125", "--cases", "1:1,4:1"],
     },
 }
 SIZES["tiny"] = {**SIZES["quick"],
@@ -99,6 +103,7 @@ SIZES["tiny"] = {**SIZES["quick"],
                  "small_blocks": ["--sizes", "4K", "--rounds", "1", "--blocks", "16"],
                  "file_read_mode": ["--sizes", "64K", "--rounds", "1", "--blocks", "16"],
                  "cluster_serving": ["--sizes", "8K", "--blocks", "8", "--requests", "12"],
+                 "restart": ["--gib", "0.0625", "--cases", "1:1,2:1"],
                  # 8 MiB SHM per rank: some gets still come from the file tier
                  "run": ["--ranks", "4", "--blocks", "4", "--requests", "30", "--set", "shm_bytes=8M",
                          "--set", "file_bytes=256M"]}
@@ -137,6 +142,8 @@ def command(workload: str, size: str, rep_dir: Path) -> list[str]:
                                *opts)
     if workload == "faults":
         return [sys.executable, "-m", "benchmark.fault_campaign", "--out", str(rep_dir), *opts]
+    if workload == "restart":  # starts its own mpiexec jobs
+        return [sys.executable, "-m", "benchmark.workloads.restart", "--save", "--out", str(rep_dir), *opts]
     if workload == "run":
         return main_job.command(rep_dir, opts)
     return [sys.executable, "-m", "benchmark.run_benchmark", "--system", SYSTEMS.get(size, {}).get(workload, "all"),
@@ -192,7 +199,11 @@ METRICS = ("put_gbps", "get_gbps", "p50_s", "cross_get_gbps", "block_hit_ratio",
            "overhead_bytes_per_block", "overhead_fraction", "speedup_vs_1_thread")
 NESTED = ("vs_systems", "vs_best", "vs_limit", "speedup_vs_1_rank", "latency_s")
 Figure = tuple[dict[str, Any], str, float]
-OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips"),
+RESTART_METRICS = ("gib", "open_s", "open_s_per_gib", "recovered", "adopted", "missing", "wrong")
+OWN_FIELDS = {"cross_node": ("get", "lookup", "busy_owner", "busy_owner_128k_blocks", "round_trips",
+                             "busy_owner_atomics", "busy_owner_atomics_progress_thread",
+                             "busy_owner_atomics_progress_thread_switch_1ms",
+                             "busy_owner_atomics_progress_thread_switch_02ms"),
               "stress_mpi": ("total", "phases")}
 
 
@@ -273,6 +284,10 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
                 out.append((key, name.lstrip("."), v))
         for name, v in _flatten("serving", doc.get("serving")):
             out.append(({"system": "cascade"}, name, v))
+    elif workload == "restart":
+        for row in doc.get("rows", []):
+            key = {"system": "cascade", "writers": row["writers"], "readers": row["readers"]}
+            out.extend((key, m, float(row[m])) for m in RESTART_METRICS if _number(row.get(m)))
     elif workload in ("cross_node", "stress_mpi"):
         # every numeric figure of the result, named by its path (no per-op samples)
         for name, v in _flatten("", {k: doc.get(k) for k in OWN_FIELDS[workload]}):

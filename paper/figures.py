@@ -40,11 +40,13 @@ PAPER_DIR = Path(__file__).resolve().parent
 
 def all_specs() -> list[FigureSpec]:
     """Every figure and table of the paper, in the order the paper shows them."""
-    from .plots import (design, get_breakdown, hit_ratio, machine, mpi_micro, scaling, systems, targets,
-                        thread_scaling, tier_bandwidth)
+    from .plots import (cluster_serving, design, device_io, file_read_mode, get_breakdown, hit_ratio, machine,
+                        mpi_micro, queue_hints, restart, scaling, small_blocks, systems, targets, thread_scaling,
+                        tier_bandwidth)
 
-    return [design.SPEC, tier_bandwidth.SPEC, mpi_micro.SPEC, systems.SPEC, hit_ratio.SPEC, scaling.SPEC,
-            thread_scaling.SPEC, get_breakdown.SPEC, targets.SPEC, machine.SPEC]
+    return [design.SPEC, tier_bandwidth.SPEC, mpi_micro.SPEC, systems.SPEC, hit_ratio.SPEC, queue_hints.SPEC,
+            scaling.SPEC, thread_scaling.SPEC, small_blocks.SPEC, file_read_mode.SPEC, device_io.SPEC,
+            cluster_serving.SPEC, restart.SPEC, get_breakdown.SPEC, targets.SPEC, machine.SPEC]
 
 
 @dataclass

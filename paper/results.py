@@ -26,7 +26,7 @@ SAMPLE_RESULTS = REPO_ROOT / "paper" / "sample_results"
 #: Workloads whose names may appear in file names (the runner's, mpi_micro and the run).
 KNOWN_WORKLOADS = ("tier_bandwidth", "trace_replay", "mpi_micro", "write_throughput", "read_throughput",
                    "read_latency", "scaling", "thread_scaling", "faults", "queue_hints", "cross_node", "stress_mpi",
-                   "run")
+                   "small_blocks", "file_read_mode", "device_io", "cluster_serving", "restart", "run")
 _NAME_RE = re.compile(r"^(?P<head>.+)_(?P<nodes>\d+)n_(?P<stamp>\d{8}[T-]?\d{6})(?:_(?P<seq>\d+))?\.json$")
 
 Key = str | int

@@ -61,12 +61,12 @@ SERIES: dict[str, tuple[str, str, str]] = {
     "cascade_file": ("Cascade (file tier)", _OKABE_ITO[5], "o"),
     "lmcache_cpu": ("LMCache CPU", _OKABE_ITO[1], "s"),
     "lmcache_disk": ("LMCache disk", _OKABE_ITO[4], "p"),
-    "lmcache_disk_odirect": ("LMCache disk (O_DIRECT)", _OKABE_ITO[4], "P"),  # a variant: its family's colour
+    "lmcache_disk_odirect": ("LMCache disk, O_DIRECT", _OKABE_ITO[4], "P"),  # a variant: its family's colour
     "lmcache_cpu_disk": ("LMCache CPU+disk", _OKABE_ITO[3], "h"),
     "redis": ("Redis", _OKABE_ITO[2], "^"),
     "redis_unix": ("Redis (Unix socket)", _OKABE_ITO[2], "<"),
     "hdf5": ("HDF5", _OKABE_ITO[7], "v"),
-    "hdf5_nocache": ("HDF5 (no chunk cache)", _OKABE_ITO[7], "1"),
+    "hdf5_nocache": ("HDF5, no chunk cache", _OKABE_ITO[7], "1"),
     "mooncake": ("Mooncake Store", _OKABE_ITO[6], "D"),
     "pdc": ("PDC", "#999999", "x"),
     # tiers

@@ -1,7 +1,7 @@
 """restart: how long a warm restart takes per GiB of file tier, at the same job size and
 at another one (files of ranks that are gone are adopted: copied, verified, fsynced).
 
-``python -m benchmark.workloads.restart [--gib 1] [--cases 1:1,4:4,4:1,1:4] [--save]``
+``python -m benchmark.workloads.restart [--gib 1] [--cases 1:1,4:4,4:1,1:4] [--save [--out DIR]]``
 runs, per case ``W:R``, a job of W ranks that fills its file tiers with 2 MiB blocks
 (``--gib`` in all, file tier only), drops the files from the page cache, then a job of
 R ranks whose every rank opens the store (timed: the collective constructor, scan,
@@ -112,7 +112,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--gib", type=float, default=1.0, help="file-tier data written per case (GiB)")
     p.add_argument("--cases", default="1:1,4:4,4:1,1:4", help="W:R pairs (writer ranks : restarted ranks)")
     p.add_argument("--dir", default=None, help="where the file tiers go (default: $TMPDIR)")
-    p.add_argument("--save", action="store_true", help="write benchmark/results/cascade_restart_*.json")
+    p.add_argument("--save", action="store_true", help="write cascade_restart_*.json into --out")
+    p.add_argument("--out", default=None, help="where --save writes (default benchmark/results)")
     p.add_argument("--job", choices=("write", "read"), help=argparse.SUPPRESS)
     p.add_argument("--blocks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--capacity", type=int, help=argparse.SUPPRESS)
@@ -130,7 +131,8 @@ def main(argv: list[str]) -> None:
         from ..results import write_results
 
         path = write_results("cascade", "restart", {"rows": rows},
-                             config={"gib": args.gib, "model": MODEL, "block_tokens": BLOCK_TOKENS})
+                             config={"gib": args.gib, "model": MODEL, "block_tokens": BLOCK_TOKENS},
+                             directory=args.out)
         print(f"wrote {path}")
 
 

@@ -22,3 +22,28 @@ def reference_row(rows: Sequence[dict[str, Any]], target: int, key: str = "block
         if row[key] >= target:
             return row
     return rows[-1]
+
+
+def per_rep(value: Any, reps: int) -> list[float]:
+    """Each repetition's value of a merged number (a plain number was equal in all)."""
+    from ..spread import Spread
+
+    if isinstance(value, Spread):
+        return list(value.reps)
+    return [float(value)] * reps
+
+
+def met_in(values: Sequence[Any], reps: int, ok) -> int:
+    """In how many of ``reps`` repetitions ``ok`` holds for every one of ``values`` (each
+    judged repetition by repetition, never on medians)."""
+    columns = [per_rep(v, reps) for v in values]
+    return sum(all(ok(col[r]) for col in columns) for r in range(reps))
+
+
+def met_phrase(k: int, reps: int) -> str:
+    """``met in all 3 repetitions`` / ``missed in all 3 repetitions`` / ``met in 1 of 3 repetitions``."""
+    if k == reps:
+        return f"met in all {reps} repetitions" if reps > 1 else "met"
+    if k == 0:
+        return f"missed in all {reps} repetitions" if reps > 1 else "missed"
+    return f"met in {k} of {reps} repetitions"

@@ -122,7 +122,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     ref = reference_row([{"block_bytes": s} for s in common_sizes], default_block_bytes())["block_bytes"]
     systems = sorted(set(put.systems()) | set(get.systems()) | set(lat.systems()), key=_order)
 
-    fig, (ax_put, ax_get, ax_lat) = style.figure(4.6, nrows=3, sharex=True)
+    fig, (ax_put, ax_get, ax_lat) = style.figure(5.0, nrows=3, sharex=True)
     x = np.arange(len(systems))
     for i, system in enumerate(systems):
         _, color, _ = style.series(system)
@@ -165,7 +165,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         ax.grid(axis="x", visible=False)
         ax.set_xlim(*span)
     ax_lat.set_xticks(x)
-    ax_lat.set_xticklabels([style.label(s) for s in systems], rotation=35, ha="right", rotation_mode="anchor")
+    ax_lat.set_xticklabels([style.label(s) for s in systems], rotation=45, ha="right", rotation_mode="anchor")
     handles = [Line2D([], [], color="black", ls="--", lw=0.9, label="memcpy"),
                Line2D([], [], color=style.LIMIT_COLOR, ls=":", lw=1.1, label="raw file (put: write, get: O_DIRECT read)"),
                Line2D([], [], color=style.LIMIT_COLOR, ls="-.", lw=0.9, label="raw buffered cold read"),
@@ -175,7 +175,7 @@ def build(ctx: Context) -> list[ResultsFile]:
                Line2D([], [], color="black", marker="o", markersize=2.6, markerfacecolor="white", ls="none",
                       markeredgewidth=0.6, label="p99")]
     ax_put.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=2, borderaxespad=0.1)
-    fig.subplots_adjust(left=0.15, right=0.98, top=0.85, bottom=0.16, hspace=0.12)
+    fig.subplots_adjust(left=0.15, right=0.98, top=0.86, bottom=0.21, hspace=0.12)
     not_run = _not_run(runs)
     extra = (f"Not run here: {escape(not_run)}." if not_run else "")
     ctx.save(fig, sources, caption_extra=extra)

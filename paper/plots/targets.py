@@ -14,7 +14,8 @@ from ..results import ResultsFile
 from ..spread import Spread
 from ..tables import escape
 
-WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "scaling", "tier_bandwidth")
+WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
+             "tier_bandwidth")
 
 TABLE_CAPTION = (r"The targets the benchmark harness checks (its own thresholds), with the measured value "
                  r"(a ratio to the named system, or a fraction), median and range over the repetitions, and in "
