@@ -129,7 +129,8 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
 def _put_breakdown(in_process: dict[str, Any], attached: dict[str, Any]) -> dict[str, float]:
     """An attached put's p50, in parts: the staging copy, one channel round trip, the
     store's own put (the in-process p50: the rank runs the same store), and the rest
-    (waiting for a CPU for the rank's thread and the client's wake-up: grows with load)."""
+    (waiting for a CPU for the rank's thread and the client's wake-up: grows with load;
+    p50s do not add exactly, so near zero it may come out negative)."""
     parts = {"staging_copy": attached["staging_copy"]["p50"], "round_trip": attached["lookup_rtt"]["p50"],
              "store_put": in_process["put"]["p50"]}
     parts["rest"] = attached["put"]["p50"] - sum(parts.values())
