@@ -16,6 +16,11 @@ def test_cluster_serving_measures_both_paths_and_replays_shared_and_private(tmp_
     for side in ("in_process", "attached"):
         assert attach[side]["hits"] == 8 and attach[side]["exact"], attach[side]
         assert attach[side]["put"]["n"] == attach[side]["get"]["n"] == 8
+    # the attached put's parts add up to its p50, each measured (the staging copy on its own)
+    assert attach["attached"]["staging_copy"]["n"] == 8
+    parts = attach["put_breakdown_us_p50"]
+    assert sum(parts.values()) == pytest.approx(1e6 * attach["attached"]["put"]["p50"])
+    assert all(parts[k] > 0 for k in ("staging_copy", "round_trip", "store_put"))
     serving = result["serving"]
     assert serving["ranks"] == 2 and len(serving["shared"]["per_client"]) == 2
     # every way replayed the same references through a real LMCache StorageManager, and

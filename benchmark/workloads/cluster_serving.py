@@ -12,6 +12,9 @@ Two parts (``sizes``: block bytes, default 64 KiB and 2 MiB):
   region), the channel's round trip alone (a one-id
   lookup) and the machine's load average: on a loaded machine each round trip also
   waits for the scheduler to run the rank's thread and then the client again.
+  ``put_breakdown_us_p50`` splits the attached put's p50 into the client's staging copy
+  (timed alone), one round trip, the store's put (the in-process p50) and the rest (that
+  waiting).
 * serving, at the first size (``--ranks`` ranks, default 2): one engine process per rank,
   each a real LMCache 0.5.x ``StorageManager`` (CPU torch; :mod:`.serving_client`),
   replays its share (request ``i`` goes to engine ``i mod N``) of the built-in
@@ -111,12 +114,27 @@ def attach_cost(size: int, blocks: int, workdir: str, seed: int) -> dict[str, An
         # the channel alone: a one-id lookup (no block bytes) per round trip
         lookups = _interleaved({"attached": client}, lambda name, s, i: s.contains(ids[i]), blocks)
         result["attached"]["lookup_rtt"] = summarize(lookups["attached"])
+        # the client's copy into its staging slot alone (the first step of every attached put)
+        copies = _interleaved({"attached": client}, lambda name, s, i: s._fill(0, *pairs[i]), blocks)
+        result["attached"]["staging_copy"] = summarize(copies["attached"])
     in_process, attached = result["in_process"], result["attached"]
     ratio = {op: attached[op]["p50"] / in_process[op]["p50"] for op in ("put", "get")}
     return {"block_bytes": size, "blocks": blocks, "load_average": os.getloadavg(),
             "in_process": in_process, "attached": attached,
             "attached_over_in_process_p50": ratio,
-            "attach_cost_us_p50": {op: 1e6 * (attached[op]["p50"] - in_process[op]["p50"]) for op in ("put", "get")}}
+            "attach_cost_us_p50": {op: 1e6 * (attached[op]["p50"] - in_process[op]["p50"]) for op in ("put", "get")},
+            "put_breakdown_us_p50": _put_breakdown(in_process, attached)}
+
+
+def _put_breakdown(in_process: dict[str, Any], attached: dict[str, Any]) -> dict[str, float]:
+    """An attached put's p50, in parts: the staging copy, one channel round trip, the
+    store's own put (the in-process p50: the rank runs the same store), and the rest
+    (waiting for a CPU for the rank's thread and the client's wake-up: grows with load;
+    p50s do not add exactly, so near zero it may come out negative)."""
+    parts = {"staging_copy": attached["staging_copy"]["p50"], "round_trip": attached["lookup_rtt"]["p50"],
+             "store_put": in_process["put"]["p50"]}
+    parts["rest"] = attached["put"]["p50"] - sum(parts.values())
+    return {name: 1e6 * seconds for name, seconds in parts.items()}
 
 
 def requests_of(spec: dict[str, Any]) -> list:
@@ -224,6 +242,9 @@ def table(result: dict[str, Any]) -> str:
     lines.append("channel round trip (one-id lookup) p50: " + ", ".join(
         f"{1e6 * a['attached']['lookup_rtt']['p50']:.0f} us" for a in result["attach"])
         + f"; load average {result['attach'][0]['load_average'][0]:.1f}")
+    lines.append("attached put p50 = staging copy + round trip + store put + rest (us): " + "; ".join(
+        f"{a['block_bytes'] >> 10} KiB " + " + ".join(f"{us:.0f}" for us in a["put_breakdown_us_p50"].values())
+        for a in result["attach"]))
     lines.append(f"serving through LMCache ({s['ranks']} engines, {s['requests']} requests, "
                  f"{s['block_bytes'] >> 10} KiB blocks): hit ratio / per engine / get, put us per block p50 / wrong")
     for way in ("shared", "private", "lmcache_cpu_disk"):

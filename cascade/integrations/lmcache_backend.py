@@ -29,8 +29,8 @@ How chunks map onto Cascade:
   buffer and returns; the store's ``put_async`` writes it in the background
   (``exists_in_put_tasks`` says which are still in flight, LMCache's completion callback
   runs when one lands, a lookup or get of a chunk sees its pending put; attached to a
-  rank, a batch's new chunks go as one request, done when it returns: their bytes are
-  then in the rank's store). A batch is looked up with one request too. LMCache's
+  rank, a batch's chunks go as one request, done when it returns: their bytes are
+  then in the rank's store; chunks it has already land as dedups there). A batch is looked up with one request too. LMCache's
   asynchronous entry points (``enable_async_loading``: ``batched_async_contains``,
   ``batched_get_non_blocking``, ``get_non_blocking``) run the lookups and batched reads
   on worker threads, never on LMCache's event loop.
@@ -189,7 +189,10 @@ class CascadeBackend(StoragePluginInterface):
         attached rank (returns once the rank has them). ``on_complete_callback(key)`` runs
         once a chunk is in."""
         ids = [chunk_block_id(key) for key in keys]
-        present = self.store.contains_many(ids, namespace=self.namespace)  # one lookup for the batch
+        # in-process: one lookup for the batch spares copying chunks the store has; attached,
+        # it would cost a round trip and a directory lookup the rank's put does anyway
+        # (a put of a cached block is settled there as a dedup, so it just lands)
+        present = [False] * len(ids) if self._attached else self.store.contains_many(ids, namespace=self.namespace)
         todo = []
         for key, obj, bid, there in zip(keys, objs, ids, present):
             if there:
