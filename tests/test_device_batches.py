@@ -121,3 +121,72 @@ def test_a_copy_into_settled_memory_runs_on_the_inputs_stream_alone(copier):
     buffers.copy(dst, src)  # an output with a stream of its own: the input's stream is waited for first
     assert copier.calls[-1] == ("d2d", 64, 0x44) and copier.synced[1:] == [0x55, 0x44]
     assert dst.array.tobytes() == src.array.tobytes()
+
+
+class _DeviceSlab(HostCudaArray):
+    """A GPU tier's slab for tests: host memory seen as device memory, sliceable."""
+
+    def __getitem__(self, index: slice) -> "_DeviceSlab":
+        return _DeviceSlab(self.array[index])
+
+
+class _DeviceModule:
+    """The array module of a GPU tier whose slab is :class:`_DeviceSlab` (every copy in
+    and out of it goes through the device copier, as with cupy)."""
+
+    __name__ = "host-device"
+    uint8 = np.uint8
+
+    @staticmethod
+    def empty(n: int, dtype=np.uint8) -> _DeviceSlab:
+        return _DeviceSlab(np.zeros(n, dtype))
+
+
+@pytest.fixture
+def gpu_store(tmp_path, copier):
+    cfg = Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, gpu_bytes=1 << 20, file_dir=str(tmp_path / "f"))
+    with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16), array_module=_DeviceModule()) as s:
+        assert s.tiers[0].name == "gpu"
+        yield s
+
+
+def _device_pairs(stream: int) -> tuple[list[tuple[HostCudaArray, HostCudaArray]], list[np.ndarray]]:
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(SHAPE).astype(np.float16) for _ in range(2 * N)]
+    return [(HostCudaArray(arrays[2 * i], stream=stream), HostCudaArray(arrays[2 * i + 1], stream=stream))
+            for i in range(N)], arrays
+
+
+def test_a_put_many_of_device_blocks_synchronises_each_stream_once(gpu_store, copier):
+    pairs, arrays = _device_pairs(0x61)
+    pairs[N // 2:] = [(HostCudaArray(k.array, stream=0x62), HostCudaArray(v.array, stream=0x62))
+                      for k, v in pairs[N // 2:]]
+    ids = [f"{i:032x}" for i in range(N)]
+    synced, calls = len(copier.synced), len(copier.calls)
+    assert gpu_store.put_many(pairs, block_ids=ids) == ids
+    assert sorted(copier.synced[synced:]) == [0x61, 0x62]  # one per stream, not one per copy
+    assert [c[0] for c in copier.calls[calls:]] == ["d2d"] * 2 * N  # straight into the device slab
+    for i, bid in enumerate(ids):
+        k, v = gpu_store.get(bid)
+        assert k.tobytes() == arrays[2 * i].tobytes() and v.tobytes() == arrays[2 * i + 1].tobytes()
+
+
+def test_a_failed_put_many_synchronisation_stores_none_of_the_batch(gpu_store, copier):
+    pairs, arrays = _device_pairs(0x71)
+    ids = [f"{i:032x}" for i in range(N)]
+    copier.fail_sync = RuntimeError("cudaErrorLaunchFailure (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        gpu_store.put_many(pairs, block_ids=ids)
+    assert gpu_store.contains_many(ids) == [False] * N  # no block with unfinished bytes is visible
+    assert gpu_store.tiers[0].used == 0  # and every reservation was given back
+    copier.fail = RuntimeError("cudaErrorIllegalAddress (injected)")
+    with pytest.raises(RuntimeError, match="injected"):
+        gpu_store.put_many(pairs, block_ids=ids)
+    assert gpu_store.contains_many(ids) == [False] * N
+    assert gpu_store.put_many(pairs, block_ids=ids) == ids  # the store keeps serving
+    k, v = gpu_store.get(ids[-1])
+    assert v.tobytes() == arrays[-1].tobytes()
+    closing = threading.Thread(target=gpu_store.close, daemon=True)
+    closing.start()
+    closing.join(3)
+    assert not closing.is_alive(), "close() is still waiting after a failed put batch"

@@ -1,9 +1,13 @@
-"""One synchronisation per stream for a batch of copies into device outputs.
+"""One synchronisation per stream for a batch of copies into device outputs (or out of
+device inputs into device room nobody reads yet).
 
 Inside ``with one_sync(outputs) as batch:``, a copy into one of ``outputs`` that is in
 device memory is only enqueued on its stream (the output's, per the CUDA Array
 Interface); the batch synchronises each distinct stream once when the block ends,
-exceptions included. Worker threads join the batch by running their work through
+exceptions included. With ``sources=True`` the buffers are a batch's device inputs: a
+copy out of one of them into device memory is deferred the same way; its destination
+must stay unread until the batch has ended without error (a put batch's reserved room,
+committed only then). Worker threads join the batch by running their work through
 :meth:`SyncBatch.bind`.
 
 Deferring is safe because the bytes being read stay in place until the batch ends: any
@@ -28,10 +32,12 @@ _open_lock = threading.Lock()
 class SyncBatch:
     """Device outputs whose copies are synchronised once per stream. Thread-safe."""
 
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+    def __init__(self, ranges: list[tuple[int, int]], *, sources: bool = False) -> None:
         self._ranges = sorted(ranges)
+        self.sources = sources  # the ranges are the copies' sources, not their destinations
         self._lock = threading.Lock()
         self._pending: dict[tuple[int, int | None], None] = {}
+        self._error: BaseException | None = None  # a failed synchronisation, whichever thread ran it
         self.synchronized = 0  # stream synchronisations this batch made
 
     def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -53,7 +59,8 @@ class SyncBatch:
 
     def settle(self) -> None:
         """Synchronise each stream with copies in flight once (all of them, even when
-        one fails; the first error is raised)."""
+        one fails; the first error is raised, here and by every later settle: a failure
+        met by another thread's :func:`settle_all` still fails the batch)."""
         from .copy import device_copier
 
         with self._lock:
@@ -65,6 +72,9 @@ class SyncBatch:
                 self.synchronized += 1
             except Exception as exc:
                 error = error or exc
+        with self._lock:
+            self._error = self._error or error
+            error = self._error
         if error is not None:
             raise error
 
@@ -74,17 +84,18 @@ class SyncBatch:
 
 
 @contextlib.contextmanager
-def one_sync(outputs: Sequence[Any]) -> Iterator[SyncBatch]:
-    """A batch over the device buffers among ``outputs`` (host ones are ignored);
-    synchronised once per stream when the block ends. Local."""
+def one_sync(outputs: Sequence[Any], *, sources: bool = False) -> Iterator[SyncBatch]:
+    """A batch over the device buffers among ``outputs`` (host ones are ignored), or
+    with ``sources=True`` among a batch's inputs (copies out of them into device
+    memory); synchronised once per stream when the block ends. Local."""
     from .views import DeviceView, view
 
     ranges = []
     for out in outputs:
-        v = view(out, "output buffer", writable=True)
+        v = view(out, "input") if sources else view(out, "output buffer", writable=True)
         if isinstance(v, DeviceView):
             ranges.append((v.ptr, v.ptr + v.nbytes))
-    batch = SyncBatch(ranges)
+    batch = SyncBatch(ranges, sources=sources)
     with _open_lock:
         _open.add(batch)
     try:
@@ -100,13 +111,16 @@ def one_sync(outputs: Sequence[Any]) -> Iterator[SyncBatch]:
             _open.discard(batch)
 
 
-def defers(dst: Any) -> bool:
-    """Whether a copy into ``dst`` (a byte view) is deferred by the calling thread's batch."""
+def defers(dst: Any, src: Any) -> bool:
+    """Whether a copy from ``src`` into ``dst`` (byte views) is deferred by the calling
+    thread's batch."""
     batch = _current.get()
     if batch is None:
         return False
     from .views import DeviceView
 
+    if batch.sources:
+        return isinstance(dst, DeviceView) and isinstance(src, DeviceView) and batch.covers(src.ptr, src.nbytes)
     return isinstance(dst, DeviceView) and batch.covers(dst.ptr, dst.nbytes)
 
 

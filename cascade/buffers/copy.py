@@ -190,7 +190,7 @@ def copy(dst: Any, src: Any, *, what: str = "output buffer") -> int:
     d, s = view(dst, what, writable=True), view(src, "input")
     if d.nbytes != s.nbytes:
         raise InvalidBlock(f"{what} holds {d.nbytes} bytes, the data {s.nbytes}")
-    deferred = _batch.defers(d)
+    deferred = _batch.defers(d, s)
     if not deferred:
         _batch.settle_all()  # memory a batch still reads from may be rewritten by this copy
     if isinstance(d, np.ndarray) and isinstance(s, np.ndarray):

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ..buffers import one_sync
+from ..buffers import DeviceView, one_sync, view
 from ..errors import InvalidBlock
 from ..identity import DEFAULT_NAMESPACE, check_id
+from ..tiers.base import Memory
 
 
 class BatchCalls:
@@ -34,7 +35,10 @@ class BatchCalls:
         hashing); without it the ids are content digests. With ``chain=True`` each
         block's parent is the one before it (the first one's is ``parent``). Each put is
         its own operation: when one fails, the others still complete and the first error
-        is raised. Local."""
+        is raised. With ids known, device inputs bound for a device tier are one batch
+        (:meth:`~cascade.core.writes.WritePath.put_device_many`): their copies are
+        synchronised once per stream before any of them is committed, and a failed copy
+        or synchronisation stores none of them. Local."""
         pairs = list(pairs)
         if block_ids is not None:
             block_ids = [check_id(b) for b in block_ids]
@@ -60,6 +64,25 @@ class BatchCalls:
             for i, got in zip(hot, stored):
                 results[i] = got
             rest = [i for i, got in enumerate(results) if got is None]
+            device = [i for i in rest if self._device_pair(*pairs[i])]
+            if device:  # device inputs into a device tier: one synchronisation per stream, then the commits
+                items, failed = [], []
+                for i in device:
+                    try:
+                        self._check_put_options(namespace, parents[i], 0, None)
+                        items.append((self._check_pair(*pairs[i]), ids[i], parents[i]))
+                    except Exception as exc:
+                        results[i] = exc
+                        failed.append(i)
+                device = [i for i in device if i not in failed]
+                try:
+                    stored = self._writes.put_device_many(items, namespace, ttl=None, priority=0)
+                except Exception as exc:  # a copy or synchronisation failed: none of these was stored
+                    stored = [exc] * len(items)
+                for i, got in zip(device, stored):
+                    results[i] = got
+                self._tick()
+                rest = [i for i in rest if results[i] is None]
         errors = [r for r in results if isinstance(r, BaseException)]
         try:
             for i, got in zip(rest, self._pools.parallel(put_one, rest, max_workers, item_bytes=self.spec.block_bytes)):
@@ -69,6 +92,15 @@ class BatchCalls:
         if errors:
             raise errors[0]
         return results
+
+    def _device_pair(self, key: Any, value: Any) -> bool:
+        """Whether a put of ``(key, value)`` is a copy from device memory into a device tier."""
+        if self._chain.tiers[0].memory is not Memory.DEVICE:
+            return False
+        try:
+            return all(isinstance(view(a, "block part"), DeviceView) for a in (key, value))
+        except InvalidBlock:
+            return False  # put() reports it
 
     def get_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffers import host_bytes
+from ..buffers import host_bytes, one_sync
 from ..errors import CorruptBlock, InvalidBlock, TierFull
 from ..identity import BlockKey, block_id as compute_block_id, check_id
 from ..policy import BlockMeta
@@ -93,6 +93,79 @@ class WritePath:
                 if isinstance(exc, OSError) and not isinstance(exc, TierFull):  # ENOSPC and friends
                     raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
                 raise
+
+    def put_device_many(self, items: Sequence[tuple[list[Any], str, str | None]], namespace: str, *,
+                        ttl: float | None, priority: int) -> list[str | BaseException]:
+        """Puts of ``(parts, block_id, parent)`` (checked by the caller) whose parts are
+        in device memory, in the calling thread: room claimed for all, every copy into
+        device room enqueued on the inputs' streams (:func:`~cascade.buffers.one_sync`),
+        each stream synchronised once, and only then all committed. A failed copy or
+        synchronisation gives back every claim not yet committed (no block with
+        unfinished bytes is ever visible) and is raised. Otherwise each entry is the id
+        or the error of that put alone (the others still run)."""
+        started = time.perf_counter()
+        done: list[str | BaseException | None] = [None] * len(items)
+        claims: dict[int, Claim] = {}
+        with self._inflight.hold(f"a batch of {len(items)} device puts in namespace {namespace!r}"), \
+                ExitStack() as held:
+            sums = [self.chain.peers.checksum(parts) for parts, _, _ in items]  # before any copy is deferred
+            try:
+                with one_sync([p for parts, _, _ in items for p in parts], sources=True) as batch:
+                    fill = batch.bind(Claim.fill)
+                    for i, (parts, block_id, parent) in enumerate(items):
+                        key = (namespace, block_id)
+                        try:
+                            with self._lock:
+                                self._inflight.check_open()
+                                self.index.check_parent(key, parent)
+                                self.metrics.counters.puts += 1
+                                if self._settled(key, parts):
+                                    done[i] = block_id
+                                    continue
+                            claims[i] = held.enter_context(self.chain.claim_for_put(key, self._nbytes, parent))
+                        except Exception as exc:  # this put's own error
+                            done[i] = self._rejected(exc, None)
+                            continue
+                        fill(claims[i], parts)  # into a device tier only enqueued; a failed copy fails the batch
+            except BaseException:  # a copy or synchronisation failed: nothing of the batch is committed
+                with self._lock:
+                    for claim in claims.values():
+                        claim.discard()
+                        self.metrics.rejected(None)
+                raise
+            for i, claim in claims.items():
+                parts, block_id, parent = items[i]
+                key = (namespace, block_id)
+                committed = False
+                try:
+                    with self._lock:
+                        if self._settled(key, parts, cluster=False):  # the same id earlier in the batch
+                            done[i] = block_id
+                            continue
+                        claim.commit(key)
+                        committed = True
+                        meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
+                                         ttl=self._ttl if ttl is None else ttl, checksum=sums[i])
+                        if self._admit(meta):
+                            self.metrics.stored(meta.tier, meta.nbytes, started)
+                            if claim.t == 0:
+                                self._demoter.poke()
+                        done[i] = block_id
+                except Exception as exc:
+                    done[i] = self._rejected(exc, None if committed else claim)
+        return done  # type: ignore[return-value]
+
+    def _rejected(self, exc: Exception, claim: Claim | None) -> Exception:
+        """Count a failed put as :meth:`put` counts it (room lacking in ``claim``'s tier
+        for an OSError); the error to report (OSErrors as :class:`TierFull`)."""
+        full = claim is not None and isinstance(exc, OSError)
+        with self._lock:
+            if claim is not None:
+                claim.discard()
+            self.metrics.rejected(claim.t if full else None)
+        if isinstance(exc, OSError) and not isinstance(exc, TierFull):
+            return TierFull(f"{claim.tier.name if claim else 'put'}: {exc}")
+        return exc
 
     def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, *, parent: str | None,
                 ttl: float | None, priority: int) -> str | None:
