@@ -1,5 +1,6 @@
-"""Batches on one stream (issue 24 item 3): ``get_many_into`` with device outputs enqueues
-every copy on the outputs' streams and synchronises each stream once, not once per copy;
+"""Batches on one stream (issue 24 item 3): ``get_many_into`` with device outputs, and
+``put_many`` of device inputs into the GPU tier (committed only after the synchronisation),
+enqueue every copy on the buffers' streams and synchronise each stream once, not once per copy;
 and what keeps that safe (a copy that may rewrite memory a batch still reads settles the
 batch first). Runs without a GPU: HostMemoryCopier records every synchronisation."""
 from __future__ import annotations
@@ -190,3 +191,28 @@ def test_a_failed_put_many_synchronisation_stores_none_of_the_batch(gpu_store, c
     closing.start()
     closing.join(3)
     assert not closing.is_alive(), "close() is still waiting after a failed put batch"
+
+
+def test_a_batch_whose_streams_another_thread_failed_to_synchronise_fails_too(copier):
+    """The failure of a settle run by another thread's copy still fails the batch: a put
+    batch must not commit after it."""
+    src = HostCudaArray(np.arange(64, dtype=np.uint8), stream=0x81)
+    room = buffers.settled(HostCudaArray(np.zeros(64, np.uint8)))
+    with pytest.raises(RuntimeError, match="injected"):
+        with buffers.one_sync([src], sources=True) as batch:
+            batch.bind(buffers.copy)(room, src)
+            assert copier.synced == [] and batch.pending  # only enqueued
+            copier.fail_sync = RuntimeError("cudaErrorLaunchFailure (injected)")
+            errors = []
+            t = threading.Thread(target=lambda: _copy_catching(errors))
+            t.start()
+            t.join(5)
+            assert errors and not batch.pending  # the other thread met the failure
+    assert copier.synced == []
+
+
+def _copy_catching(errors: list) -> None:
+    try:
+        buffers.copy(np.zeros(8, np.uint8), np.ones(8, np.uint8))  # any copy settles open batches first
+    except RuntimeError as exc:
+        errors.append(exc)

@@ -10,7 +10,8 @@ must stay unread until the batch has ended without error (a put batch's reserved
 committed only then). Worker threads join the batch by running their work through
 :meth:`SyncBatch.bind`.
 
-Deferring is safe because the bytes being read stay in place until the batch ends: any
+Deferring is safe because the bytes being read stay in place until the batch ends (a
+put batch's inputs are the caller's, unchanged until its call returns): any
 other copy (a put into a tier slab, a staging slice, an unregistration) first settles
 every batch that still has copies in flight (:func:`settle_all`), and copies through the
 pinned staging arena are never deferred (their slice is given back right after).
