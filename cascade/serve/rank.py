@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -78,21 +78,27 @@ def serve(config: Config, *, block_spec: BlockSpec | None = None, socket_dir: st
 
 def _wait_for_stop(comm: Any) -> str:
     """Block until SIGTERM/SIGINT here or a stop message from another rank; tell the
-    other ranks when the signal came here. Returns what stopped us."""
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    other ranks when the signal came here. Returns what stopped us.
+
+    The signal handler only appends to a list: a handler that took a lock (``Event.set``)
+    could interrupt this thread inside that same lock's ``wait`` and deadlock it."""
+    signals: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: signals.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if comm.Get_size() == 1:
-            stop.wait()
+            while not signals:
+                time.sleep(POLL_SECONDS)
             return "signal"
         from mpi4py import MPI
 
         ctl = comm.Dup()
         note = np.zeros(1, dtype=np.uint8)
         incoming = ctl.Irecv(note, source=MPI.ANY_SOURCE, tag=_STOP_TAG)
-        while not stop.wait(POLL_SECONDS):
+        while not signals:
             if incoming.Test():
                 return "another rank stopped"
+            time.sleep(POLL_SECONDS)
         incoming.Cancel()
         incoming.Wait()
         me = comm.Get_rank()
