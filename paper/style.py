@@ -118,11 +118,22 @@ def size_label(nbytes: float) -> str:
     return f"{nbytes:.0f}"
 
 
+#: Sizes closer than this many octaves to the last labelled one keep their tick, unlabelled
+#: (1M and 2M would overlap at column width).
+MIN_LABEL_OCTAVES = 1.5
+
+
 def bytes_axis(ax, sizes: list[int]) -> None:
-    """A log2 x axis ticked at exactly the measured block sizes."""
+    """A log2 x axis ticked at exactly the measured block sizes; a label is left off a
+    tick within :data:`MIN_LABEL_OCTAVES` of the previous labelled one."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
-    ax.set_xticklabels([size_label(s) for s in sizes])
+    labels, last = [], None
+    for s in sizes:
+        keep = last is None or abs(math.log2(s / last)) >= MIN_LABEL_OCTAVES
+        labels.append(size_label(s) if keep else "")
+        last = s if keep else last
+    ax.set_xticklabels(labels)
     ax.minorticks_off()
 
 
