@@ -28,6 +28,7 @@ policy                      ``"semantic"``   eviction policy: ``semantic`` or ``
 ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_use``
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
+shm_prefault                False            back and map the whole SHM slab at open (no page faults on puts; commits shm_bytes)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
@@ -139,6 +140,7 @@ class Config:
     ttl_mode: str = "last_use"
     default_ttl: float = 0.0
     verify_dram_reads: bool = False
+    shm_prefault: bool = False
     promote_on_hit: bool = True
     cache_cluster_reads: bool = False
     hint_fraction: float = 1.0

@@ -18,7 +18,9 @@ the tiers' record checksums. ``hash_on_put=True`` restores content addressing (B
 of the KV, overlapped with the copy, checked against the id: ``verify=True``). Reads go
 straight into the caller's buffers (``get_into``), no extra copy. The block shape is taken
 from the first put (key and value of equal size, as K and V are); a put of another size
-drops what the store held and starts a store of that size (``uniform_blocks``).
+drops what the store held and starts a store of that size (``uniform_blocks``). The SHM
+slab is prefaulted at open (``shm_prefault``), as LMCache allocates its CPU pool up front:
+without it a fresh store's puts pay tmpfs page faults (about 1.6 GB/s against 18-20).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ class CascadeAdapter(StorageAdapter):
         shutil.rmtree(self._file_dir, ignore_errors=True)  # this adapter's own files only
         spec = BlockSpec.flat(2 * half)
         if self.tier == "shm":
-            cfg = Config(shm_bytes=self.capacity_bytes, file_bytes=0, file_dir=self._file_dir)
+            cfg = Config(shm_bytes=self.capacity_bytes, file_bytes=0, file_dir=self._file_dir, shm_prefault=True)
         else:
             cfg = Config(shm_bytes=0, file_bytes=self.capacity_bytes, file_dir=self._file_dir)
         self._store = CascadeStore(cfg, block_spec=spec)
