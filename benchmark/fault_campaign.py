@@ -31,6 +31,7 @@ import numpy as np
 from cascade import CascadeStore, Config, block_id
 from cascade.errors import BlockNotFound, TierFull
 from cascade.testing import interrupted_reader
+from cascade.testing.pids import invisible_pid
 from cascade.tiers.shm import ShmPeerSlabs
 
 from .results import write_results
@@ -277,19 +278,6 @@ def full_disk_churn(rounds: int, rnd: random.Random, base: str, ops_per_round: i
             "resurrected": resurrected, "puts_rejected": rejected, "recover_s": max(recover)}
 
 
-def _invisible_pid() -> int:
-    """A PID no process of this namespace has: how a store in another container looks."""
-    pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except PermissionError:
-            pass
-        pid -= 1
-
-
 _HOLDER = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
            "print('locked', flush=True); sys.stdin.read()")
 
@@ -303,7 +291,7 @@ def foreign_slab_owner(rounds: int, base: str) -> dict[str, Any]:
     kept = lost = wrong = raised = hangs = 0
     for _ in range(rounds):
         d = tempfile.mkdtemp(prefix="fault-slab-", dir=base)
-        slab = os.path.join(d, f"cascade-{_invisible_pid()}-{secrets.token_hex(16)}")
+        slab = os.path.join(d, f"cascade-{invisible_pid()}-{secrets.token_hex(16)}")
         content = secrets.token_bytes(1 << 16)
         Path(slab).write_bytes(content)
         holder = subprocess.Popen([sys.executable, "-c", _HOLDER, slab], stdin=subprocess.PIPE,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,8 @@ import pytest
 
 from cascade import CascadeStore, Config, ConfigError, InvalidBlock
 from cascade.config import parse_size
-from cascade.errors import BlockNotFound, CascadeError, StoreClosed
+from cascade.errors import BlockNotFound, StoreClosed
+from cascade.testing.pids import invisible_pid
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.shm import ShmPeerSlabs, ShmTier, remove_stale_slabs
 
@@ -284,23 +284,10 @@ def test_reads_keep_a_last_use_ttl_alive_across_a_restart(tmp_path):
 
 
 # -- issue 21: shared /dev/shm, planted names, lazy SHM ------------------------------------
-def _invisible_pid() -> int:
-    """A PID no process of this namespace has (as a store in another container looks)."""
-    pid = int(open("/proc/sys/kernel/pid_max").read()) - 1
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except PermissionError:
-            pass
-        pid -= 1
-
-
 def test_stale_slab_cleanup_keeps_slabs_locked_by_another_pid_namespace(tmp_path):
     d = tmp_path / "shm"
     d.mkdir(mode=0o700)
-    pid = _invisible_pid()
+    pid = invisible_pid()
     live, stale = d / f"cascade-{pid}-{'a' * 32}", d / f"cascade-{pid}-{'b' * 32}"
     live.write_bytes(b"\0" * 4096)
     stale.write_bytes(b"\0" * 4096)
