@@ -113,14 +113,17 @@ class BlockSpec:
         value = raw[stride:stride + half].view(self.np_dtype).reshape(self.shape)
         return key, value
 
-    def check(self, array: Any, what: str, *, writable: bool = False) -> None:
+    def check(self, array: Any, what: str, *, writable: bool = False) -> Any:
         """Raise :class:`InvalidBlock` (naming the fix) unless ``array`` (numpy, torch,
         cupy, or any object with the buffer protocol, ``__cuda_array_interface__`` or
         ``__dlpack__``) has this shape and dtype and is C-contiguous, and, with
-        ``writable``, can be written."""
+        ``writable``, can be written. Returns what to copy to or from: a numpy array as
+        it is, anything else as its byte view (:func:`cascade.buffers.view`), so that
+        later copies do not read its interface again."""
         shape, dtype = buffers.shape_and_dtype(array, what)
         if shape != self.shape:
             raise InvalidBlock(f"{what} has shape {shape}, expected {self.shape}")
         if dtype != self.np_dtype:
             raise InvalidBlock(f"{what} has dtype {dtype.name}, expected {self.dtype}")
-        buffers.check_layout(array, what, writable=writable)
+        checked = buffers.check_layout(array, what, writable=writable)
+        return array if checked is None else checked

@@ -151,9 +151,7 @@ class CascadeStore(BatchCalls):
     # -- validation -------------------------------------------------------------------------
     def _check_pair(self, key: Any, value: Any) -> list[Any]:
         self._inflight.check_open()
-        self.spec.check(key, "key")
-        self.spec.check(value, "value")
-        return [key, value]
+        return [self.spec.check(key, "key"), self.spec.check(value, "value")]
 
     @staticmethod
     def _check_put_options(namespace: str, parent: str | None, priority: int,
@@ -167,10 +165,10 @@ class CascadeStore(BatchCalls):
         self._inflight.check_open()
         return (check_namespace(namespace), check_id(block_id))
 
-    def _check_outs(self, key_out: Any, value_out: Any) -> None:
-        """:class:`InvalidBlock` unless both are writable arrays of the spec."""
-        self.spec.check(key_out, "key_out", writable=True)
-        self.spec.check(value_out, "value_out", writable=True)
+    def _check_outs(self, key_out: Any, value_out: Any) -> list[Any]:
+        """:class:`InvalidBlock` unless both are writable arrays of the spec; else what
+        to copy into (:meth:`BlockSpec.check`)."""
+        return [self.spec.check(key_out, "key_out", writable=True), self.spec.check(value_out, "value_out", writable=True)]
 
     def _tick(self) -> None:
         """Refresh this rank's stats file when ``config.stats_dir`` is set (see
@@ -250,8 +248,7 @@ class CascadeStore(BatchCalls):
                 if self.config.stats_dir:
                     self._tick()
                 return True
-        self._check_outs(key_out, value_out)
-        return self._read(block_id, namespace, [key_out, value_out])
+        return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
     def _plain(self, array: Any) -> bool:
         """Whether ``array`` is a numpy array of the spec's shape and dtype (a candidate

@@ -212,20 +212,21 @@ def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False) -> int:
             elif s.stream is not None and (_handle(s.stream), s.device) != (stream, device):
                 copier.synchronize(_handle(s.stream), s.device)  # the input is ready on its own stream
             copier.memcpy_async(d.ptr, s.ptr, n, "d2d", stream, device)
-        elif arena.contains(_ptr(s), n):
-            copier.memcpy_async(d.ptr, _ptr(s), n, "h2d", stream, device)
+        elif arena.contains(src := _ptr(s), n):
+            copier.memcpy_async(d.ptr, src, n, "h2d", stream, device)
             defer = False  # the arena slice goes back right after: never left in flight
-        elif _pinnable.pinned(_ptr(s), n, copier):
-            copier.memcpy_async(d.ptr, _ptr(s), n, "h2d", stream, device)
+        elif _pinnable.pinned(src, n, copier):
+            copier.memcpy_async(d.ptr, src, n, "h2d", stream, device)
         else:
             _staged(copier, arena, d, s, to_device=True)
             return n
     else:
         stream, device = _handle(s.stream), s.device
-        if not _pinned(d, copier, arena):
+        dst = int(d.ctypes.data)
+        if not (arena.contains(dst, n) or _pinnable.pinned(dst, n, copier)):
             _staged(copier, arena, s, d, to_device=False)
             return n
-        copier.memcpy_async(_ptr(d), s.ptr, n, "d2h", stream, device)
+        copier.memcpy_async(dst, s.ptr, n, "d2h", stream, device)
     if defer:
         _batch.enqueued(stream, device)
     else:

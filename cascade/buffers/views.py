@@ -82,13 +82,13 @@ def settled(obj: Any, what: str = "buffer") -> ByteView:
     return dataclasses.replace(v, stream=None) if isinstance(v, DeviceView) else v
 
 
-def check_layout(obj: Any, what: str = "buffer", *, writable: bool = False) -> None:
-    """Raise what :func:`view` would raise for ``obj``, without making the view (cheaper
-    for numpy arrays: a validation on the hot path)."""
+def check_layout(obj: Any, what: str = "buffer", *, writable: bool = False) -> ByteView | None:
+    """Raise what :func:`view` would raise for ``obj``; for a numpy array only check it
+    (cheaper: a validation on the hot path) and return None, else return the view."""
     if isinstance(obj, np.ndarray):
         _check_numpy(obj, what, writable)
-    else:
-        view(obj, what, writable=writable)
+        return None
+    return view(obj, what, writable=writable)
 
 
 def host_view(obj: Any, what: str = "buffer", *, writable: bool = False) -> np.ndarray:

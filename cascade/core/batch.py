@@ -118,9 +118,8 @@ class BatchCalls:
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
-        for key_out, value_out in outs:  # all checked before anything is read
-            if not (self._plain_out(key_out) and self._plain_out(value_out)):
-                self._check_outs(key_out, value_out)
+        outs = [pair if self._plain_out(pair[0]) and self._plain_out(pair[1]) else tuple(self._check_outs(*pair))
+                for pair in outs]  # all checked before anything is read
         hits = [False] * len(block_ids)
         if isinstance(namespace, str) and all(type(b) is str for b in block_ids):
             keys = [(namespace, b) for b in block_ids]
