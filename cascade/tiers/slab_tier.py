@@ -6,15 +6,17 @@ does the index, allocation, accounting and optional checksums.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..buffers import nbytes as _nbytes
+from ..buffers import synced_once
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
-from .base import BlockKey, Tier
+from .base import BlockKey, Memory, Tier
 from .slab import SlabAllocator
 
 
@@ -90,8 +92,10 @@ class SlabTier(Tier):
         if sum(_nbytes(p) for p in parts) != slot.length:
             raise ValueError(f"{self.name}: parts hold {sum(_nbytes(p) for p in parts)} bytes, reserved {slot.length}")
         pos = slot.offset
-        for part in parts:
-            pos += self._copy_in(pos, part)
+        # into device room (unread until its commit): one synchronisation per stream for the block
+        with synced_once(parts, sources=True) if self.memory is Memory.DEVICE else nullcontext():
+            for part in parts:
+                pos += self._copy_in(pos, part)
         if self._verify:
             slot.checksum = checksum([self._slab_view(slot.offset, slot.length)])
 
@@ -117,9 +121,10 @@ class SlabTier(Tier):
             # The bytes stay allocated: the store withdraws every reference first.
             raise CorruptBlock(f"{self.name}: block at offset {slot.offset} failed its checksum")
         pos = slot.offset
-        for out, size in zip(outs, sizes):
-            self._copy_out(pos, out)
-            pos += size
+        with synced_once(outs):  # device outputs: one synchronisation per stream for the block
+            for out, size in zip(outs, sizes):
+                self._copy_out(pos, out)
+                pos += size
 
     def leased_view(self, slot: _Slot) -> Any:
         if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
