@@ -49,6 +49,7 @@ class Context:
     results: Results
     out: Path
     macros: MacroBook
+    device: Results | None = None  # a separate suite run on a GPU machine (results.DEVICE_RESULTS)
     written: list[Path] = field(default_factory=list)
     layout: list[str] = field(default_factory=list)
     spec: FigureSpec | None = None

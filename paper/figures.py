@@ -5,6 +5,8 @@
 Reads one suite run of ``python -m benchmark.suite``: ``DIR`` is a suite directory or a
 directory of them (the newest is read); by default the newest suite run in
 ``benchmark/results``, or the committed sample ``paper/sample_results`` when there is none.
+GPU workloads that suite could not run (no GPU on the build machines) are read from the
+newest suite run in ``benchmark/results/device``, made on a GPU machine, and the text says so.
 It says which run it read (directory and commit) on stdout and at the top of
 ``Generated/numbers.tex``, and writes, under ``--out`` (default ``paper/``):
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from .core import Context, FigureSpec, Skip
 from .macros import MacroBook
-from .results import SAMPLE_RESULTS, Results, ResultsError, default_results, display_path
+from .results import DEVICE_RESULTS, SAMPLE_RESULTS, Results, ResultsError, default_results, display_path
 from .tables import placeholder_figure, placeholder_table
 
 __all__ = ["Context", "FigureSpec", "Report", "Skip", "all_specs", "generate", "main"]
@@ -66,10 +68,12 @@ class Report:
         return 0
 
 
-def generate(results_dir: Path, out: Path, *, only: Sequence[str] = ()) -> Report:
-    """Build every spec (or those named in ``only``) from ``results_dir`` into ``out``."""
+def generate(results_dir: Path, out: Path, *, only: Sequence[str] = (), device_dir: Path | None = DEVICE_RESULTS) -> Report:
+    """Build every spec (or those named in ``only``) from ``results_dir`` into ``out``;
+    GPU workloads the suite could not run come from the newest suite in ``device_dir``."""
     results = Results.load(results_dir)
-    ctx = Context(results, out, MacroBook())
+    device = Results.load(device_dir) if device_dir is not None and device_dir.is_dir() else None
+    ctx = Context(results, out, MacroBook(), device=device if device is not None and device.suite else None)
     skipped: list[tuple[str, str]] = []
     errors: list[ResultsError] = list(results.unreadable)
     for spec in all_specs():

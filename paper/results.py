@@ -22,6 +22,9 @@ from .spread import Spread, merge
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = REPO_ROOT / "benchmark" / "results"
 SAMPLE_RESULTS = REPO_ROOT / "paper" / "sample_results"
+#: Suite runs of GPU workloads alone, made on a lent GPU machine (the build machines have
+#: none): the device_io table reads the newest when the main suite could not run it.
+DEVICE_RESULTS = DEFAULT_RESULTS / "device"
 
 #: Workloads whose names may appear in file names (the runner's, mpi_micro and the run).
 KNOWN_WORKLOADS = ("tier_bandwidth", "trace_replay", "mpi_micro", "write_throughput", "read_throughput",

@@ -415,11 +415,13 @@ def _defined(out: Path) -> dict[str, str]:
                            (out / "Generated" / "numbers.tex").read_text()))
 
 
-def test_device_io_without_a_gpu_says_not_run_and_why(built):
-    out, _ = built
+def test_device_io_without_a_gpu_says_not_run_and_why(tmp_path):
+    out = tmp_path
     doc = json.loads(_sample(SAMPLES, "device_io").read_text())
     assert "skipped" in doc, "the sample was measured on a machine with a GPU: this test needs one without"
     from paper.tables import escape
+
+    figures.generate(SAMPLES, out, only=["device_io"], device_dir=None)  # and no GPU suite beside it
 
     assert _defined(out)["DevSentence"] == f"was not run in this suite run: {escape(doc['skipped'])}"
     table = (out / "Tables" / "device_io.tex").read_text()
@@ -428,11 +430,43 @@ def test_device_io_without_a_gpu_says_not_run_and_why(built):
 
 def test_device_io_with_a_gpu_gives_ratios_and_verdicts(tmp_path):
     """The GPU branch, on results shaped as device_io.run writes them on a GPU (no GPU here:
-    the numbers are placeholders; the real run is owed where a GPU is lent)."""
+    the numbers are placeholders; the real run is in benchmark/results/device)."""
+    results = _copy_samples(tmp_path)
+    _add_gpu_device_io(_suite(results))
+    report = figures.generate(results, tmp_path / "out", only=["device_io"])
+    assert not report.errors and not report.skipped
+    sentence = _defined(tmp_path / "out")["DevSentence"]
+    assert sentence.startswith("ran on Test GPU (driver 13000)")
+    assert "GPU-tier puts at least" in sentence and "met in 2 of 3 repetitions" in sentence
+    assert "GPU-tier gets at least 0.91 (0.90--0.92)$\\times$ of the raw copy (met in all 3 repetitions)" in sentence
+    body = (tmp_path / "out" / "Tables" / "device_io.tex").read_text().split(r"\midrule")[1]
+    assert body.count(r"\\") == 4
+
+
+def test_device_io_skipped_in_the_suite_is_read_from_the_gpu_suite_beside_it(tmp_path):
+    """The build machines have no GPU: device_io then comes from a separate suite run made on
+    a GPU machine (benchmark/results/device), and the text says which run it was."""
+    results = _copy_samples(tmp_path)
+    device = tmp_path / "device"
+    shutil.copytree(SAMPLES, device)
+    gpu_suite = _suite(device)
+    _keep_runs(gpu_suite, lambda r: False)
+    _add_gpu_device_io(gpu_suite)
+    report = figures.generate(results, tmp_path / "out", only=["device_io"], device_dir=device)
+    assert not report.errors and not report.skipped
+    sentence = _defined(tmp_path / "out")["DevSentence"]
+    assert sentence.startswith("was skipped in this suite run (")
+    assert "a separate run of it alone, suite run " in sentence and gpu_suite.name.replace("_", r"\_") in sentence
+    assert "ran on Test GPU (driver 13000)" in sentence
+    body = (tmp_path / "out" / "Tables" / "device_io.tex").read_text()
+    assert str(gpu_suite.name) in body and body.split(r"\midrule")[1].count(r"\\") == 4
+
+
+def _add_gpu_device_io(suite: Path) -> None:
+    """Replace the suite's device_io runs with files shaped as device_io.run writes them on
+    a GPU (placeholder numbers): GPU-tier puts miss the target in repetition 0 only."""
     from benchmark.workloads.device_io import TARGET
 
-    results = _copy_samples(tmp_path)
-    suite = _suite(results)
     _keep_runs(suite, lambda r: r["workload"] != "device_io")
     ops = ("gpu_put", "gpu_get", "gpu_put_batch", "gpu_get_batch", "shm_put_from_gpu", "shm_get_into_gpu",
            "shm_put_from_gpu_batch", "shm_get_into_gpu_batch")
@@ -448,14 +482,6 @@ def test_device_io_with_a_gpu_gives_ratios_and_verdicts(tmp_path):
         _add_to_suite(suite, f"rep{rep}/all_device_io_1n_2099010{rep + 1}T000000.json",
                       {"system": "all", "workload": "device_io", "gpu": "Test GPU", "driver_version": 13000,
                        "runtime_version": 13000, "rows": rows}, rep)
-    report = figures.generate(results, tmp_path / "out", only=["device_io"])
-    assert not report.errors and not report.skipped
-    sentence = _defined(tmp_path / "out")["DevSentence"]
-    assert sentence.startswith("ran on Test GPU (driver 13000)")
-    assert "GPU-tier puts at least" in sentence and "met in 2 of 3 repetitions" in sentence
-    assert "GPU-tier gets at least 0.91 (0.90--0.92)$\\times$ of the raw copy (met in all 3 repetitions)" in sentence
-    body = (tmp_path / "out" / "Tables" / "device_io.tex").read_text().split(r"\midrule")[1]
-    assert body.count(r"\\") == 4
 
 
 def test_small_blocks_targets_are_judged_in_each_repetition(tmp_path):

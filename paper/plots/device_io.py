@@ -2,8 +2,9 @@
 reason the suite could not run it.
 
 Source: the suite's ``device_io`` results (:mod:`benchmark.workloads.device_io`). Without a
-usable GPU the file holds ``skipped`` (the reason) and no rows: the table and the text then
-say "not run" with that reason, and nothing is drawn. With a GPU: ``gpu``,
+usable GPU the file holds ``skipped`` (the reason) and no rows: the newest suite run in
+``benchmark/results/device`` (device_io alone on a GPU machine) is read instead, and the text
+names that run; with none, the table and the text say "not run" with the reason. With a GPU: ``gpu``,
 ``driver_version``, and per block size and batch (``size``, ``blocks``) ``limits.<raw>.gbps``,
 ``cascade.<op>.gbps`` and ``cpu_us_per_block``, and ``ratios`` (Cascade over the raw copy
 that bounds it, same round); the target ratio is the workload's ``TARGET``, judged here per
@@ -58,6 +59,12 @@ def build(ctx: Context) -> list[ResultsFile]:
     if rf is None:
         raise absent("device_io")
     m = ctx.macros
+    where = ""
+    gpu_rf = ctx.device.newest("device_io") if ctx.device is not None else None
+    if "skipped" in rf.doc and gpu_rf is not None and "skipped" not in gpu_rf.doc:
+        where = (f"was skipped in this suite run ({escape(str(rf.get('skipped')))}); a separate run of it alone, "
+                 f"{escape(ctx.device.describe())}, ")
+        rf = gpu_rf
     if "skipped" in rf.doc:
         reason = escape(str(rf.get("skipped")))
         m.add("DevSentence", f"was not run in this suite run: {reason}", rf.source("skipped"))
@@ -77,7 +84,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         lo = min(values, key=float)
         verdicts.append(f"{words} at least {sig(lo, 2)}$\\times$ of the raw copy "
                         f"({met_phrase(met_in(values, reps, lambda v: v >= target), reps)})")
-    m.add("DevSentence", f"ran on {escape(str(rf.get('gpu')))} (driver {int(rf.num('driver_version'))}): "
+    m.add("DevSentence", where + f"ran on {escape(str(rf.get('gpu')))} (driver {int(rf.num('driver_version'))}): "
           f"against a target of {sig(target, 2)}$\\times$, " + "; ".join(verdicts),
           "; ".join(rf.source("rows", "*", "ratios", k) for k, *_ in RATIOS)
           + " (the smallest over sizes and batches; target benchmark/workloads/device_io.py: TARGET, per repetition)")
