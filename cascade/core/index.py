@@ -72,12 +72,14 @@ class BlockIndex:
 
     def admit(self, meta: BlockMeta, now: float) -> None:
         """Enter a new block, with the children of it that are already cached."""
-        meta.depth = self.depth(meta)
-        meta.child_tiers = self._kids.setdefault(meta.key, [0] * self._num_tiers)
-        self.blocks[meta.key] = meta
+        key = meta.key
+        meta.depth = 0 if meta.parent is None else self.depth(meta)  # (calls skipped for a head: per put)
+        meta.child_tiers = self._kids.setdefault(key, [0] * self._num_tiers)
+        self.blocks[key] = meta
         self._ns_add(meta, meta.tier, meta.nbytes)
         self._policy.admitted(meta, now)
-        self._count_child(meta, meta.tier, +1)
+        if meta.parent is not None:
+            self._count_child(meta, meta.tier, +1)
 
     def adopt(self, found: list[BlockMeta], now: float) -> None:
         """Enter blocks found on disk at open (unconfirmed), all at once: their depths
@@ -159,9 +161,10 @@ class BlockIndex:
         """Not a candidate until its next change (it may not go now)."""
         self._policy.set_aside(meta)
 
-    def touched(self, meta: BlockMeta) -> None:
-        """A hit, or a put deduplicated onto it."""
-        self._policy.touched(meta, time.monotonic())
+    def touched(self, meta: BlockMeta, now: float | None = None) -> None:
+        """A hit, or a put deduplicated onto it, at ``now`` (``time.monotonic()``, read
+        here when not given)."""
+        self._policy.touched(meta, time.monotonic() if now is None else now)
 
     def evicted(self, meta: BlockMeta) -> None:
         """``meta`` is about to be dropped for room."""

@@ -157,6 +157,7 @@ class ShmTier(SlabTier):
             self.close()
             raise
         self._view = memoryview(self._mmap)
+        self._hot_host = None if verify else self._view
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy
         if prefault:
@@ -214,13 +215,11 @@ class ShmTier(SlabTier):
     def _slab_array(self) -> Any:
         return self._bytes
 
-    def _host_view(self) -> memoryview | None:
-        return self._view
-
     def close(self) -> None:
         buffers.forget_pinnable(self._pinnable)  # unregistered before the unmap
         self._pinnable = None
         self._bytes = None
+        self._hot_host = None
         if self._view is not None:
             self._view.release()
             self._view = None
