@@ -248,9 +248,9 @@ class CascadeStore(BatchCalls):
         if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.shape == shape
                 and value_out.shape == shape and key_out.dtype == dtype and value_out.dtype == dtype
                 and type(block_id) is str and type(namespace) is str):
-            key = (namespace, block_id)
-            self._async.wait_for_puts((key,))  # a get after a put_async of this id sees it
-            if self._reads.read_hot(key, (key_out, value_out)):
+            # A block cached here is what a pending put_async of its id would store (or
+            # dedup onto): the wait for such puts (a get after one sees it) is _read's.
+            if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
                 if self.config.stats_dir:
                     self._tick()
                 return True

@@ -184,7 +184,7 @@ class ShmTier(SlabTier):
     def reserve(self, key, nbytes: int, *, parent: str | None = None) -> _Slot:
         """Claim slab space, backing it with memory first if it lies past what is backed
         (:class:`TierFull` when the file system cannot: nothing is claimed then)."""
-        slot = super().reserve(key, nbytes, parent=parent)
+        slot = SlabTier.reserve(self, key, nbytes)  # (not super(): this runs on every put)
         end = slot.offset + nbytes
         if end > self._backed:
             target = min(self._capacity, -(-end // _BACKING_STEP) * _BACKING_STEP)

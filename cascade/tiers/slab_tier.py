@@ -20,6 +20,11 @@ from .base import BlockKey, Memory, Tier
 from .slab import SlabAllocator
 
 
+#: What taking a flat byte view of a buffer raises when it has none (no buffer protocol,
+#: strided, a format memoryview cannot cast).
+_NO_BYTE_VIEW = (TypeError, ValueError, BufferError, NotImplementedError)
+
+
 @dataclass(slots=True, eq=False)
 class _Slot:
     offset: int
@@ -148,29 +153,42 @@ class SlabTier(Tier):
         """The whole slab as a uint8 array (numpy or cupy)."""
         raise NotImplementedError
 
+    # read_hot() and fill_hot() run per block under the store's lock: each makes the byte
+    # view of a buffer and copies it in one pass (ndarray.data: the same buffer as
+    # memoryview(buf), at half the cost), so a refusal may come after a first copy.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         host, slot = self._hot_host, self._index.get(key)
-        views = None if host is None or slot is None else byte_views(outs, slot.length, writable=True)
-        if views is None:
+        if host is None or slot is None:
             return False
-        pos = slot.offset
-        for view in views:
-            end = pos + len(view)
-            view[:] = host[pos:end]
-            pos = end
-        return True
+        pos, last = slot.offset, slot.offset + slot.length
+        try:
+            for out in outs:
+                view = (out.data if type(out) is np.ndarray else memoryview(out)).cast("B")
+                end = pos + view.nbytes
+                if view.readonly or end > last:
+                    return False
+                view[:] = host[pos:end]
+                pos = end
+        except _NO_BYTE_VIEW:
+            return False
+        return pos == last
 
     def fill_hot(self, slot: _Slot, parts: Sequence[Any]) -> bool:
         host = self._hot_host
-        views = None if host is None else byte_views(parts, slot.length, writable=False)
-        if views is None:
+        if host is None:
             return False
-        pos = slot.offset
-        for view in views:
-            end = pos + len(view)
-            host[pos:end] = view
-            pos = end
-        return True
+        pos, last = slot.offset, slot.offset + slot.length
+        try:
+            for part in parts:
+                view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
+                end = pos + view.nbytes
+                if end > last:
+                    return False
+                host[pos:end] = view
+                pos = end
+        except _NO_BYTE_VIEW:
+            return False
+        return pos == last
 
     def release(self, slot: _Slot) -> None:
         slot.readers -= 1
@@ -235,20 +253,3 @@ class SlabTier(Tier):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "allocated": self._alloc.allocated}
-
-
-
-def byte_views(buffers: Sequence[Any], nbytes: int, *, writable: bool) -> list[memoryview] | None:
-    """``buffers`` as flat byte memoryviews when each is a C-contiguous host buffer (and
-    writable, if asked) and together they hold ``nbytes``; else None."""
-    views, total = [], 0
-    try:
-        for buf in buffers:  # (ndarray.data: the same buffer as memoryview(buf), at half the cost)
-            view = (buf.data if type(buf) is np.ndarray else memoryview(buf)).cast("B")
-            if writable and view.readonly:
-                return None
-            views.append(view)
-            total += view.nbytes
-    except (TypeError, ValueError, BufferError, NotImplementedError):  # no buffer, strided, odd format
-        return None
-    return views if total == nbytes else None
