@@ -206,10 +206,11 @@ class CascadeStore(BatchCalls):
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        # _plain() of both arrays, inlined: this test runs on every put of a small block
+        # _plain() of both arrays, inlined (a dtype compared by identity: numpy keeps one of
+        # each built-in and registered dtype; another equal one takes the full path)
         shape, dtype = self.spec.shape, self.spec.np_dtype
         if (block_id is not None and not verify and type(key) is np.ndarray and type(value) is np.ndarray
-                and key.shape == shape and value.shape == shape and key.dtype == dtype and value.dtype == dtype):
+                and key.dtype is dtype and value.dtype is dtype and key.shape == shape and value.shape == shape):
             stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
                 if self.config.stats_dir:
@@ -243,10 +244,10 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock,
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
-        # _plain() of both outputs, inlined: this test runs on every get of a small block
+        # _plain() of both outputs, inlined as in put()
         shape, dtype = self.spec.shape, self.spec.np_dtype
-        if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.shape == shape
-                and value_out.shape == shape and key_out.dtype == dtype and value_out.dtype == dtype
+        if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.dtype is dtype
+                and value_out.dtype is dtype and key_out.shape == shape and value_out.shape == shape
                 and type(block_id) is str and type(namespace) is str):
             # A block cached here is what a pending put_async of its id would store (or
             # dedup onto): the wait for such puts (a get after one sees it) is _read's.
