@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from time import monotonic_ns
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -44,6 +45,7 @@ class ReadPath:
         self._nbytes, self._rank, self._ttl = nbytes, rank, default_ttl
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
+        self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
@@ -60,20 +62,20 @@ class ReadPath:
         if self._nbytes > HOT_COPY_MAX:
             return False
         with self._lock:
-            started = time.monotonic_ns()
-            meta = self.index.blocks.get(key)
+            started = monotonic_ns()
+            meta = self._blocks.get(key)
             if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
                     or self._inflight.closing):
                 return False
             t = meta.tier
             try:
-                if not self.chain.tiers[t].read_hot(key, outs):
+                if not self._tiers[t].read_hot(key, outs):
                     return False
             except BaseException:  # an error of the copy itself: raised, counted as a miss (as read() does)
                 self.metrics.counters.gets += 1
                 self.metrics.miss()
                 raise
-            now = time.monotonic_ns()
+            now = monotonic_ns()
             self.metrics.hot_hit(t, meta.nbytes, now - started)
             self.index.touched(meta, now * 1e-9)
             return True
