@@ -165,9 +165,9 @@ class SlabTier(Tier):
             for out in outs:
                 view = (out.data if type(out) is np.ndarray else memoryview(out)).cast("B")
                 end = pos + view.nbytes
-                if view.readonly or end > last:
+                if end > last:
                     return False
-                view[:] = host[pos:end]
+                view[:] = host[pos:end]  # (TypeError for a read-only output: refused below)
                 pos = end
         except _NO_BYTE_VIEW:
             return False
