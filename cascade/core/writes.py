@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from ..buffers import host_bytes, one_sync
+from ..distributed.store_layer import Solo
 from ..errors import CorruptBlock, InvalidBlock, TierFull
 from ..identity import BlockKey, block_id as compute_block_id, check_id
 from ..policy import BlockMeta
 from ..tiers.base import Memory
-from ..distributed.store_layer import Solo
 from .chain import TierChain
 from .demoter import Demoter
 from .guards import Claim, InFlight
