@@ -22,6 +22,9 @@ class BlockIndex:
 
     def __init__(self, policy: Policy, num_tiers: int) -> None:
         self._policy = policy
+        #: A hit at ``now`` (``time.monotonic()``): the policy's own method, passed through
+        #: as it is (one call less per hit on the hot path than :meth:`touched`).
+        self.touched_at = policy.touched
         self._num_tiers = num_tiers
         self.blocks: dict[BlockKey, BlockMeta] = {}
         self._kids: dict[BlockKey, list[int]] = {}
@@ -161,10 +164,9 @@ class BlockIndex:
         """Not a candidate until its next change (it may not go now)."""
         self._policy.set_aside(meta)
 
-    def touched(self, meta: BlockMeta, now: float | None = None) -> None:
-        """A hit, or a put deduplicated onto it, at ``now`` (``time.monotonic()``, read
-        here when not given)."""
-        self._policy.touched(meta, time.monotonic() if now is None else now)
+    def touched(self, meta: BlockMeta) -> None:
+        """A hit, or a put deduplicated onto it."""
+        self._policy.touched(meta, time.monotonic())
 
     def evicted(self, meta: BlockMeta) -> None:
         """``meta`` is about to be dropped for room."""

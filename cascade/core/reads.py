@@ -46,6 +46,7 @@ class ReadPath:
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
         self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
+        self._hot_size = nbytes <= HOT_COPY_MAX
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
@@ -59,7 +60,7 @@ class ReadPath:
 
         It runs per block, so it is one call: the latency is taken on the monotonic
         clock in integer nanoseconds, and its end reading is the policy's time of use."""
-        if self._nbytes > HOT_COPY_MAX:
+        if not self._hot_size:
             return False
         with self._lock:
             started = monotonic_ns()
@@ -77,13 +78,13 @@ class ReadPath:
                 raise
             now = monotonic_ns()
             self.metrics.hot_hit(t, meta.nbytes, now - started)
-            self.index.touched(meta, now * 1e-9)
+            self.index.touched_at(meta, now * 1e-9)
             return True
 
     def read_hot_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]]) -> list[bool]:
         """:meth:`read_hot` of each key into the matching ``outs``, all in one locked step
         (each read_hot takes the lock again: it is reentrant, and cheap while held)."""
-        if self._nbytes > HOT_COPY_MAX:
+        if not self._hot_size:
             return [False] * len(keys)
         with self._lock:
             return [self.read_hot(key, out) for key, out in zip(keys, outs)]
