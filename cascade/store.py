@@ -206,9 +206,12 @@ class CascadeStore(BatchCalls):
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        if block_id is not None and not verify and self._plain(key) and self._plain(value):
-            stored = self._writes.put_hot((key, value), namespace, block_id, parent=parent, ttl=ttl,
-                                          priority=priority)
+        # _plain() of both arrays, inlined (a dtype compared by identity: numpy keeps one of
+        # each built-in and registered dtype; another equal one takes the full path)
+        shape, dtype = self.spec.shape, self.spec.np_dtype
+        if (block_id is not None and not verify and type(key) is np.ndarray and type(value) is np.ndarray
+                and key.dtype is dtype and value.dtype is dtype and key.shape == shape and value.shape == shape):
+            stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
                 if self.config.stats_dir:
                     self._tick()
@@ -241,10 +244,14 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock,
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
-        if self._plain(key_out) and self._plain(value_out) and type(block_id) is str and type(namespace) is str:
-            key = (namespace, block_id)
-            self._async.wait_for_puts((key,))  # a get after a put_async of this id sees it
-            if self._reads.read_hot(key, (key_out, value_out)):
+        # _plain() of both outputs, inlined as in put()
+        shape, dtype = self.spec.shape, self.spec.np_dtype
+        if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.dtype is dtype
+                and value_out.dtype is dtype and key_out.shape == shape and value_out.shape == shape
+                and type(block_id) is str and type(namespace) is str):
+            # A block cached here is what a pending put_async of its id would store (or
+            # dedup onto): the wait for such puts (a get after one sees it) is _read's.
+            if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
                 if self.config.stats_dir:
                     self._tick()
                 return True

@@ -12,6 +12,8 @@ PRIORITY_MIN, PRIORITY_MAX = -64, 64  # each step doubles a block's value: 2**64
 
 def check_priority(priority: Any) -> int:
     """An int in [PRIORITY_MIN, PRIORITY_MAX] (bool and floats are refused)."""
+    if type(priority) is int and PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        return priority  # the common case, without the abstract-class check (a microsecond a put)
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise InvalidBlock(f"priority must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority!r}")
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:

@@ -12,9 +12,13 @@ from cascade import CascadeStore, Config
 from cascade.core.reads import HOT_COPY_MAX, ReadPath
 from cascade.core.writes import WritePath
 from cascade.errors import InvalidBlock
+from cascade.histogram import LatencyHistogram
+from cascade.identity import check_namespace
 from cascade.models import BlockSpec
 from cascade.policy import BlockMeta, Policy
+from cascade.stats import StoreMetrics
 from cascade.tiers.shm import ShmTier
+from cascade.validate import check_priority
 
 
 def ident(i: int) -> str:
@@ -176,3 +180,38 @@ def test_a_batch_capped_at_one_core_runs_in_the_callers_thread():
     finally:
         capped.shutdown()
         free.shutdown()
+
+
+def test_hot_gets_and_puts_fill_the_latency_histograms(store):
+    """Each hot put stored and each hot hit is timed (integer nanoseconds on the hot path)."""
+    blocks = [pair(store.spec, i) for i in range(6)]
+    for i, (k, v) in enumerate(blocks):
+        store.put(k, v, block_id=ident(i))
+    store.put(*blocks[0], block_id=ident(0))  # a dedup: counted, not timed as a store
+    key_out, value_out = store.spec.empty()
+    for _ in range(3):
+        for i in range(6):
+            assert store.get_into(ident(i), key_out, value_out)
+    assert store.metrics.put_latency.count == 6
+    assert store.metrics.get_latency[0].count == 18 and store.metrics.get_latency[0].total_s > 0
+
+
+@pytest.mark.parametrize("ns", [0, 1, 999, 1000, 1001, 1999, 2000, 65_535_000, 10**12, 10**16])
+def test_record_ns_uses_the_buckets_of_record(ns):
+    seconds, nanos, hot = LatencyHistogram(), LatencyHistogram(), StoreMetrics(1)
+    seconds.record(ns * 1e-9)
+    nanos.record_ns(ns)
+    hot.hot_hit(0, 1, ns)
+    assert seconds.counts == nanos.counts == hot.get_latency[0].counts
+    assert nanos.total_s == pytest.approx(seconds.total_s)
+
+
+def test_namespace_and_priority_fast_checks_refuse_what_the_full_checks_refuse():
+    assert check_namespace("tenant.a") == "tenant.a" and check_namespace("tenant.a") == "tenant.a"
+    for bad in ("", "a b", "x" * 201, 7, None):
+        with pytest.raises(InvalidBlock):
+            check_namespace(bad)
+    assert check_priority(3) == 3 and check_priority(np.int64(-2)) == -2
+    for bad in (True, 65, -65, 1.0, "1"):
+        with pytest.raises(InvalidBlock):
+            check_priority(bad)

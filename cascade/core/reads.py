@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from time import monotonic_ns
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -44,6 +45,8 @@ class ReadPath:
         self._nbytes, self._rank, self._ttl = nbytes, rank, default_ttl
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
+        self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
+        self._hot_size = nbytes <= HOT_COPY_MAX
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
@@ -53,39 +56,38 @@ class ReadPath:
         it, nothing can move or free the bytes). False, with nothing counted or changed,
         when it is not such a hit (not cached here, with a TTL or a hint, due for
         promotion, in another tier, a closing store) or ``outs`` are not writable
-        C-contiguous host buffers of the block's size: the caller then takes :meth:`read`."""
-        if self._nbytes > HOT_COPY_MAX:
+        C-contiguous host buffers of the block's size: the caller then takes :meth:`read`.
+
+        It runs per block, so it is one call: the latency is taken on the monotonic
+        clock in integer nanoseconds, and its end reading is the policy's time of use."""
+        if not self._hot_size:
             return False
         with self._lock:
-            return not self._inflight.closing and self._hot(key, outs)
+            started = monotonic_ns()
+            meta = self._blocks.get(key)
+            if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
+                    or self._inflight.closing):
+                return False
+            t = meta.tier
+            try:
+                if not self._tiers[t].read_hot(key, outs):
+                    return False
+            except BaseException:  # an error of the copy itself: raised, counted as a miss (as read() does)
+                self.metrics.counters.gets += 1
+                self.metrics.miss()
+                raise
+            now = monotonic_ns()
+            self.metrics.hot_hit(t, meta.nbytes, now - started)
+            self.index.touched_at(meta, now * 1e-9)
+            return True
 
     def read_hot_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]]) -> list[bool]:
-        """:meth:`read_hot` of each key into the matching ``outs``, all in one locked step."""
-        if self._nbytes > HOT_COPY_MAX:
+        """:meth:`read_hot` of each key into the matching ``outs``, all in one locked step
+        (each read_hot takes the lock again: it is reentrant, and cheap while held)."""
+        if not self._hot_size:
             return [False] * len(keys)
         with self._lock:
-            if self._inflight.closing:
-                return [False] * len(keys)
-            return [self._hot(key, out) for key, out in zip(keys, outs)]
-
-    def _hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
-        """Under the lock: one hit of :meth:`read_hot`."""
-        started = time.perf_counter()
-        meta = self.index.blocks.get(key)
-        if meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit):
-            return False
-        t = meta.tier
-        try:
-            if not self.chain.tiers[t].read_hot(key, outs):
-                return False
-        except BaseException:  # an error of the copy itself: raised, counted as a miss (as read() does)
-            self.metrics.counters.gets += 1
-            self.metrics.miss()
-            raise
-        self.metrics.counters.gets += 1
-        self.metrics.hit(t, meta.nbytes, started)
-        self.index.touched(meta)
-        return True
+            return [self.read_hot(key, out) for key, out in zip(keys, outs)]
 
     def read(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs``: True on a hit, False on a miss (a corrupt

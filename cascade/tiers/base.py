@@ -176,16 +176,17 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
-        small block: no lease needed). False, nothing written, when the tier cannot
-        (outputs that are not writable C-contiguous host buffers of the block's size,
-        bytes not in host memory, checksums to verify): the caller then leases it."""
+        small block: no lease needed). False when the tier cannot (outputs that are not
+        writable C-contiguous host buffers of the block's size, bytes not in host memory,
+        checksums to verify): the caller then leases it (a first output may have been
+        written meanwhile: the outputs hold no valid data until that read)."""
         return False
 
     def fill_hot(self, room: Any, parts: Sequence[Any]) -> bool:
         """Copy ``parts`` into reserved ``room`` while the caller holds the store's lock
-        (the small-block form of :meth:`fill`). False, nothing written, when the tier
-        cannot (parts that are not C-contiguous host buffers of the room's size, bytes
-        not in host memory, checksums to compute)."""
+        (the small-block form of :meth:`fill`). False when the tier cannot (parts that
+        are not C-contiguous host buffers of the room's size, bytes not in host memory,
+        checksums to compute): the room then holds no valid data."""
         return False
 
     def current(self, key: BlockKey, lease: Any) -> bool:

@@ -20,6 +20,11 @@ from .base import BlockKey, Memory, Tier
 from .slab import SlabAllocator
 
 
+#: What taking a flat byte view of a buffer raises when it has none (no buffer protocol,
+#: strided, a format memoryview cannot cast).
+_NO_BYTE_VIEW = (TypeError, ValueError, BufferError, NotImplementedError)
+
+
 @dataclass(slots=True, eq=False)
 class _Slot:
     offset: int
@@ -46,6 +51,10 @@ class SlabTier(Tier):
         self._index: dict[BlockKey, _Slot] = {}
         self._used = 0
         self._verify = verify
+        # The slab as a writable host memoryview, set by a subclass whose slab lives in host
+        # memory, unless it verifies checksums: what read_hot() and fill_hot() copy through
+        # (memoryview copies of a few KiB cost a tenth of a numpy copy's call overhead).
+        self._hot_host: memoryview | None = None
 
     # -- subclass hooks ---------------------------------------------------------------
     def _copy_in(self, offset: int, part: Any) -> int:
@@ -144,36 +153,42 @@ class SlabTier(Tier):
         """The whole slab as a uint8 array (numpy or cupy)."""
         raise NotImplementedError
 
+    # read_hot() and fill_hot() run per block under the store's lock: each makes the byte
+    # view of a buffer and copies it in one pass (ndarray.data: the same buffer as
+    # memoryview(buf), at half the cost), so a refusal may come after a first copy.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
-        host = None if self._verify else self._host_view()
-        slot = self._index.get(key)
-        views = None if host is None or slot is None else byte_views(outs, slot.length, writable=True)
-        if views is None:
+        host, slot = self._hot_host, self._index.get(key)
+        if host is None or slot is None:
             return False
-        pos = slot.offset
-        for view in views:
-            end = pos + len(view)
-            view[:] = host[pos:end]
-            pos = end
-        return True
+        pos, last = slot.offset, slot.offset + slot.length
+        try:
+            for out in outs:
+                view = (out.data if type(out) is np.ndarray else memoryview(out)).cast("B")
+                end = pos + view.nbytes
+                if end > last:
+                    return False
+                view[:] = host[pos:end]  # (TypeError for a read-only output: refused below)
+                pos = end
+        except _NO_BYTE_VIEW:
+            return False
+        return pos == last
 
     def fill_hot(self, slot: _Slot, parts: Sequence[Any]) -> bool:
-        host = None if self._verify else self._host_view()
-        views = None if host is None else byte_views(parts, slot.length, writable=False)
-        if views is None:
+        host = self._hot_host
+        if host is None:
             return False
-        pos = slot.offset
-        for view in views:
-            end = pos + len(view)
-            host[pos:end] = view
-            pos = end
-        return True
-
-    def _host_view(self) -> memoryview | None:
-        """The slab as a writable host memoryview, if it lives in host memory (for
-        :meth:`read_hot` and :meth:`fill_hot`; memoryview copies of a few KiB cost a
-        tenth of a numpy copy's call overhead)."""
-        return None
+        pos, last = slot.offset, slot.offset + slot.length
+        try:
+            for part in parts:
+                view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
+                end = pos + view.nbytes
+                if end > last:
+                    return False
+                host[pos:end] = view
+                pos = end
+        except _NO_BYTE_VIEW:
+            return False
+        return pos == last
 
     def release(self, slot: _Slot) -> None:
         slot.readers -= 1
@@ -238,20 +253,3 @@ class SlabTier(Tier):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "allocated": self._alloc.allocated}
-
-
-
-def byte_views(buffers: Sequence[Any], nbytes: int, *, writable: bool) -> list[memoryview] | None:
-    """``buffers`` as flat byte memoryviews when each is a C-contiguous host buffer (and
-    writable, if asked) and together they hold ``nbytes``; else None."""
-    views, total = [], 0
-    for buf in buffers:
-        try:
-            view = memoryview(buf).cast("B")
-        except (TypeError, ValueError, BufferError, NotImplementedError):  # no buffer, strided, odd format
-            return None
-        if writable and view.readonly:
-            return None
-        views.append(view)
-        total += len(view)
-    return views if total == nbytes else None
