@@ -9,10 +9,13 @@ size is expected (elastic restart: see :mod:`cascade.tiers.adoption`) and only l
 
 Rank 0 rewrites the manifest once the store is open on every rank (atomically: a
 temporary file renamed over it), so a job cut short while starting leaves the last
-complete one.
+complete one. On a full file system (its blocks fill it to the last page) a directory
+that already has a manifest keeps it: the open checked its layout, only the world size
+and node count it records are then stale (they are only logged).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -80,9 +83,17 @@ def write(directory: str, layout: Layout, *, world_size: int, nodes: int) -> Non
                 "world_size": world_size, "nodes": nodes, "written": time.time()}
     path = os.path.join(directory, NAME)
     temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not os.path.exists(path):
+            raise
+        log.warning("%s: cannot rewrite it (%s); the one there, of this layout, stays", path, exc.strerror)
+        return
     os.replace(temporary, path)

@@ -54,7 +54,7 @@ class NamespaceVictims(Policy):
         super()._push(meta, seq)
         slot = (meta.tier, meta.key[0])
         heap = self._ns_heaps.setdefault(slot, [])
-        heapq.heappush(heap, (self.score(meta), next(self._seq), meta.version, meta))
+        heapq.heappush(heap, (self.score(meta), meta.order, meta.version, meta))
         if len(heap) > 4 * self._ns_live[slot] + 64:
             heap[:] = [e for e in heap if e[2] == e[3].version and e[3].tier == meta.tier]
             heapq.heapify(heap)

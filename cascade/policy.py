@@ -70,6 +70,7 @@ class BlockMeta:
     checksum: int = 0  # XXH3-64 of the block's bytes, published with it (multi-rank runs)
     version: int = 0  # bumps on every change; stale heap entries are skipped
     touch_seq: int = 0  # a use not yet in the heap: its order there (Policy.touched)
+    order: int = 0  # its place among equal scores: the sequence number of its last use
 
     def children_at_or_above(self, tier: int) -> int:
         return sum(self.child_tiers[: tier + 1])
@@ -107,7 +108,7 @@ class Policy:
         if not meta.child_tiers:
             meta.child_tiers = [0] * self.num_tiers
         self._live[meta.tier] += 1
-        self._push(meta)
+        self._push(meta, next(self._seq))
 
     def touched(self, meta: BlockMeta, now: float) -> None:
         """A hit (or a dedup put) on ``meta``. A use only raises a block's score (later
@@ -120,7 +121,7 @@ class Policy:
         if self._lazy_touch:
             meta.touch_seq = next(self._seq)
         else:
-            self._push(meta)
+            self._push(meta, next(self._seq))
 
     def moved(self, meta: BlockMeta, old_tier: int) -> None:
         """``meta`` moved from ``old_tier`` to ``meta.tier``."""
@@ -237,13 +238,16 @@ class Policy:
 
     # -- internals ----------------------------------------------------------------------
     def _push(self, meta: BlockMeta, seq: int = 0) -> None:
-        """A fresh heap entry for ``meta`` (ordered among equal scores by ``seq``, default
-        now); its older entries go stale."""
+        """A fresh heap entry for ``meta``; its older entries go stale. Among equal scores
+        it is ordered by ``seq``, a use now, or else by its last use (a pending touch, or
+        ``meta.order``): a change that is not a use (a reader done, a move, a pin) keeps
+        its place, so a block whose demotion failed is not ranked as just used."""
         meta.version += 1
+        meta.order = seq or meta.touch_seq or meta.order
         meta.touch_seq = 0
         score = self.score(meta)
         heap = self._heaps[meta.tier]
-        heapq.heappush(heap, (score, seq or next(self._seq), meta.version, meta))
+        heapq.heappush(heap, (score, meta.order, meta.version, meta))
         if len(heap) > 4 * self._live[meta.tier] + 64:
             self._heaps[meta.tier] = [e for e in heap if e[2] == e[3].version and e[3].tier == meta.tier]
             heapq.heapify(self._heaps[meta.tier])

@@ -105,6 +105,31 @@ def test_a_failing_background_demotion_is_counted_and_the_store_serves(tmp_path,
     store.close(timeout=120.0)  # returns: CloseTimeout would name what is still held
 
 
+def test_a_full_lower_tier_costs_the_oldest_blocks_not_the_newest(tmp_path, monkeypatch):
+    """The slower tier's disk is full (every copy into it fails with ENOSPC): each failed
+    background demotion leaves its block in place and in its place in the eviction order,
+    so the puts that then make room themselves drop the oldest blocks, never the newest
+    (a failed move used to rank its block as just used: the untried newest went first)."""
+    store = open_store(tmp_path)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.tiers[1], "fill", disk_full)
+    ids = []
+    for n in range(2 * SHM_BLOCKS):
+        ids.append(put(store, n))
+        store.flush()  # this put's round (above high: a failed move) ended before the next put
+    counters = store.stats()
+    assert counters["background_demotion_errors"] > SHM_BLOCKS and counters["background_demotions"] == 0
+    assert counters["rejected"] == 0
+    assert [b for b in ids[:SHM_BLOCKS] if store.contains(b)] == []  # the oldest went
+    for b in ids[SHM_BLOCKS:]:  # every one of the newest is still in SHM, exact
+        assert store._meta[("default", b)].tier == 0
+        check_block(b, *store.get(b))
+    store.close(timeout=120.0)
+
+
 def test_a_demoter_bug_is_counted_and_close_returns(tmp_path, monkeypatch):
     store = open_store(tmp_path)
 

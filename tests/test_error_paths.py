@@ -55,7 +55,7 @@ def test_given_tiers_are_used_fastest_first(config, tmp_path):
     spec = BlockSpec.for_model("tiny", config.block_tokens)
     shm = ShmTier(2 * spec.block_bytes, str(tmp_path / "shm"))
     files = FileTier(16 * spec.block_bytes, str(tmp_path / "given"), segment_bytes=1 << 20)
-    with CascadeStore(config, tiers=[shm, files]) as s:
+    with CascadeStore(config.replace(demote_high=1.0), tiers=[shm, files]) as s:  # no background demoter: counts
         ids = [s.put(*make_block(s.spec, i)) for i in range(5)]
         tiers = s.stats()["tiers"]
         assert (tiers["shm"]["blocks"], tiers["file"]["blocks"]) == (2, 3)  # two fit the fast tier

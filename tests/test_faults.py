@@ -124,7 +124,11 @@ WRITER = textwrap.dedent("""
 @pytest.mark.timeout(240)
 def test_sigkill_at_random_points_loses_no_acknowledged_block(tmp_path):
     """Kill a writer at random moments, 12 times over one directory; after each restart
-    every acknowledged block is there byte-exact and the dead writer's slab is gone."""
+    every acknowledged block is there byte-exact and the dead writer's slab is gone.
+    Besides the newest 16, one more block may have sat in the writer's SHM: the one the
+    background demoter held (its copy not yet committed) while the put thread, finding
+    SHM full, demoted newer blocks past it (they are never more than one: the demoter
+    moves one block at a time, and nothing else keeps a block from moving here)."""
     cfg = Config(model="tiny", shm_bytes=16 * 4096, file_bytes=1 << 30, file_dir=str(tmp_path / "agg"),
                  file_segment_bytes=1 << 20)
     rnd = random.Random(7)
@@ -153,8 +157,9 @@ def test_sigkill_at_random_points_loses_no_acknowledged_block(tmp_path):
         with CascadeStore(cfg.replace(shm_bytes=0)) as s:
             assert not os.path.exists(slab), "the dead writer's SHM slab was left behind"
             on_file = [b for b in acked if s.contains(b)]
-            lost = set(acked) - set(on_file)
-            assert lost <= in_shm_at_kill, f"{len(lost - in_shm_at_kill)} acknowledged file-tier blocks lost"
+            lost = set(acked) - set(on_file) - in_shm_at_kill
+            assert len(lost) <= 1, f"{len(lost) - 1} acknowledged file-tier blocks lost"  # one: the demoter's
+            in_shm_at_kill |= lost
             for bid in on_file:
                 assert same(s.get(bid), block(s.spec, acked[bid])), bid
     assert len(acked) > 100
@@ -227,6 +232,28 @@ def test_full_disk_get_and_delete_never_raise_and_nothing_comes_back(tmp_path, f
             served = [bid for bid in gone if s.get(bid) is not None]
             assert served == [], f"{len(served)} deleted or evicted blocks came back after a restart"
             assert _ghosts_and_orphans(s) == (0, 0)
+
+
+@root_only
+def test_a_store_reopens_on_a_disk_its_blocks_filled_to_the_last_page(tmp_path):
+    """The open rewrites the directory's manifest; on a file system with no page left it
+    keeps the one there (the layout it checked) instead of failing, and leaves no
+    temporary file behind."""
+    with small_tmpfs(tmp_path / "fs", "256k") as fs:
+        cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 << 20, file_dir=str(fs / "agg"),
+                     file_segment_bytes=1 << 20, demote_high=1.0)
+        with CascadeStore(cfg) as s:
+            ids = [s.put(*block(s.spec, i)) for i in range(8)]
+        fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(OSError):  # ENOSPC: every page that was left is taken
+                while True:
+                    os.write(fd, b"x" * 4096)
+        finally:
+            os.close(fd)
+        with CascadeStore(cfg) as s:
+            assert all(same(s.get(b), block(s.spec, i)) for i, b in enumerate(ids))
+        assert [n for n in os.listdir(fs / "agg") if n.endswith(".tmp")] == []
 
 
 @root_only

@@ -7,9 +7,10 @@ index's victims (the same two-phase moves as the put path: :mod:`.chain`) until 
 is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InFlight`);
 ``close()`` stops the thread after the move under way (a bounded wait, not holding the
 store's lock); the copies run outside the store's lock. ``flush()`` waits for the rounds
-asked for before it. A failed move is logged and counted
-(``background_demotion_errors``), ends the round (the next commit above ``high`` starts
-another) and never reaches a caller. A put that finds the tier truly full still makes
+asked for before it. A failed move (e.g. a full disk below) leaves its block where it
+was, in its place in the eviction order (:meth:`~cascade.policy.Policy.changed` is not a
+use), is logged and counted (``background_demotion_errors``), ends the round (the next
+commit above ``high`` starts another) and never reaches a caller. A put that finds the tier truly full still makes
 room itself, as before. Thread-safe.
 """
 from __future__ import annotations
