@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ..errors import StoreClosed
 from ..policy import BlockMeta
@@ -136,6 +137,7 @@ class Demoter:
                     with self._lock:
                         if chain.index.get(victim.key) is victim and victim.tier > 0:  # not deleted meanwhile
                             chain.metrics.counters.background_demotions += 1
+                time.sleep(0)  # hand the GIL to a put woken by the lock just released (else it waits a switch interval)
         finally:
             if set_aside:
                 with self._lock:
