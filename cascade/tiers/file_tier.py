@@ -65,7 +65,7 @@ from .file_recovery import Recovery
 from .file_state import Loc, SegmentFile
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
-from .record_io import READERS, encode_location, open_own, page_aligned, pwritev_all, read_hashed
+from .record_io import READERS, ReadStream, encode_location, open_own, output_views, page_aligned, pwritev_all, read_hashed
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class FileTier(Recovery, Compaction, Tier):
         self.on_lustre = is_lustre(directory)
         # Buffered reads of big records one at a time (see record_io), off Lustre: its
         # OSTs serve several at once.
-        self._stream = None if self.on_lustre else threading.Lock()
+        self._stream = None if self.on_lustre else ReadStream()
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
@@ -397,7 +397,7 @@ class FileTier(Recovery, Compaction, Tier):
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views = [as_byte_view(o, "output buffer") for o in outs]
+        views = output_views(outs)
         if sum(v.nbytes for v in views) != loc.length:
             raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
         start = loc.offset + HEADER_BYTES
