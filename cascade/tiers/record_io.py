@@ -96,7 +96,7 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # Buffered reads of records over SCAN bytes go in file order as pieces of SCAN bytes,
 # each hashed as soon as it lands (still in the CPU cache, while the kernel's readahead
 # fetches the next ones); records of STREAM_MIN and more are read one at a time per
-# tier (``stream``). Measured cold, 256 MiB of records on this project's 2-core virtio
+# tier, in file order (``stream``: :class:`ReadStream`). Measured cold, 256 MiB of records on this project's 2-core virtio
 # disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
 # GB/s (CPU seconds per GB), on a machine loaded 6-9 by other work (noisy):
 # - 4 threads at 16 MiB, whole-record preadv then hash 1.01 (0.215), 512 KiB pieces
@@ -116,7 +116,7 @@ CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
 SCAN = 1 << 20  # buffered records over this: read in order as pieces of this size
-STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier
+STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier, in file order
 _reader_pool: ThreadPoolExecutor | None = None
 _reader_pool_lock = threading.Lock()
 
