@@ -92,7 +92,7 @@ def test_the_stream_grants_waiting_reads_in_file_order():
 
     threads = []
     for offset in (30, 10, 40, 20):
-        threads.append(threading.Thread(target=read, args=(offset,)))
+        threads.append(threading.Thread(target=read, args=(offset,), daemon=True))
         threads[-1].start()
     deadline = time.monotonic() + 10
     while len(stream._waiting) < 4 and time.monotonic() < deadline:
@@ -102,3 +102,36 @@ def test_the_stream_grants_waiting_reads_in_file_order():
     for t in threads:
         t.join(10)
     assert granted == [10, 20, 30, 40]
+
+
+def test_a_read_interrupted_while_waiting_leaves_the_stream_usable():
+    stream = record_io.ReadStream()
+    holder = stream.turn(3, 50)
+    holder.__enter__()
+    waiter_failed = threading.Event()
+
+    def interrupted() -> None:  # waits at offset 10, then gives up (as on KeyboardInterrupt)
+        original = stream._cond.wait
+
+        def wait(timeout=None):
+            raise KeyboardInterrupt
+
+        stream._cond.wait = wait
+        try:
+            with stream.turn(3, 10):
+                pass
+        except KeyboardInterrupt:
+            waiter_failed.set()
+        finally:
+            stream._cond.wait = original
+
+    t = threading.Thread(target=interrupted, daemon=True)
+    t.start()
+    t.join(10)
+    assert waiter_failed.is_set() and stream._waiting == []
+    holder.__exit__(None, None, None)
+    done = []
+    later = threading.Thread(target=lambda: done.append(stream.turn(3, 20).__enter__() is None), daemon=True)
+    later.start()
+    later.join(10)
+    assert done == [True]  # offset 20 was not kept waiting behind the abandoned offset 10

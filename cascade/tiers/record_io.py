@@ -96,9 +96,10 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # Buffered reads of records over SCAN bytes go in file order as pieces of SCAN bytes,
 # each hashed as soon as it lands (still in the CPU cache, while the kernel's readahead
 # fetches the next ones); records of STREAM_MIN and more are read one at a time per
-# tier, in file order (``stream``: :class:`ReadStream`). Measured cold, 256 MiB of records on this project's 2-core virtio
-# disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
-# GB/s (CPU seconds per GB), on a machine loaded 6-9 by other work (noisy):
+# tier, in file order (``stream``: :class:`ReadStream`). Measured cold, 256 MiB of
+# records on this project's 2-core virtio disk (read_ahead_kb 8192), one process,
+# configurations alternated, 5 rounds, median GB/s (CPU seconds per GB), on a machine
+# loaded 6-9 by other work (noisy):
 # - 4 threads at 16 MiB, whole-record preadv then hash 1.01 (0.215), 512 KiB pieces
 #   1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB 2.18 (0.109),
 #   2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead window and gain
@@ -135,12 +136,19 @@ class ReadStream:
 
     @contextmanager
     def turn(self, fd: int, offset: int) -> Iterator[None]:
-        """Wait until no read holds the stream and none waiting is further up, then hold it."""
+        """Hold the stream once it is free and no read waiting for it is at an earlier
+        (file, offset)."""
         ticket = (fd, offset)
         with self._cond:
             heapq.heappush(self._waiting, ticket)
-            while self._busy or self._waiting[0] != ticket:
-                self._cond.wait()
+            try:
+                while self._busy or self._waiting[0] != ticket:
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: the others must not wait for it
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+                raise
             heapq.heappop(self._waiting)
             self._busy = True
         try:
