@@ -51,8 +51,8 @@ write to them.
 
 ``file_read_mode="auto"`` reads O_DIRECT on Lustre and through the page cache
 elsewhere: on this project's local virtio disk buffered cold reads beat O_DIRECT ones at
-64 KiB (1.4-1.6x), 2 MiB batches and 16 MiB (1.0-1.3x), lost only 2 MiB one-by-one reads
-(0.67x), and hot re-reads come from memory (benchmark ``file_read_mode``; the rounds are
+64 KiB (1.5x), in 2 MiB batches and at 16 MiB (1.1-1.3x), lost only 2 MiB one-by-one
+reads (0.66x), and hot re-reads come from memory (benchmark ``file_read_mode``; the rounds are
 in :mod:`cascade.tiers.file_tier`).
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +

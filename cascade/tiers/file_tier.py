@@ -180,13 +180,13 @@ class FileTier(Recovery, Compaction, Tier):
         # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
         # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
         # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
-        # direct (results/cascade_file_read_mode_1n_20261125T135201.json). Loaded 2-core
-        # machine (load 3.6-7), 36 rounds, the two modes read the same files in each round:
-        # buffered was faster in 32/36 rounds at 64 KiB loop (median 1.44x direct),
-        # 34/36 at 64 KiB batch (1.6x), 24/36 at 2 MiB batch (1.1x), 23/36 at 16 MiB loop
-        # (1.3x), 17/36 at 16 MiB batch (1.0x); O_DIRECT only at 2 MiB loop (25/36, buffered
-        # 0.67x; raw buffered lost to raw O_DIRECT there too). 2 MiB loop and batch want
-        # different modes, so no record-size rule does better than buffered throughout
+        # direct (results/cascade_file_read_mode_1n_20261125T135201.json). Busy 2-core
+        # machine (load 1.6-7), 54 rounds, the two modes read the same files in each round:
+        # buffered was faster in 50/54 rounds at 64 KiB loop (median 1.48x direct),
+        # 50/54 at 64 KiB batch (1.56x), 34/54 at 2 MiB batch (1.12x), 37/54 at 16 MiB
+        # loop (1.33x), 33/54 at 16 MiB batch (1.12x); O_DIRECT only at 2 MiB loop (41/54,
+        # buffered 0.66x; raw buffered lost to raw O_DIRECT there too, 40/54). 2 MiB loop
+        # and batch want different modes, so no record-size rule beats buffered throughout
         # (benchmark/results/file_read_mode_ab_20261126/, every round of every run).
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
