@@ -1,10 +1,14 @@
 """record_io's buffered read path: records over SCAN bytes are read in order as pieces,
-each hashed as it lands, those of STREAM_MIN bytes and more holding the tier's stream
-lock; every byte and the digest must come out as one whole read would give them, and a
-short file must fail the read."""
+each hashed as it lands, those of STREAM_MIN bytes and more taking their turn in the
+tier's stream; every byte and the digest must come out as one whole read would give
+them, and a short file must fail the read. The stream grants waiting reads in file
+order."""
 from __future__ import annotations
 
 import os
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -19,20 +23,24 @@ SIZES = [1, 4096, SCAN - HEADER_BYTES, SCAN - HEADER_BYTES + 1, SCAN, SCAN + 1, 
          record_io.STREAM_MIN - 1, record_io.STREAM_MIN]
 
 
-class _Recorder:
-    """A stand-in for the stream lock that counts how often it was held."""
+class _Recorder(record_io.ReadStream):
+    """The tier's stream, counting how often a read took its turn."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.entered = 0
         self.held = False
 
-    def __enter__(self) -> None:
-        assert not self.held
-        self.entered += 1
-        self.held = True
-
-    def __exit__(self, *exc: object) -> None:
-        self.held = False
+    @contextmanager
+    def turn(self, fd: int, offset: int):
+        with super().turn(fd, offset):
+            assert not self.held
+            self.entered += 1
+            self.held = True
+            try:
+                yield
+            finally:
+                self.held = False
 
 
 def _record_file(tmp_path, payload: bytes) -> int:
@@ -70,3 +78,60 @@ def test_a_truncated_record_fails_the_read(tmp_path, size):
     finally:
         os.close(fd)
     assert not ok
+
+
+def test_the_stream_grants_waiting_reads_in_file_order():
+    stream = record_io.ReadStream()
+    granted: list[int] = []
+    first = stream.turn(3, 0)
+    first.__enter__()  # held while the others queue up out of order
+
+    def read(offset: int) -> None:
+        with stream.turn(3, offset):
+            granted.append(offset)
+
+    threads = []
+    for offset in (30, 10, 40, 20):
+        threads.append(threading.Thread(target=read, args=(offset,), daemon=True))
+        threads[-1].start()
+    deadline = time.monotonic() + 10
+    while len(stream._waiting) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(stream._waiting) == 4
+    first.__exit__(None, None, None)
+    for t in threads:
+        t.join(10)
+    assert granted == [10, 20, 30, 40]
+
+
+def test_a_read_interrupted_while_waiting_leaves_the_stream_usable():
+    stream = record_io.ReadStream()
+    holder = stream.turn(3, 50)
+    holder.__enter__()
+    waiter_failed = threading.Event()
+
+    def interrupted() -> None:  # waits at offset 10, then gives up (as on KeyboardInterrupt)
+        original = stream._cond.wait
+
+        def wait(timeout=None):
+            raise KeyboardInterrupt
+
+        stream._cond.wait = wait
+        try:
+            with stream.turn(3, 10):
+                pass
+        except KeyboardInterrupt:
+            waiter_failed.set()
+        finally:
+            stream._cond.wait = original
+
+    t = threading.Thread(target=interrupted, daemon=True)
+    t.start()
+    t.join(10)
+    assert waiter_failed.is_set() and stream._waiting == []
+    holder.__exit__(None, None, None)
+    done = []
+    later = threading.Thread(target=lambda: done.append(stream.turn(3, 20).__enter__() is None), daemon=True)
+    later.start()
+    later.join(10)
+    assert done == [True]  # offset 20 was not kept waiting behind the abandoned offset 10

@@ -29,7 +29,7 @@ aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere t
 the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
 records of 8 MiB and more are read as chunks with several reads in flight; buffered
 records over 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and
-more one at a time (see :mod:`.record_io`).
+more one at a time, in file order (see :mod:`.record_io`).
 
 Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
 its header rewritten in batches (``set_expiry(batched=True)``: at most every
@@ -65,7 +65,7 @@ from .file_recovery import Recovery
 from .file_state import Loc, SegmentFile
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
-from .record_io import READERS, encode_location, open_own, page_aligned, pwritev_all, read_hashed
+from .record_io import READERS, ReadStream, encode_location, open_own, output_views, page_aligned, pwritev_all, read_hashed
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad
 
 log = logging.getLogger(__name__)
@@ -169,18 +169,25 @@ class FileTier(Recovery, Compaction, Tier):
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
-        # Buffered reads of big records one at a time (see record_io), off Lustre: its
-        # OSTs serve several at once.
-        self._stream = None if self.on_lustre else threading.Lock()
+        # Buffered reads of big records one at a time, in file order (see record_io), off
+        # Lustre: its OSTs serve several at once.
+        self._stream = None if self.on_lustre else ReadStream()
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
         # in flight), elsewhere the page cache with readahead, which measured faster cold
-        # (and serves hot reads): benchmark file_read_mode on a local disk, quiet machine,
+        # (and serves hot reads). Benchmark file_read_mode on a local disk: quiet machine,
         # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
         # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
         # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
-        # direct (results/cascade_file_read_mode_1n_20261125T135201.json).
+        # direct (results/cascade_file_read_mode_1n_20261125T135201.json). Busy 2-core
+        # machine (load 1.6-7), 54 rounds, the two modes read the same files in each round:
+        # buffered was faster in 50/54 rounds at 64 KiB loop (median 1.48x direct),
+        # 50/54 at 64 KiB batch (1.56x), 34/54 at 2 MiB batch (1.12x), 37/54 at 16 MiB
+        # loop (1.33x), 33/54 at 16 MiB batch (1.12x); O_DIRECT only at 2 MiB loop (41/54,
+        # buffered 0.66x; raw buffered lost to raw O_DIRECT there too, 40/54). 2 MiB loop
+        # and batch want different modes, so no record-size rule beats buffered throughout
+        # (benchmark/results/file_read_mode_ab_20261126/, every round of every run).
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
@@ -397,7 +404,7 @@ class FileTier(Recovery, Compaction, Tier):
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views = [as_byte_view(o, "output buffer") for o in outs]
+        views = output_views(outs)
         if sum(v.nbytes for v in views) != loc.length:
             raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
         start = loc.offset + HEADER_BYTES

@@ -8,13 +8,15 @@ the chunk readers are one pool per process.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import heapq
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,26 @@ def decode_location(location: int) -> tuple[int, int]:
     return location >> _OFFSET_BITS, location & ((1 << _OFFSET_BITS) - 1)
 
 
+def output_views(outs: Sequence[Any]) -> list[memoryview]:
+    """Writable flat byte views of host output buffers. A flat writable C-contiguous
+    ``uint8`` numpy array, ``bytearray`` or byte ``memoryview`` (what the store passes)
+    costs one ``memoryview`` (a file read's overhead: half of it went to
+    :func:`~cascade.buffers.as_byte_view`'s general checks at 64 KiB); anything else
+    goes through those checks and their errors."""
+    views = []
+    for out in outs:
+        if type(out) in _FLAT_TYPES:
+            view = memoryview(out)
+            if view.ndim == 1 and view.format == "B" and view.c_contiguous and not view.readonly:
+                views.append(view)
+                continue
+        views.append(as_byte_view(out, "output buffer", writable=True))
+    return views
+
+
+_FLAT_TYPES = (np.ndarray, bytearray, memoryview)
+
+
 def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: Sequence[Any]) -> None:
     """Read a record of any rank's aggregated files (on a shared file system) into
     ``outs``, checking that the header names ``key`` and that the payload checksum holds.
@@ -47,7 +69,7 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
     :class:`CorruptBlock` when the bytes fail verification. Local; reads only."""
     file_id, offset = decode_location(location)
     path = os.path.join(directory, f"agg_rank{rank:03d}_{file_id:06d}.bin")
-    views = [as_byte_view(o, "output buffer") for o in outs]
+    views = output_views(outs)
     try:
         fd = open_own(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -74,9 +96,10 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # Buffered reads of records over SCAN bytes go in file order as pieces of SCAN bytes,
 # each hashed as soon as it lands (still in the CPU cache, while the kernel's readahead
 # fetches the next ones); records of STREAM_MIN and more are read one at a time per
-# tier (``stream``). Measured cold, 256 MiB of records on this project's 2-core virtio
-# disk (read_ahead_kb 8192), one process, configurations alternated, 5 rounds, median
-# GB/s (CPU seconds per GB), on a machine loaded 6-9 by other work (noisy):
+# tier, in file order (``stream``: :class:`ReadStream`). Measured cold, 256 MiB of
+# records on this project's 2-core virtio disk (read_ahead_kb 8192), one process,
+# configurations alternated, 5 rounds, median GB/s (CPU seconds per GB), on a machine
+# loaded 6-9 by other work (noisy):
 # - 4 threads at 16 MiB, whole-record preadv then hash 1.01 (0.215), 512 KiB pieces
 #   1.34 (0.176), pieces one record at a time 1.63 (0.104); at 2 MiB 2.18 (0.109),
 #   2.14 (0.100), 1.55 (0.112): four 2 MiB reads fit in one readahead window and gain
@@ -94,9 +117,46 @@ CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
 SCAN = 1 << 20  # buffered records over this: read in order as pieces of this size
-STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier
+STREAM_MIN = 8 << 20  # buffered records of this size and more: one at a time per tier, in file order
 _reader_pool: ThreadPoolExecutor | None = None
 _reader_pool_lock = threading.Lock()
+
+
+class ReadStream:
+    """Big buffered reads of one tier, one at a time and in file order: of the reads
+    waiting for their turn, the one at the lowest (file, offset) goes next. A batch's
+    threads take records in order but reach the stream slightly out of it; a plain lock
+    granted them as they came (5 of 16 reads of a 16 MiB batch jumped backwards,
+    breaking the kernel's readahead at each)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting: list[tuple[int, int]] = []  # a heap of (fd, offset)
+        self._busy = False
+
+    @contextmanager
+    def turn(self, fd: int, offset: int) -> Iterator[None]:
+        """Hold the stream once it is free and no read waiting for it is at an earlier
+        (file, offset)."""
+        ticket = (fd, offset)
+        with self._cond:
+            heapq.heappush(self._waiting, ticket)
+            try:
+                while self._busy or self._waiting[0] != ticket:
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: the others must not wait for it
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+                raise
+            heapq.heappop(self._waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
 
 def _readers() -> ThreadPoolExecutor:
@@ -109,7 +169,7 @@ def _readers() -> ThreadPoolExecutor:
 
 def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], seed: int,
                 lead: memoryview | None = None, parallel: bool = False,
-                stream: threading.Lock | None = None) -> tuple[bool, int]:
+                stream: ReadStream | None = None) -> tuple[bool, int]:
     """Read a record's payload at ``start`` into ``views``; (complete, XXH3 digest seeded
     with ``seed``).
 
@@ -117,8 +177,8 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     ``start``, so the read starts where the previous record ended and the kernel sees
     one sequential stream, keeping its readahead going across records. A record over
     :data:`SCAN` bytes is read in order as pieces of that size, each hashed as it
-    lands; one of :data:`STREAM_MIN` bytes or more holds ``stream`` (if given)
-    throughout: one such read at a time.
+    lands; one of :data:`STREAM_MIN` bytes or more takes its turn in ``stream`` (if
+    given): one such read at a time, in file order.
 
     With ``parallel`` (O_DIRECT), a big record is read as chunks with several reads in
     flight (preadv releases the GIL) and hashed in order as chunks land, so hashing
@@ -128,7 +188,9 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     if lead is not None:
         start -= lead.nbytes
         if length + lead.nbytes > SCAN:
-            with stream if stream is not None and length >= STREAM_MIN else nullcontext():
+            if stream is None or length < STREAM_MIN:
+                return _read_in_order(fd, start, lead, views, h)
+            with stream.turn(fd, start):
                 return _read_in_order(fd, start, lead, views, h)
         if os.preadv(fd, [lead, *views], start) != length + lead.nbytes:
             return False, 0
@@ -210,9 +272,11 @@ def open_own(path: str, flags: int) -> int:
 
 
 def page_aligned(view: memoryview) -> bool:
-    if view.nbytes % PAGE or view.readonly:
+    """Whether a writable view starts on a page and holds whole pages (an O_DIRECT
+    target). Its address through ctypes: 1.7 us, against 9.8 through numpy."""
+    if view.nbytes % PAGE or view.readonly or not view.nbytes:
         return False
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) % PAGE == 0
 
 
 def pwritev_all(fd: int, iov: list, offset: int) -> int:
