@@ -26,9 +26,9 @@ def moves_by_thread(store: CascadeStore, monkeypatch) -> list[str]:
     names: list[str] = []
     run_move = store._chain.run_move
 
-    def recording(move):
+    def recording(move, **kw):
         names.append(threading.current_thread().name)
-        return run_move(move)
+        return run_move(move, **kw)
 
     monkeypatch.setattr(store._chain, "run_move", recording)
     return names
@@ -201,3 +201,32 @@ def test_close_while_demoting_stops_the_thread(tmp_path):
     with CascadeStore(config(tmp_path), block_spec=SPEC, array_module=np) as again:  # close kept them all
         for b in ids:
             check_block(b, *again.get(b))
+
+
+def test_a_block_hinted_while_the_demoter_copies_it_stays_in_the_fastest_tier(tmp_path, monkeypatch):
+    """A hint that arrives after a background demotion began (its copy under way) keeps
+    the block where it is: the move is abandoned, not committed."""
+    store = open_store(tmp_path)
+    run_move, moving, entered, go = store._chain.run_move, [], threading.Event(), threading.Event()
+
+    def paused(move, **kw):
+        if threading.current_thread().name == "cascade-demoter" and not moving:
+            moving.append(move.meta.key[1])
+            entered.set()
+            go.wait(10)
+        return run_move(move, **kw)
+
+    monkeypatch.setattr(store._chain, "run_move", paused)
+    ids = [put(store, n) for n in range(17)]  # above 0.8 of 20: the demoter starts
+    assert entered.wait(10)
+    [victim] = moving
+    assert store.hint([victim]) == 1
+    go.set()
+    store.flush()
+    assert store._meta[("default", victim)].tier == 0  # still in SHM, not demoted
+    got = store.get(victim)
+    assert got is not None
+    check_block(victim, *got)
+    assert store.stats()["background_demotion_errors"] == 0
+    assert victim in ids
+    store.close()

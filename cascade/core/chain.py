@@ -216,11 +216,14 @@ class TierChain:
             undo.pop_all()
         return Move(lease, claim, meta.tier)
 
-    def run_move(self, move: Move) -> None:
+    def run_move(self, move: Move, *, cancel_if: Callable[[BlockMeta], bool] | None = None) -> bool:
         """Copy a started move's block (outside the lock when the caller holds none),
         then, under the lock, point the directory at the new copy and free the old one.
-        A failed copy leaves the block where it was and raises :class:`MoveFailed`;
-        :class:`Busy` when another rank pinned it meanwhile. Gives back the move."""
+        Whether the block moved: not when it was deleted or replaced meanwhile, or when
+        ``cancel_if(meta)``, asked under the lock before the commit, says it stays (a
+        background demotion of a block hinted meanwhile). A failed copy leaves the block
+        where it was and raises :class:`MoveFailed`; :class:`Busy` when another rank
+        pinned it meanwhile. Gives back the move."""
         with move, staging_buffer(move.meta.nbytes, device=_touches_device(move)) as buf:
             meta, lease, dst = move.meta, move.source, move.dst  # a demotion's source is a Lease
             error: Exception | None = None
@@ -237,6 +240,9 @@ class TierChain:
             with self._lock:
                 here = lease.current()
                 lease.release()
+                if error is None and here and cancel_if is not None and cancel_if(meta):
+                    dst.discard()
+                    return False
                 if error is None and here:
                     try:
                         dst.commit(meta.key)  # a non-concurrent tier (REMOTE) copies only now
@@ -246,7 +252,7 @@ class TierChain:
                         self.moved(meta, lease.t, dst.t)
                         self.metrics.tiers[lease.t].demotions += 1
                         self.metrics.tiers[dst.t].bytes_written += meta.nbytes
-                        return
+                        return True
                 dst.discard()  # failed, or the block was deleted or replaced meanwhile
                 if isinstance(error, CorruptBlock):
                     log.warning("%s", error)
@@ -257,6 +263,7 @@ class TierChain:
                     self.metrics.tiers[dst.t].full_events += 1
                     if here:
                         raise MoveFailed(meta.key) from error
+                return False
 
     def moved(self, meta: BlockMeta, src: int, dst: int) -> None:
         """Under the lock: the block now sits in ``src`` and ``dst``: repoint the

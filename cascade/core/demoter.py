@@ -10,7 +10,9 @@ store's lock); the copies run outside the store's lock. ``flush()`` waits for th
 asked for before it. A failed move (e.g. a full disk below) leaves its block where it
 was, in its place in the eviction order (:meth:`~cascade.policy.Policy.changed` is not a
 use), is logged and counted (``background_demotion_errors``), ends the round (the next
-commit above ``high`` starts another) and never reaches a caller. A put that finds the tier truly full still makes
+commit above ``high`` starts another) and never reaches a caller. Hinted blocks are
+never demoted in the background: a round ends when only they are left above ``low``, and
+a block hinted while its move copied stays where it was. A put that finds the tier truly full still makes
 room itself, as before. Thread-safe.
 """
 from __future__ import annotations
@@ -27,6 +29,11 @@ from .guards import InFlight
 log = logging.getLogger(__name__)
 
 _JOIN_S = 5.0  # close(): most seconds to wait for the thread to end once no move is in flight
+
+
+def _hinted(meta: BlockMeta) -> bool:
+    """Whether a block is wanted soon (hinted): a background demotion leaves it in place."""
+    return bool(meta.hints)
 
 
 class Demoter:
@@ -112,8 +119,8 @@ class Demoter:
                 with self._inflight.hold("a background demotion"):
                     with self._lock:
                         if (self._stopped or self._taken() <= self._low
-                                or (victim := chain.index.victim(0)) is None):
-                            return
+                                or (victim := chain.index.victim(0)) is None or victim.hints):
+                            return  # done, or only hinted blocks (wanted soon, here) are left to move
                         try:
                             move = chain.start_demotion(victim)
                         except Busy:
@@ -123,7 +130,8 @@ class Demoter:
                         if move is None:  # no slower tier took it: dropped (counted an eviction)
                             continue
                     try:
-                        chain.run_move(move)
+                        if not chain.run_move(move, cancel_if=_hinted):
+                            return  # hinted (or deleted) while it was copied: it stays; the round ends
                     except MoveFailed as exc:
                         log.warning("background demotion of %s failed: %s", victim.key[1], exc.__cause__)
                         with self._lock:
