@@ -22,8 +22,8 @@ HashAlgo = Literal["blake3", "sha256"]
 HASH_ALGOS: tuple[str, ...] = ("blake3", "sha256")
 ID_HEX_CHARS = 32
 ID_BYTES = ID_HEX_CHARS // 2
-_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
+_ID_RE = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would let a final newline through
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.:/@+-]{1,200}")
 _KNOWN_NAMESPACES: set[str] = set()  # namespaces checked already (every put checks its namespace)
 _KNOWN_NAMESPACES_MAX = 4096
 # Above this size BLAKE3 hashes with all cores (it releases the GIL either way). Below it
@@ -64,7 +64,7 @@ def block_id(key, value, *, algo: str = "blake3") -> str:
 
 def check_id(block_id: str) -> str:
     """Return ``block_id`` if it is 32 lowercase hex chars, else raise :class:`InvalidBlock`."""
-    if not isinstance(block_id, str) or not _ID_RE.match(block_id):
+    if not isinstance(block_id, str) or not _ID_RE.fullmatch(block_id):
         raise InvalidBlock(f"malformed block id {block_id!r}: expected {ID_HEX_CHARS} lowercase hex characters")
     return block_id
 
@@ -74,7 +74,7 @@ def check_namespace(namespace: str) -> str:
     Names that passed are remembered (a set lookup instead of a regex on every call)."""
     if type(namespace) is str and namespace in _KNOWN_NAMESPACES:
         return namespace
-    if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+    if not isinstance(namespace, str) or not _NAMESPACE_RE.fullmatch(namespace):
         raise InvalidBlock(
             f"malformed namespace {namespace!r}: 1-200 chars of letters, digits and _.:/@+-"
         )

@@ -92,6 +92,11 @@ def test_malformed_ids_and_namespaces(store):
         store.get("not-an-id")
     with pytest.raises(InvalidBlock, match="malformed namespace"):
         store.get("0" * 32, namespace="")
+    for trailing_newline in ("0" * 32 + "\n", "f" * 32 + "\n"):
+        with pytest.raises(InvalidBlock, match="malformed block id"):
+            store.put(*make_block(store.spec, 1), block_id=trailing_newline)
+    with pytest.raises(InvalidBlock, match="malformed namespace"):
+        store.get("0" * 32, namespace="tenant\n")
     with pytest.raises(BlockNotFound):
         store.delete("0" * 32)
     with pytest.raises(BlockNotFound):
