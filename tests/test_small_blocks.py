@@ -112,7 +112,7 @@ def test_blocks_over_the_hot_size_take_the_leased_path(tmp_path, monkeypatch):
         def refuse(*args, **kwargs):
             raise AssertionError("a big block copied under the lock")
         monkeypatch.setattr(ShmTier, "read_hot", refuse)
-        monkeypatch.setattr(ShmTier, "fill_hot", refuse)
+        monkeypatch.setattr(ShmTier, "store_hot", refuse)
         key, value = pair(spec, 7)
         store.put(key, value, block_id=ident(7))
         key_out, value_out = spec.empty()

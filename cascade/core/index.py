@@ -74,15 +74,20 @@ class BlockIndex:
         return depth
 
     def admit(self, meta: BlockMeta, now: float) -> None:
-        """Enter a new block, with the children of it that are already cached."""
-        key = meta.key
-        meta.depth = 0 if meta.parent is None else self.depth(meta)  # (calls skipped for a head: per put)
-        meta.child_tiers = self._kids.setdefault(key, [0] * self._num_tiers)
+        """Enter a new block, with the children of it that are already cached. (Per put:
+        the calls a head needs not are skipped, and its namespace's bytes added inline.)"""
+        key, tier = meta.key, meta.tier
+        kids = self._kids.get(key)
+        if kids is None:
+            kids = self._kids[key] = [0] * self._num_tiers
+        meta.child_tiers = kids
+        meta.depth = 0 if meta.parent is None else self.depth(meta)
         self.blocks[key] = meta
-        self._ns_add(meta, meta.tier, meta.nbytes)
+        used = self.ns_bytes[tier]
+        used[key[0]] = used.get(key[0], 0) + meta.nbytes  # _ns_add() of bytes > 0: never to zero
         self._policy.admitted(meta, now)
         if meta.parent is not None:
-            self._count_child(meta, meta.tier, +1)
+            self._count_child(meta, tier, +1)
 
     def adopt(self, found: list[BlockMeta], now: float) -> None:
         """Enter blocks found on disk at open (unconfirmed), all at once: their depths
