@@ -66,7 +66,7 @@ class BlockMeta:
     ttl: float = 0.0
     first_use: float = 0.0
     last_use: float = 0.0
-    child_tiers: list[int] | tuple[()] = ()  # cached children per tier (a list once admitted)
+    child_tiers: list[int] | tuple[()] = ()  # cached children per tier (empty: none yet)
     base: float = 0.0  # policy clock at the last use (semantic score = base + value)
     entry: Any = None  # the directory entry this rank published for it (multi-rank runs)
     checksum: int = 0  # XXH3-64 of the block's bytes, published with it (multi-rank runs)
@@ -113,8 +113,6 @@ class Policy:
         meta.base = self._clock
         if self._ghosts:
             meta.hits = max(meta.hits, self._ghosts.pop(meta.key, 0))
-        if not meta.child_tiers:
-            meta.child_tiers = [0] * self.num_tiers
         tier = meta.tier
         live = self._live[tier] = self._live[tier] + 1
         meta.order = next(self._seq)

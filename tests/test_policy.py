@@ -87,7 +87,7 @@ def test_hint_release_follows_the_soonest_or_the_given_position():
 def test_pins_reads_and_children_still_hold_hinted_blocks():
     policy = Policy(2)
     head, tail, pinned, read = _blocks(policy, 4)
-    head.child_tiers[0] = 1  # tail is head's cached child in tier 0
+    head.child_tiers = [1, 0]  # tail is head's cached child in tier 0
     pinned.pins = 1
     read.readers = 1
     for meta, position in ((head, 100), (tail, 1), (pinned, 200), (read, 300)):

@@ -77,10 +77,7 @@ class BlockIndex:
         """Enter a new block, with the children of it that are already cached. (Per put:
         the calls a head needs not are skipped, and its namespace's bytes added inline.)"""
         key, tier = meta.key, meta.tier
-        kids = self._kids.get(key)
-        if kids is None:
-            kids = self._kids[key] = [0] * self._num_tiers
-        meta.child_tiers = kids
+        meta.child_tiers = self._kids.get(key, ())  # (none yet: its first child's count makes the list)
         meta.depth = 0 if meta.parent is None else self.depth(meta)
         self.blocks[key] = meta
         used = self.ns_bytes[tier]
@@ -98,7 +95,7 @@ class BlockIndex:
             self.unconfirmed.add(meta.key)
         for meta in found:
             meta.depth = self.depth(meta)
-            meta.child_tiers = self._kids.setdefault(meta.key, [0] * self._num_tiers)
+            meta.child_tiers = self._kids.get(meta.key, ())
             self._policy.admitted(meta, now)
         for meta in found:
             self._count_child(meta, meta.tier, +1)
@@ -141,10 +138,13 @@ class BlockIndex:
         if meta.parent is None:
             return
         pkey = (meta.key[0], meta.parent)
-        counts = self._kids.setdefault(pkey, [0] * self._num_tiers)
+        counts = self._kids.get(pkey)
+        if counts is None:
+            counts = self._kids[pkey] = [0] * self._num_tiers
         counts[tier] += delta
         parent = self.blocks.get(pkey)
         if parent is not None:
+            parent.child_tiers = counts  # (the same list already, unless this is its first child)
             self._policy.changed(parent)
         elif not any(counts):
             del self._kids[pkey]
