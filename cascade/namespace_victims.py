@@ -39,6 +39,8 @@ class NamespaceVictims(Policy):
     def victim_in(self, tier: int, namespace: str) -> BlockMeta | None:
         """The block of ``namespace`` in ``tier`` to move down next (the lowest score
         among those that may leave now), or None. Does not age the clock."""
+        if self._fresh[tier]:
+            self._push_fresh(tier)
         slot = (tier, namespace)
         heap = self._ns_heaps.get(slot)
         while heap:

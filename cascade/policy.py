@@ -29,7 +29,9 @@ by next use, a deeper queue only adds knowledge (benchmark ``queue_hints``, besi
 lookahead oracle of :mod:`benchmark.reference_policies`).
 
 LRU (``policy="lru"``) keeps rules 2 and 3 and orders the rest by last use, for comparison.
-Each tier has a heap of candidate entries with lazy invalidation: O(log n) per change.
+Each tier has a heap of candidate entries with lazy invalidation: O(log n) per change. A
+new block costs O(1): it waits in its tier's list of fresh blocks until the next victim
+of that tier is asked for, and only then gets its heap entry.
 Not thread-safe: the store serialises calls.
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ import heapq
 from collections import OrderedDict
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
@@ -59,12 +61,12 @@ class BlockMeta:
     pins: int = 0
     readers: int = 0  # reads copying it out outside the store's lock: not moved meanwhile
     hints: int = 0  # queued requests that will read it (store.hint): evicted last meanwhile
-    hint_uses: list[float] = field(default_factory=list)  # heap: queue position of each hint
+    hint_uses: list[float] | tuple[()] = ()  # heap: queue position of each hint (a list once hinted)
     priority: int = 0
     ttl: float = 0.0
     first_use: float = 0.0
     last_use: float = 0.0
-    child_tiers: list[int] = field(default_factory=list)  # cached children per tier
+    child_tiers: list[int] | tuple[()] = ()  # cached children per tier (empty: none yet)
     base: float = 0.0  # policy clock at the last use (semantic score = base + value)
     entry: Any = None  # the directory entry this rank published for it (multi-rank runs)
     checksum: int = 0  # XXH3-64 of the block's bytes, published with it (multi-rank runs)
@@ -97,18 +99,28 @@ class Policy:
         self._ghosts: OrderedDict[BlockKey, int] = OrderedDict()  # dropped key -> its uses
         self._last_position = 0.0  # the latest hint position given or assigned
         self._lazy_touch = True  # touched() defers its push to victim() (see there)
+        #: Per tier, blocks admitted since its last victim() -> their version then: each is
+        #: pushed by _push_fresh() unless it changed (was pushed, removed, set aside) since.
+        self._fresh: list[dict[BlockMeta, int]] = [{} for _ in range(num_tiers)]
 
     # -- notifications from the store ---------------------------------------------------
     def admitted(self, meta: BlockMeta, now: float) -> None:
-        """A new block entered ``meta.tier``."""
+        """A new block entered ``meta.tier``. O(1): its heap entry waits for the next
+        :meth:`victim` of the tier (:meth:`_push_fresh`), which pushes it with the order
+        of this use and the score it has then: the same as pushing now, since whatever
+        changes a score pushes the block (a change) or defers a push (a touch)."""
         meta.first_use = meta.last_use = now
         meta.base = self._clock
         if self._ghosts:
             meta.hits = max(meta.hits, self._ghosts.pop(meta.key, 0))
-        if not meta.child_tiers:
-            meta.child_tiers = [0] * self.num_tiers
-        self._live[meta.tier] += 1
-        self._push(meta, next(self._seq))
+        tier = meta.tier
+        live = self._live[tier] = self._live[tier] + 1
+        meta.order = next(self._seq)
+        meta.touch_seq = 0
+        fresh = self._fresh[tier]
+        fresh[meta] = meta.version
+        if len(fresh) > live + 64:  # mostly removed already: push the rest, let the others go
+            self._push_fresh(tier)
 
     def touched(self, meta: BlockMeta, now: float) -> None:
         """A hit (or a dedup put) on ``meta``. A use only raises a block's score (later
@@ -146,6 +158,8 @@ class Policy:
     def hinted(self, meta: BlockMeta, position: float) -> None:
         """One more hint of ``meta``, for a request at queue ``position``
         (:meth:`hint_position`); the store counted it in ``meta.hints``."""
+        if not meta.hint_uses:
+            meta.hint_uses = []
         heapq.heappush(meta.hint_uses, position)
         self._push(meta)
 
@@ -177,7 +191,7 @@ class Policy:
     def removed(self, meta: BlockMeta) -> None:
         """``meta`` left the cache."""
         self._live[meta.tier] -= 1
-        meta.hint_uses.clear()
+        meta.hint_uses = ()
         meta.version += 1
 
     # -- decisions ----------------------------------------------------------------------
@@ -190,6 +204,8 @@ class Policy:
     def victim(self, tier: int) -> BlockMeta | None:
         """The block of ``tier`` to move down (or drop) next, or None if none may go.
         Ages the tier's clock (semantic). Does not remove the block."""
+        if self._fresh[tier]:
+            self._push_fresh(tier)
         heap = self._heaps[tier]
         while heap:
             score, _, version, meta = heap[0]
@@ -237,6 +253,14 @@ class Policy:
         return (0, meta.last_use if self.kind == "lru" else meta.base + self.value(meta), 0)
 
     # -- internals ----------------------------------------------------------------------
+    def _push_fresh(self, tier: int) -> None:
+        """Heap entries for the blocks admitted to ``tier`` since the last call that are
+        still as they were admitted (the others have an entry already, or left)."""
+        fresh, self._fresh[tier] = self._fresh[tier], {}
+        for meta, version in fresh.items():
+            if meta.version == version and meta.tier == tier:
+                self._push(meta)
+
     def _push(self, meta: BlockMeta, seq: int = 0) -> None:
         """A fresh heap entry for ``meta``; its older entries go stale. Among equal scores
         it is ordered by ``seq``, a use now, or else by its last use (a pending touch, or

@@ -205,7 +205,10 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        if type(priority) is not int or priority or ttl is not None or parent is not None:  # (else: the namespace alone)
+            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        else:
+            check_namespace(namespace)
         # _plain() of both arrays, inlined (a dtype compared by identity: numpy keeps one of
         # each built-in and registered dtype; another equal one takes the full path)
         shape, dtype = self.spec.shape, self.spec.np_dtype

@@ -87,7 +87,7 @@ def test_hint_release_follows_the_soonest_or_the_given_position():
 def test_pins_reads_and_children_still_hold_hinted_blocks():
     policy = Policy(2)
     head, tail, pinned, read = _blocks(policy, 4)
-    head.child_tiers[0] = 1  # tail is head's cached child in tier 0
+    head.child_tiers = [1, 0]  # tail is head's cached child in tier 0
     pinned.pins = 1
     read.readers = 1
     for meta, position in ((head, 100), (tail, 1), (pinned, 200), (read, 300)):
@@ -119,3 +119,73 @@ def test_a_put_into_a_tier_of_hinted_blocks_evicts_the_one_needed_last(tmp_path)
         store.put(k, v, block_id="f" * 32)  # every block hinted: no TierFull, the latest use goes
         assert store.contains_many(ids) == [True, False, True]
         assert store.stats()["hinted_bytes"] == 2 * 4096
+
+
+class _EagerAdmission(Policy):
+    """A policy that gives each admitted block its heap entry at once."""
+
+    def admitted(self, meta: BlockMeta, now: float) -> None:
+        super().admitted(meta, now)
+        self._push_fresh(meta.tier)
+
+
+@pytest.mark.parametrize("kind", ["semantic", "lru"])
+@pytest.mark.parametrize("seed", range(4))
+def test_deferred_admission_keeps_the_victim_order_of_pushing_at_once(kind, seed):
+    """The same random run of admits, hits, pins, priority changes, moves, deletes,
+    set-asides and evictions on a policy that defers each admitted block's heap entry to the next victim
+    and on one that pushes it at once: the same victims in the same order."""
+    import random
+
+    rng = random.Random(seed)
+    policies = [Policy(2, kind), _EagerAdmission(2, kind)]
+    metas: list[list[BlockMeta]] = [[], []]
+    live: list[int] = []
+    victims: tuple[list, list] = ([], [])
+    now = 0.0
+    for step in range(3000):
+        now += 1.0
+        op = rng.random()
+        if op < 0.3 or len(live) < 4:
+            tier, hits = rng.randrange(2), rng.randrange(3)
+            for p, ms in zip(policies, metas):
+                ms.append(BlockMeta(("ns", f"b{len(ms)}"), 4096, tier, hits=hits))
+                p.admitted(ms[-1], now)
+            live.append(len(metas[0]) - 1)
+        elif op < 0.6:  # hits
+            i = rng.choice(live)
+            for p, ms in zip(policies, metas):
+                p.touched(ms[i], now)
+        elif op < 0.7:  # a pin or unpin, or a new priority
+            i, pin = rng.choice(live), rng.random() < 0.5
+            delta = 1 if metas[0][i].pins == 0 else -1
+            for p, ms in zip(policies, metas):
+                if pin:
+                    ms[i].pins += delta
+                else:
+                    ms[i].priority = rng.choice([-1, 0, 2]) if p is policies[0] else metas[0][i].priority
+                p.changed(ms[i])
+        elif op < 0.75:  # a move to the other tier
+            i = rng.choice(live)
+            for p, ms in zip(policies, metas):
+                old, ms[i].tier = ms[i].tier, 1 - ms[i].tier
+                p.moved(ms[i], old)
+        elif op < 0.8:  # a delete (not for room)
+            i = rng.choice(live)
+            for p, ms in zip(policies, metas):
+                p.removed(ms[i])
+            live.remove(i)
+        else:  # a victim of a tier: set aside (another rank keeps it) or evicted
+            tier, keep = rng.randrange(2), rng.random() < 0.2
+            for p, out in zip(policies, victims):
+                meta = p.victim(tier)
+                out.append(None if meta is None else meta.key[1])
+                if meta is not None and keep:
+                    p.set_aside(meta)
+                elif meta is not None:
+                    p.evicted(meta)
+                    p.removed(meta)
+            if victims[0][-1] is not None and not keep:
+                live.remove(int(victims[0][-1][1:]))
+        assert victims[0] == victims[1], f"step {step}"
+    assert sum(v is not None for v in victims[0]) > 300

@@ -104,7 +104,7 @@ def with_each_tier_faulty(tmp_path, monkeypatch, setup: str, arm) -> None:
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
-@pytest.mark.parametrize("op", ["read_leased", "fill", "commit", "read_hot", "fill_hot"])  # *_hot: small blocks
+@pytest.mark.parametrize("op", ["read_leased", "fill", "commit", "read_hot", "store_hot"])  # *_hot: small blocks
 @pytest.mark.parametrize("exc_kind", ["io", "bug", "interrupt"])
 def test_a_tier_operation_raising_leaves_nothing_held(tmp_path, monkeypatch, setup, op, exc_kind):
     make = fault(exc_kind)

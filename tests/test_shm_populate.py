@@ -26,9 +26,7 @@ def _rss_of(path: str) -> int:
 
 def _put_one(tier: ShmTier) -> None:
     part = np.arange(2048, dtype=np.uint8)
-    slot = tier.reserve(("default", "0" * 32), 4096)
-    assert tier.fill_hot(slot, [part, part])
-    tier.commit(("default", "0" * 32), slot)
+    assert tier.store_hot(("default", "0" * 32), [part, part], 4096)
 
 
 def test_backing_a_step_maps_its_pages(tmp_path):

@@ -112,7 +112,7 @@ def test_blocks_over_the_hot_size_take_the_leased_path(tmp_path, monkeypatch):
         def refuse(*args, **kwargs):
             raise AssertionError("a big block copied under the lock")
         monkeypatch.setattr(ShmTier, "read_hot", refuse)
-        monkeypatch.setattr(ShmTier, "fill_hot", refuse)
+        monkeypatch.setattr(ShmTier, "store_hot", refuse)
         key, value = pair(spec, 7)
         store.put(key, value, block_id=ident(7))
         key_out, value_out = spec.empty()
@@ -215,3 +215,71 @@ def test_namespace_and_priority_fast_checks_refuse_what_the_full_checks_refuse()
     for bad in (True, 65, -65, 1.0, "1"):
         with pytest.raises(InvalidBlock):
             check_priority(bad)
+
+
+def _state(store) -> dict:
+    """What the index, the policy and the counters hold, for comparing two stores."""
+    index = store._index
+    metas = {key: (m.tier, m.parent, m.depth, m.hits, m.shares, m.priority, m.ttl, list(m.child_tiers), m.nbytes)
+             for key, m in index.blocks.items()}
+    victims = []
+    while (meta := index.victim(0)) is not None:  # leaves first: each set aside once chosen
+        victims.append(meta.key[1])
+        index.set_aside(meta)
+    stats = store.stats()
+    counts = {k: stats[k] for k in ("puts", "stored", "deduped", "rejected", "blocks")}
+    return {"metas": metas, "ns_bytes": index.ns_bytes, "victims": victims, "counts": counts,
+            "tier": {k: stats["tiers"]["shm"][k] for k in ("bytes_written", "full_events", "bytes")},
+            "timed": store.metrics.put_latency.count}
+
+
+def test_the_hot_put_leaves_the_state_of_the_full_put(tmp_path, monkeypatch):
+    """The same puts (heads, chains, priorities, TTLs, two namespaces, dedups, a refused
+    parent) through put_hot and through WritePath.put: the same index, policy order,
+    namespace bytes and counts."""
+    spec = BlockSpec.flat(2048)
+    rng = random.Random(7)
+    ops = []
+    for i in range(60):
+        parent = ident(i - 1) if i % 5 and rng.random() < 0.8 else None
+        ops.append((i, parent, rng.choice([0, 0, 1, -2]), rng.choice([None, None, 30.0]), rng.choice(["default", "b"])))
+    ops += [(rng.randrange(60), None, 0, None, "default") for _ in range(20)]  # dedups (or new in "default")
+    states = []
+    for hot in (True, False):
+        cfg = Config(shm_bytes=128 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path / str(hot)))
+        with CascadeStore(cfg, block_spec=spec) as store:
+            with monkeypatch.context() as m:
+                if not hot:
+                    m.setattr(store._writes, "put_hot", lambda *a: None)
+                else:
+                    m.setattr(WritePath, "put", lambda *a, **k: pytest.fail("left the hot path"))
+                for i, parent, priority, ttl, ns in ops:
+                    store.put(*pair(spec, i), block_id=ident(i), parent=parent, priority=priority, ttl=ttl, namespace=ns)
+                with pytest.raises(InvalidBlock, match="own ancestor"):
+                    store.put(*pair(spec, 1), block_id=ident(1), parent=ident(1))
+            states.append(_state(store))
+    assert states[0]["counts"]["stored"] > 50 and states[0]["counts"]["deduped"] > 0
+    assert states[0] == states[1]
+
+
+def test_store_hot_gives_the_room_back_when_the_copy_fails_or_is_refused(tmp_path):
+    tier = ShmTier(1 << 20, str(tmp_path))
+    try:
+        part = np.arange(2048, dtype=np.uint8)
+
+        class Failing:
+            def __setitem__(self, where, what):
+                raise OSError(5, "injected EIO")
+
+        real, tier._hot_host = tier._hot_host, Failing()
+        with pytest.raises(OSError, match="EIO"):
+            tier.store_hot(("default", ident(1)), [part, part], 4096)
+        tier._hot_host = real
+        assert tier.free == tier.capacity and ("default", ident(1)) not in tier
+        assert not tier.store_hot(("default", ident(2)), [part, object()], 4096)  # no buffer: refused
+        assert not tier.store_hot(("default", ident(3)), [part, part], 8192)  # parts of another size
+        assert tier.free == tier.capacity and len(tier) == 0
+        assert tier.store_hot(("default", ident(4)), [part, part], 4096)
+        assert tier.free == tier.capacity - 4096 and tier.used == 4096
+    finally:
+        tier.close()

@@ -74,15 +74,17 @@ class BlockIndex:
         return depth
 
     def admit(self, meta: BlockMeta, now: float) -> None:
-        """Enter a new block, with the children of it that are already cached."""
-        key = meta.key
-        meta.depth = 0 if meta.parent is None else self.depth(meta)  # (calls skipped for a head: per put)
-        meta.child_tiers = self._kids.setdefault(key, [0] * self._num_tiers)
+        """Enter a new block, with the children of it that are already cached. (Per put:
+        the calls a head needs not are skipped, and its namespace's bytes added inline.)"""
+        key, tier = meta.key, meta.tier
+        meta.child_tiers = self._kids.get(key, ())  # (none yet: its first child's count makes the list)
+        meta.depth = 0 if meta.parent is None else self.depth(meta)
         self.blocks[key] = meta
-        self._ns_add(meta, meta.tier, meta.nbytes)
+        used = self.ns_bytes[tier]
+        used[key[0]] = used.get(key[0], 0) + meta.nbytes  # _ns_add() of bytes > 0: never to zero
         self._policy.admitted(meta, now)
         if meta.parent is not None:
-            self._count_child(meta, meta.tier, +1)
+            self._count_child(meta, tier, +1)
 
     def adopt(self, found: list[BlockMeta], now: float) -> None:
         """Enter blocks found on disk at open (unconfirmed), all at once: their depths
@@ -93,7 +95,7 @@ class BlockIndex:
             self.unconfirmed.add(meta.key)
         for meta in found:
             meta.depth = self.depth(meta)
-            meta.child_tiers = self._kids.setdefault(meta.key, [0] * self._num_tiers)
+            meta.child_tiers = self._kids.get(meta.key, ())
             self._policy.admitted(meta, now)
         for meta in found:
             self._count_child(meta, meta.tier, +1)
@@ -136,10 +138,13 @@ class BlockIndex:
         if meta.parent is None:
             return
         pkey = (meta.key[0], meta.parent)
-        counts = self._kids.setdefault(pkey, [0] * self._num_tiers)
+        counts = self._kids.get(pkey)
+        if counts is None:
+            counts = self._kids[pkey] = [0] * self._num_tiers
         counts[tier] += delta
         parent = self.blocks.get(pkey)
         if parent is not None:
+            parent.child_tiers = counts  # (the same list already, unless this is its first child)
             self._policy.changed(parent)
         elif not any(counts):
             del self._kids[pkey]

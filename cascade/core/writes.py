@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from time import monotonic_ns
 from collections.abc import Sequence
 from concurrent.futures import wait
 from contextlib import ExitStack
@@ -43,6 +44,8 @@ class WritePath:
         self._demoter = demoter  # poked after each commit into the fastest tier
         self._inflight, self._lock, self._pools = inflight, lock, pools
         self._nbytes, self._algo, self._ttl = nbytes, hash_algo, default_ttl
+        self._tiers = chain.tiers  # (put_hot's lookups, fixed for the store's life)
+        self._hot = nbytes <= HOT_COPY_MAX and chain.share <= 0  # whether put_hot may take a put
 
     def content_id(self, parts: Sequence[Any]) -> str:
         """The content digest of a block's parts (its id when the caller gives none)."""
@@ -82,7 +85,7 @@ class WritePath:
                     committed = True
                     meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
                                      ttl=self._ttl if ttl is None else ttl, checksum=block_sum)
-                    if self._admit(meta):
+                    if self._admit(meta, time.monotonic()):
                         self.metrics.stored(meta.tier, meta.nbytes, started)
                         if claim.t == 0:
                             self._demoter.poke()
@@ -147,7 +150,7 @@ class WritePath:
                         committed = True
                         meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
                                          ttl=self._ttl if ttl is None else ttl, checksum=sums[i])
-                        if self._admit(meta):
+                        if self._admit(meta, time.monotonic()):
                             self.metrics.stored(meta.tier, meta.nbytes, started)
                             if claim.t == 0:
                                 self._demoter.poke()
@@ -171,101 +174,101 @@ class WritePath:
     def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, parent: str | None,
                 ttl: float | None, priority: int) -> str | None:
         """A put of a small block (:data:`~.reads.HOT_COPY_MAX`) with a known id in one
-        locked step: dedup, or room the fastest tier has free already (no demotion), the
-        copy into it (:meth:`~cascade.tiers.base.Tier.fill_hot`: SHM), commit, admit.
-        The lock held throughout stands in for the in-flight count (the room is a
-        :class:`Claim` all the same). None, with nothing counted or changed, when it is
-        not such a put (a bigger block, a tier that cannot copy under the lock or has no
-        free room, namespace shares, a closing store, ``parts`` that are not C-contiguous
-        host buffers): the caller then takes :meth:`put`. Parts, namespace, parent and
-        options are checked by the caller; the id here."""
-        if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
+        locked step: dedup, or the fastest tier's room, copy and commit in one call where
+        it has the room free already, no demotion (:meth:`~cascade.tiers.base.Tier.store_hot`:
+        SHM), then admit. The lock held throughout stands in for the in-flight count and
+        the claim (nothing can take the room or move the block meanwhile). None, with
+        nothing counted or changed, when it is not such a put (a bigger block, a tier that
+        cannot copy under the lock or has no free room, namespace shares, a closing store,
+        ``parts`` that are not host buffers of the block's size): the caller then takes
+        :meth:`put`. Parts, namespace, parent and options are checked by the caller; the id
+        here.
+
+        It runs per block, so it is one call, denser than :meth:`put`: a store alone (no
+        peers) skips the calls that only matter to other ranks (the dedup query, the
+        checksum they verify, the publish), an absent id skips the dedup check, and one
+        pair of monotonic clock readings in integer nanoseconds gives the latency, the end
+        one (after the copy) the policy's time of admission."""
+        if not self._hot:
             return None
         with self._lock:
             if self._inflight.closing:
                 return None
-            return self._put_hot(parts, namespace, block_id, parent, ttl, priority)
-
-    def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
-                     ttl: float | None, priority: int) -> list[str | BaseException | None]:
-        """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step. Each
-        entry is the id, None (not such a put), or the error that put raised: the others
-        still run."""
-        done: list[str | BaseException | None] = [None] * len(items)
-        if self._nbytes > HOT_COPY_MAX or self.chain.share > 0:
-            return done
-        with self._lock:
-            if self._inflight.closing:
-                return done
-            for i, (parts, block_id, parent) in enumerate(items):
-                try:
-                    done[i] = self._put_hot(parts, namespace, block_id, parent, ttl, priority)
-                except Exception as exc:  # this put's own error: the others still run
-                    done[i] = exc
-        return done
-
-    def _put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, parent: str | None,
-                 ttl: float | None, priority: int) -> str | None:
-        """Under the lock: one put of :meth:`put_hot`. It runs per block, so it is
-        denser than :meth:`put`: a store alone (no peers) skips the calls that only
-        matter to other ranks (the dedup query, the checksum they verify), an absent id
-        skips the dedup check, the latency is taken on the monotonic clock in integer
-        nanoseconds."""
-        started = time.monotonic_ns()
-        key = (namespace, check_id(block_id))
-        index, counters = self.index, self.metrics.counters
-        if parent is not None:
-            index.check_parent(key, parent)
-        alone = type(self.chain.peers) is Solo
-        if (not alone or key in index.blocks) and self._settled(key, parts):
-            counters.puts += 1
-            return block_id
-        tier = self.chain.tiers[0]
-        try:
-            claim = Claim(self._lock, tier, 0, key, self._nbytes, parent)
-        except OSError:  # TierFull included: room must be made, or found below
-            return None
-        committed = False  # after the commit, a failure is the directory's (publish), not a tier's
-        with claim:
+            started = monotonic_ns()
+            key = (namespace, check_id(block_id))
+            index = self.index
+            if parent is not None:
+                index.check_parent(key, parent)
+            peers = self.chain.peers
+            alone = type(peers) is Solo
+            if (not alone or key in index.blocks) and self._settled(key, parts):
+                self.metrics.counters.puts += 1
+                return block_id
+            tier = self._tiers[0]
             try:
-                if not tier.fill_hot(claim.handle, parts):
+                if not tier.store_hot(key, parts, self._nbytes):  # no room as it is, or parts it cannot copy
                     return None
-                claim.commit(key)
-                committed = True
+            except BaseException as exc:  # the copy failed, its room given back: a rejected put, as put() counts it
+                self.metrics.counters.puts += 1
+                full = isinstance(exc, OSError)
+                self.metrics.rejected(0 if full else None)
+                if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
+                    raise TierFull(f"{tier.name}: {exc}") from exc
+                raise
+            now = monotonic_ns()
+            try:  # committed: a failure now is the index's or the directory's (publish), not the tier's
                 meta = BlockMeta(key, self._nbytes, 0, parent)  # (keywords cost here: the rest set if not 0)
                 meta.ttl = self._ttl if ttl is None else ttl
                 if priority:
                     meta.priority = priority
                 if not alone:
-                    meta.checksum = self.chain.peers.checksum(parts)
-                admitted = self._admit(meta)
-            except BaseException as exc:  # counted as the leased path counts it: a rejected put
-                full = isinstance(exc, OSError) and not committed
-                counters.puts += 1
-                self.metrics.rejected(claim.t if full else None)
-                if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
-                    raise TierFull(f"{claim.tier.name}: {exc}") from exc
+                    meta.checksum = peers.checksum(parts)
+                admitted = self._admit(meta, now * 1e-9)
+            except BaseException:
+                self.metrics.counters.puts += 1
+                self.metrics.rejected(None)
                 raise
-        if admitted:
-            self.metrics.hot_stored(self._nbytes, time.monotonic_ns() - started)
-            if self._demoter.enabled:  # (poke() checks it too: one call less per put when off)
-                self._demoter.poke()
-        else:
-            counters.puts += 1  # deduped onto another rank's copy (counted by _admit)
-        return block_id
+            if admitted:
+                self.metrics.hot_stored(self._nbytes, now - started)
+                if self._demoter.enabled:  # (poke() checks it too: one call less per put when off)
+                    self._demoter.poke()
+            else:
+                self.metrics.counters.puts += 1  # deduped onto another rank's copy (counted by _admit)
+            return block_id
 
-    def _admit(self, meta: BlockMeta) -> bool:
-        """Under the lock, once committed: enter the block in the index and publish it.
-        False when another rank published it first (ours dropped, counted a dedup)."""
-        if self.index.unconfirmed:
-            self.index.unconfirmed.discard(meta.key)
-        self.index.admit(meta, time.monotonic())
+    def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
+                     ttl: float | None, priority: int) -> list[str | BaseException | None]:
+        """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step (each
+        put_hot takes the lock again: it is reentrant, and cheap while held). Each entry is
+        the id, None (not such a put), or the error that put raised: the others still run."""
+        done: list[str | BaseException | None] = [None] * len(items)
+        if not self._hot:
+            return done
+        with self._lock:
+            for i, (parts, block_id, parent) in enumerate(items):
+                try:
+                    done[i] = self.put_hot(parts, namespace, block_id, parent, ttl, priority)
+                except Exception as exc:  # this put's own error: the others still run
+                    done[i] = exc
+        return done
+
+    def _admit(self, meta: BlockMeta, now: float) -> bool:
+        """Under the lock, once committed: enter the block in the index (used at ``now``,
+        ``time.monotonic()``) and publish it. False when another rank published it first
+        (ours dropped, counted a dedup)."""
+        index = self.index
+        if index.unconfirmed:
+            index.unconfirmed.discard(meta.key)
+        index.admit(meta, now)
         if meta.ttl:
             self.chain.persist_ttl(meta)
+        peers = self.chain.peers
+        if type(peers) is Solo:  # nobody to publish to
+            return True
         try:
-            published = self.chain.peers.publish(meta)
+            published = peers.publish(meta)
         except BaseException:  # e.g. DirectoryFull: a rejected put stores nothing
-            if self.index.holds(meta):
+            if index.holds(meta):
                 self.chain.drop(meta)
             raise
         if not published:

@@ -182,11 +182,13 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         written meanwhile: the outputs hold no valid data until that read)."""
         return False
 
-    def fill_hot(self, room: Any, parts: Sequence[Any]) -> bool:
-        """Copy ``parts`` into reserved ``room`` while the caller holds the store's lock
-        (the small-block form of :meth:`fill`). False when the tier cannot (parts that
-        are not C-contiguous host buffers of the room's size, bytes not in host memory,
-        checksums to compute): the room then holds no valid data."""
+    def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
+        """Store ``parts`` (``nbytes`` in all) as block ``key`` while the caller holds the
+        store's lock: the small-block form of :meth:`reserve`, :meth:`fill` and
+        :meth:`commit` in one call. False, with nothing held or changed, when the tier
+        cannot as it is (no room free, parts that are not host buffers of ``nbytes``,
+        bytes not in host memory, checksums to compute); a copy that raises gives its
+        room back first."""
         return False
 
     def current(self, key: BlockKey, lease: Any) -> bool:

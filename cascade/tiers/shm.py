@@ -41,7 +41,7 @@ from ..config import default_shm_dir
 from ..errors import BlockNotFound, TierFull
 from .base import TierKind
 from .private_dir import ensure_private_dir
-from .slab_tier import SlabTier, _Slot
+from .slab_tier import SlabTier
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^\.?cascade-(\d+)-[0-9a-f]{32}(?:\.init)?$")
@@ -185,26 +185,22 @@ class ShmTier(SlabTier):
         self._backed = self._capacity
         self._bytes[::mmap.PAGESIZE] = 0  # one write per page maps it (the bytes are zero already)
 
-    def reserve(self, key, nbytes: int, *, parent: str | None = None) -> _Slot:
-        """Claim slab space, backing it with memory first if it lies past what is backed
-        (:class:`TierFull` when the file system cannot: nothing is claimed then)."""
-        slot = SlabTier.reserve(self, key, nbytes)  # (not super(): this runs on every put)
-        end = slot.offset + nbytes
-        if end > self._backed:
-            target = min(self._capacity, -(-end // _BACKING_STEP) * _BACKING_STEP)
-            try:
-                os.posix_fallocate(self._fd, self._backed, target - self._backed)
-            except OSError as exc:
-                try:  # a smaller step may still fit
-                    os.posix_fallocate(self._fd, self._backed, end - self._backed)
-                    target = end
-                except OSError:
-                    self.discard(slot)
-                    raise TierFull(f"shm: cannot back {end - self._backed} more bytes in "
-                                   f"{os.path.dirname(self.path)}: {exc.strerror}") from exc
-            self._populate(self._backed, target)
-            self._backed = target
-        return slot
+    def _back(self, end: int) -> None:
+        """posix_fallocate the slab up to ``end`` rounded up to a step (or just to
+        ``end`` when a step does not fit) and map the new pages (:meth:`_populate`);
+        :class:`TierFull` when the file system cannot back ``end``."""
+        target = min(self._capacity, -(-end // _BACKING_STEP) * _BACKING_STEP)
+        try:
+            os.posix_fallocate(self._fd, self._backed, target - self._backed)
+        except OSError as exc:
+            try:  # a smaller step may still fit
+                os.posix_fallocate(self._fd, self._backed, end - self._backed)
+                target = end
+            except OSError:
+                raise TierFull(f"shm: cannot back {end - self._backed} more bytes in "
+                               f"{os.path.dirname(self.path)}: {exc.strerror}") from exc
+        self._populate(self._backed, target)
+        self._backed = target
 
     def _populate(self, start: int, end: int) -> None:
         """Map slab bytes ``[start, end)``, just backed, in one call (Linux 5.14+

@@ -28,19 +28,25 @@ class SlabAllocator:
 
     def alloc(self, nbytes: int) -> int:
         """Offset of a fresh range of at least ``nbytes``; :class:`TierFull` if none is free."""
-        need = _round_up(max(nbytes, 1))
-        for i, start in enumerate(self._starts):
-            length = self._lengths[start]
+        need = (nbytes + ALIGN - 1) // ALIGN * ALIGN if nbytes > 0 else ALIGN  # footprint(), inlined: per put
+        starts, lengths = self._starts, self._lengths
+        i = 0
+        for start in starts:
+            length = lengths[start]
             if length >= need:
-                del self._lengths[start]
-                if length == need:
-                    del self._starts[i]
-                else:
-                    self._starts[i] = start + need
-                    self._lengths[start + need] = length - need
-                self.allocated += need
-                return start
-        raise TierFull(f"no free range of {nbytes} bytes in a slab of {self.size} ({self.size - self.allocated} free, fragmented)")
+                break
+            i += 1
+        else:
+            raise TierFull(f"no free range of {nbytes} bytes in a slab of {self.size} "
+                           f"({self.size - self.allocated} free, fragmented)")
+        del lengths[start]
+        if length == need:
+            del starts[i]
+        else:
+            starts[i] = start + need
+            lengths[start + need] = length - need
+        self.allocated += need
+        return start
 
     def free(self, offset: int, nbytes: int) -> None:
         """Return the range at ``offset`` (``nbytes`` as passed to :meth:`alloc`)."""

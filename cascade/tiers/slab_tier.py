@@ -51,8 +51,9 @@ class SlabTier(Tier):
         self._index: dict[BlockKey, _Slot] = {}
         self._used = 0
         self._verify = verify
+        self._backed = capacity  # bytes from the slab's start backed by memory (SHM: see _back)
         # The slab as a writable host memoryview, set by a subclass whose slab lives in host
-        # memory, unless it verifies checksums: what read_hot() and fill_hot() copy through
+        # memory, unless it verifies checksums: what read_hot() and store_hot() copy through
         # (memoryview copies of a few KiB cost a tenth of a numpy copy's call overhead).
         self._hot_host: memoryview | None = None
 
@@ -67,6 +68,12 @@ class SlabTier(Tier):
 
     def _slab_view(self, offset: int, length: int) -> Any:
         """A read-only buffer over slab bytes (for checksums)."""
+        raise NotImplementedError
+
+    def _back(self, end: int) -> None:
+        """Back the slab with memory up to at least ``end`` (past :attr:`_backed`) and
+        raise :attr:`_backed` so far; :class:`TierFull` when it cannot (nothing changed
+        then). A slab backed whole from the start never gets here."""
         raise NotImplementedError
 
     # -- Tier interface ---------------------------------------------------------------
@@ -90,10 +97,18 @@ class SlabTier(Tier):
 
     def reserve(self, key: BlockKey | None, nbytes: int, *, parent: str | None = None) -> _Slot:
         """Claim slab space for ``nbytes`` (any key: a put may reserve before its id is
-        known). :class:`TierFull` if it does not fit."""
+        known), backing it with memory first if it lies past what is backed (:meth:`_back`).
+        :class:`TierFull` if it does not fit or cannot be backed (nothing is claimed then)."""
         if nbytes > self._capacity:
             raise TierFull(f"{self.name}: block of {nbytes} bytes exceeds the tier's capacity of {self._capacity}")
-        return _Slot(self._alloc.alloc(nbytes), nbytes)
+        slot = _Slot(self._alloc.alloc(nbytes), nbytes)
+        if slot.offset + nbytes > self._backed:
+            try:
+                self._back(slot.offset + nbytes)
+            except BaseException:
+                self.discard(slot)
+                raise
+        return slot
 
     def fill(self, slot: _Slot, parts: Sequence[Any]) -> None:
         """Copy ``parts`` into reserved space (and checksum it when verifying). Touches
@@ -153,7 +168,7 @@ class SlabTier(Tier):
         """The whole slab as a uint8 array (numpy or cupy)."""
         raise NotImplementedError
 
-    # read_hot() and fill_hot() run per block under the store's lock: each makes the byte
+    # read_hot() and store_hot() run per block under the store's lock: each makes the byte
     # view of a buffer and copies it in one pass (ndarray.data: the same buffer as
     # memoryview(buf), at half the cost), so a refusal may come after a first copy.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
@@ -173,22 +188,34 @@ class SlabTier(Tier):
             return False
         return pos == last
 
-    def fill_hot(self, slot: _Slot, parts: Sequence[Any]) -> bool:
+    def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         host = self._hot_host
         if host is None:
             return False
-        pos, last = slot.offset, slot.offset + slot.length
         try:
-            for part in parts:
-                view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
-                end = pos + view.nbytes
-                if end > last:
-                    return False
-                host[pos:end] = view
-                pos = end
-        except _NO_BYTE_VIEW:
+            slot = self.reserve(key, nbytes)
+        except TierFull:
             return False
-        return pos == last
+        pos, last = slot.offset, slot.offset + nbytes
+        try:  # the room is this call's own until its commit: given back on every other way out
+            try:
+                for part in parts:
+                    view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
+                    end = pos + view.nbytes
+                    if end > last:
+                        break
+                    host[pos:end] = view
+                    pos = end
+            except _NO_BYTE_VIEW:
+                pos = -1
+            if pos == last:
+                self.commit(key, slot)
+                return True
+        except BaseException:
+            self.discard(slot)
+            raise
+        self.discard(slot)
+        return False
 
     def release(self, slot: _Slot) -> None:
         slot.readers -= 1
