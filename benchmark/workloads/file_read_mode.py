@@ -2,32 +2,49 @@
 the measurement behind the file tier's ``auto`` mode off Lustre.
 
 Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB) and round: one file tier is
-written (``blocks`` blocks, flushed), then opened once per mode (``buffered``, ``direct``)
-and read cold (its files dropped from the page cache first) in two forms: ``loop``
-(``get_into`` one by one, 1 request in flight) and ``batch`` (``get_many_into``,
-``io_threads`` = 4 in flight). The same bytes in one plain file give the limits at the
+written (``blocks`` blocks, flushed) and the same bytes in one plain file (the raw
+file), then eight timed passes read them cold: the tier in each mode (``buffered``,
+``direct``; a store opened for the pass) and the raw file in each raw way, each in two
+forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
+(``get_many_into``, ``io_threads`` = 4 in flight). The raw reads give the limits at the
 same depth (1 and 4 threads): raw O_DIRECT ``preadv`` cut into the requests the tier
 uses, and raw buffered cold ``preadv`` (kernel readahead on). The layouts differ only
 by Cascade's own format: the raw file holds the blocks back to back in the order they
 are read; the tier's files hold them as records in the order written (the order read,
 up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
-6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2). Cold means evicted from
-the page cache (:func:`~benchmark.machine.drop_page_cache`) before every pass, raw or
-not. Each written file (the tier's and the raw one) is read through once, untimed,
-before its timed passes: the first cold pass after the write is slower on this disk
-(11 fresh 256 MiB writes, buffered loop at 2 MiB: first pass median 0.88 GB/s, 6 of 11
-under 0.9, second pass median 1.28, never under 1.13), and the first timed pass was
-always Cascade's buffered loop (and raw O_DIRECT's loop for the raw file). The output
-buffers are zeroed before every pass (untimed). Every ratio divides a whole-pass rate
-by the better raw cold read at the same depth (``vs_best_raw``), in the same round;
-medians and min-max over rounds. Each pass also gives the CPU seconds the
-process spent per GB read (``cpu_s_per_gb``, all threads, kernel time included): a
-figure that other work on the machine disturbs far less than wall time. Blocks are
-checked byte-exact.
+6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
+
+Raw and Cascade passes are treated alike:
+- Cold means evicted from the page cache (:func:`~benchmark.machine.drop_page_cache`,
+  on the files the pass reads) right before every pass, raw or not; the output buffers
+  are zeroed before every pass (untimed), so no pass pays their first touch.
+- Both files are written before any pass, then read through once together, untimed
+  (:func:`_settle`). Dropped from the page cache afterwards, that read leaves nothing
+  in it; what it changes is the disk below (this VM's virtual disk): the first cold
+  read of freshly written bytes was slower (11 fresh 256 MiB writes, buffered loop at
+  2 MiB: first pass median 0.88 GB/s, 6 of 11 under 0.9, second pass median 1.28,
+  never under 1.13), and without the settling read that cost fell on whichever pass
+  came first. It was always the same one: until this version every round ran the four
+  Cascade passes (buffered loop first) and only then wrote the raw file (raw O_DIRECT
+  loop first), so each side ran in its own stretch of time, minutes apart on a loaded
+  machine. Now the eight passes run in an order shuffled per round (``order`` in each
+  sample): no pass is always first after the settling read or always beside the same
+  neighbours, and both sides share the round's conditions.
+- The settling read does not make Cascade's reads cheaper than a first cold read: the
+  bisect that blamed it for a 4x rise in CPU seconds per GB of the 16 MiB buffered
+  batch (suite at ccf2a27) was not reproduced on a quieter machine (0.22-0.30 s/GB,
+  like the loop), and the same drop and settling read are applied to the raw file.
+
+Every ratio divides a whole-pass rate by the better raw cold read at the same depth
+(``vs_best_raw``), in the same round; medians and min-max over rounds. Each pass also
+gives the CPU seconds the process spent per GB read (``cpu_s_per_gb``, all threads,
+kernel time included): a figure that other work on the machine disturbs far less than
+wall time. Blocks are checked byte-exact.
 """
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -45,6 +62,7 @@ from .blockio import size_label
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
 BYTES_PER_SIZE = 256 << 20
 MODES = ("buffered", "direct")
+RAW_HOWS = ("odirect", "buffered_cold")
 FORMS = {"loop": 1, "batch": 4}
 TARGET = 0.9
 
@@ -77,6 +95,16 @@ def _settle(paths: list[str]) -> None:
             os.close(fd)
 
 
+def _passes(seed: int) -> list[tuple[str, str, str]]:
+    """A round's timed passes, (side, how, form), in an order shuffled by ``seed``: no
+    side or mode always runs first after the settling read, or beside the same
+    neighbours (see the module docstring)."""
+    passes = [(side, how, form) for form in FORMS
+              for side, hows in (("cascade", MODES), ("raw", RAW_HOWS)) for how in hows]
+    random.Random(seed).shuffle(passes)
+    return passes
+
+
 def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
     spec = BlockSpec.flat(nbytes)
     rng = np.random.default_rng(seed)
@@ -93,34 +121,35 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         with CascadeStore(Config(**base), block_spec=spec) as store:
             store.put_many(blocks, block_ids=ids)
             store.flush()
-        _settle(files_under(file_dir))
-        for mode in MODES:
-            with CascadeStore(Config(**base, file_read_mode=mode), block_spec=spec) as store:
-                row[f"{mode}_odirect_used"] = store.tiers[0].read_mode == "direct"
-                for form, workers in FORMS.items():
-                    _clear(outs)
-                    drop_page_cache(files_under(file_dir))
-                    started, cpu = time.perf_counter(), time.process_time()
-                    if form == "loop":
-                        hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
-                    else:
-                        hits = store.get_many_into(ids, outs, max_workers=workers)
-                    row[f"{mode}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
-                    row[f"{mode}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
-                    row[f"{mode}_{form}_wrong"] = sum(
-                        not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
-                        for h, o, b in zip(hits, outs, blocks))
         raw = os.path.join(work, "raw.bin")
         write_file(raw, (part for pair in blocks for part in pair))
         os.sync()
-        _settle([raw])
-        for form, threads in FORMS.items():
-            for how in ("odirect", "buffered_cold"):
+        _settle(files_under(file_dir) + [raw])
+        order = _passes(seed)
+        row["order"] = [f"{side} {how} {form}" for side, how, form in order]
+        for side, how, form in order:
+            workers = FORMS[form]
+            if side == "raw":
                 _clear(outs)
                 drop_page_cache([raw])
                 cpu = time.process_time()
-                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, threads, how)["gbps"]
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, workers, how)["gbps"]
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
+                continue
+            with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
+                row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
+                _clear(outs)
+                drop_page_cache(files_under(file_dir))
+                started, cpu = time.perf_counter(), time.process_time()
+                if form == "loop":
+                    hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
+                else:
+                    hits = store.get_many_into(ids, outs, max_workers=workers)
+                row[f"{how}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
+                row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
+            row[f"{how}_{form}_wrong"] = sum(
+                not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                for h, o, b in zip(hits, outs, blocks))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return row
@@ -147,7 +176,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                                                            for s in samples),
                                          "wrong": sum(s[f"{mode}_{form}_wrong"] for s in samples)}
         for form in FORMS:
-            for how in ("odirect", "buffered_cold"):
+            for how in RAW_HOWS:
                 row[f"raw_{how}_{form}_gbps"] = statistics.median(s[f"raw_{how}_{form}_gbps"] for s in samples)
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = statistics.median(
                     s[f"raw_{how}_{form}_cpu_s_per_gb"] for s in samples)

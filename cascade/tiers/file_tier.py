@@ -98,10 +98,11 @@ _leads = threading.local()
 
 def _lead() -> memoryview:
     """This thread's buffer for the header page read ahead of a buffered payload."""
-    lead = getattr(_leads, "buf", None)
-    if lead is None:
-        lead = _leads.buf = memoryview(bytearray(HEADER_BYTES))
-    return lead
+    try:
+        return _leads.buf
+    except AttributeError:
+        _leads.buf = memoryview(bytearray(HEADER_BYTES))
+        return _leads.buf
 
 
 class FileTier(Recovery, Compaction, Tier):
@@ -388,10 +389,13 @@ class FileTier(Recovery, Compaction, Tier):
             self.release(lease)
 
     def lease(self, key: BlockKey) -> _Lease:
-        loc = self._loc(key)
+        loc = self._index.get(key)
+        if loc is None:
+            raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}")
         f = self._files[loc.file_id]
         f.users += 1
-        self._direct_fd(f)  # opened here, under the store's lock
+        if self._odirect:
+            self._direct_fd(f)  # opened here, under the store's lock
         return _Lease(key, loc, f)
 
     def release(self, lease: _Lease) -> None:
@@ -404,16 +408,16 @@ class FileTier(Recovery, Compaction, Tier):
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views = output_views(outs)
-        if sum(v.nbytes for v in views) != loc.length:
-            raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
+        views, nbytes = output_views(outs)
+        if nbytes != loc.length:
+            raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
         start = loc.offset + HEADER_BYTES
         seed = key_seed(*key)
         digest = None
         try:
             direct = f.direct_fd if self._odirect else None
             if direct is None:  # the header too (as the lead): see read_hashed
-                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, _lead(), stream=self._stream)
+                ok, digest = read_hashed(f.fd, start, nbytes, views, seed, _lead(), stream=self._stream)
             elif all(page_aligned(v) for v in views):
                 ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:
