@@ -6,9 +6,15 @@ written (``blocks`` blocks, flushed) and the same bytes in one plain file (the r
 file), then eight timed passes read them cold: the tier in each mode (``buffered``,
 ``direct``; a store opened for the pass) and the raw file in each raw way, each in two
 forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
-(``get_many_into``, ``io_threads`` = 4 in flight). The raw reads give the limits at the
-same depth (1 and 4 threads): raw O_DIRECT ``preadv`` cut into the requests the tier
-uses, and raw buffered cold ``preadv`` (kernel readahead on). The layouts differ only
+(``get_many_into`` with the store's default depth: up to ``io_threads`` = 4 workers,
+at most the spare cores, :func:`~cascade.core.pools.spare_cores`; ``batch_workers`` in
+each row). The raw reads give the limits at depths 1 (loop) and 4 (batch): raw O_DIRECT
+``preadv`` cut into the requests the tier uses, and raw buffered cold ``preadv``
+(kernel readahead on). The batch used to force 4 workers: on this 2-core machine, where
+the store's own default is one (the batch runs inline), four threads of Python per-block
+work fought over the interpreter lock and the cores, and the 64 KiB batch ran at about
+half the loop's rate (18 rounds at load 7-10: 0.20 vs 0.39 of the best raw read); the
+workload now measures the batch a caller gets. The layouts differ only
 by Cascade's own format: the raw file holds the blocks back to back in the order they
 are read; the tier's files hold them as records in the order written (the order read,
 up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
@@ -30,10 +36,10 @@ Raw and Cascade passes are treated alike:
   machine. Now the eight passes run in an order shuffled per round (``order`` in each
   sample): no pass is always first after the settling read or always beside the same
   neighbours, and both sides share the round's conditions.
-- The settling read does not make Cascade's reads cheaper than a first cold read: the
-  bisect that blamed it for a 4x rise in CPU seconds per GB of the 16 MiB buffered
-  batch (suite at ccf2a27) was not reproduced on a quieter machine (0.22-0.30 s/GB,
-  like the loop), and the same drop and settling read are applied to the raw file.
+- The settling read is not what slowed the 16 MiB buffered batch of the suite at
+  ccf2a27 (0.88-1.33 s/GB in 8 of 9 rounds, bisected to the change that added it): 18
+  rounds of this version (6 runs, load 7-10) gave it 0.23-0.31 s/GB (medians per run),
+  like the loop; and the raw file gets the same drop and settling read.
 
 Every ratio divides a whole-pass rate by the better raw cold read at the same depth
 (``vs_best_raw``), in the same round; medians and min-max over rounds. Each pass also
@@ -54,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from cascade import CascadeStore, Config
+from cascade.core.pools import spare_cores
 from cascade.models import BlockSpec
 
 from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, write_file
@@ -128,12 +135,11 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         order = _passes(seed)
         row["order"] = [f"{side} {how} {form}" for side, how, form in order]
         for side, how, form in order:
-            workers = FORMS[form]
             if side == "raw":
                 _clear(outs)
                 drop_page_cache([raw])
                 cpu = time.process_time()
-                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, workers, how)["gbps"]
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, FORMS[form], how)["gbps"]
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
@@ -144,7 +150,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 if form == "loop":
                     hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
                 else:
-                    hits = store.get_many_into(ids, outs, max_workers=workers)
+                    hits = store.get_many_into(ids, outs)  # the store's own depth (see the module docstring)
                 row[f"{how}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
                 row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
             row[f"{how}_{form}_wrong"] = sum(
@@ -181,6 +187,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = statistics.median(
                     s[f"raw_{how}_{form}_cpu_s_per_gb"] for s in samples)
         row["odirect_available"] = all(s["direct_odirect_used"] for s in samples)
+        row["batch_workers"] = min(Config().io_threads, spare_cores())
         rows.append(row)
     return {"rows": rows, "load_average": os.getloadavg(), "target_vs_best_raw": TARGET}
 
