@@ -6,17 +6,18 @@ written (``blocks`` blocks, flushed) and the same bytes in one plain file (the r
 file), then eight timed passes read them cold: the tier in each mode (``buffered``,
 ``direct``; a store opened for the pass) and the raw file in each raw way, each in two
 forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
-(``get_many_into`` with the store's default depth: up to ``io_threads`` = 4 workers,
-at most the spare cores, :func:`~cascade.core.pools.spare_cores`; ``batch_workers`` in
-each row). The raw reads give the limits at depths 1 (loop) and 4 (batch): raw O_DIRECT
-``preadv`` cut into the requests the tier uses, and raw buffered cold ``preadv``
-(kernel readahead on). The batch used to force 4 workers: on this 2-core machine, where
-the store's own default is one (the batch runs inline), four threads of Python per-block
-work fought over the interpreter lock and the cores, and the 64 KiB batch ran at about
-half the loop's rate (18 rounds at load 7-10: 0.20 vs 0.39 of the best raw read); the
-workload now measures the batch a caller gets. The layouts differ only
-by Cascade's own format: the raw file holds the blocks back to back in the order they
-are read; the tier's files hold them as records in the order written (the order read,
+(``get_many_into`` at the store's default depth, ``batch_workers`` in each row: up to
+``io_threads`` = 4 workers, at most the spare cores, :func:`~cascade.core.pools.spare_cores`;
+one on this 2-core machine, where the batch then runs inline). The raw reads give the
+limits at the same depths: raw O_DIRECT ``preadv`` cut into the requests the tier uses,
+and raw buffered cold ``preadv`` (kernel readahead on). Until this version the batch
+forced 4 workers on both sides: on 2 cores four threads of Cascade's per-block Python
+work fought over the interpreter lock and the cores (a depth the store never picks
+here), and its 64 KiB batch ran at half its loop's rate (18 rounds at load 7-10: 0.20
+vs 0.39 of the best raw read), while raw threads spend their time in ``preadv``.
+
+The layouts differ only by Cascade's own format: the raw file holds the blocks back to
+back in the order they are read; the tier's files hold them as records in the order written (the order read,
 up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
 6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
 
@@ -29,7 +30,8 @@ Raw and Cascade passes are treated alike:
   in it; what it changes is the disk below (this VM's virtual disk): the first cold
   read of freshly written bytes was slower (11 fresh 256 MiB writes, buffered loop at
   2 MiB: first pass median 0.88 GB/s, 6 of 11 under 0.9, second pass median 1.28,
-  never under 1.13), and without the settling read that cost fell on whichever pass
+  never under 1.13; a file tier of 2048 64 KiB records read one by one: 0.09 GB/s
+  first, then 0.85-0.99), and without the settling read that cost fell on whichever pass
   came first. It was always the same one: until this version every round ran the four
   Cascade passes (buffered loop first) and only then wrote the raw file (raw O_DIRECT
   loop first), so each side ran in its own stretch of time, minutes apart on a loaded
@@ -70,7 +72,7 @@ DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
 BYTES_PER_SIZE = 256 << 20
 MODES = ("buffered", "direct")
 RAW_HOWS = ("odirect", "buffered_cold")
-FORMS = {"loop": 1, "batch": 4}
+FORMS = ("loop", "batch")
 TARGET = 0.9
 
 
@@ -112,6 +114,11 @@ def _passes(seed: int) -> list[tuple[str, str, str]]:
     return passes
 
 
+def batch_depth() -> int:
+    """Workers the store's default gives a big batch here (:class:`~cascade.core.pools.Pools`)."""
+    return min(Config().io_threads, spare_cores())
+
+
 def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
     spec = BlockSpec.flat(nbytes)
     rng = np.random.default_rng(seed)
@@ -139,7 +146,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 _clear(outs)
                 drop_page_cache([raw])
                 cpu = time.process_time()
-                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, FORMS[form], how)["gbps"]
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, 1 if form == "loop" else batch_depth(), how)["gbps"]
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
@@ -187,7 +194,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = statistics.median(
                     s[f"raw_{how}_{form}_cpu_s_per_gb"] for s in samples)
         row["odirect_available"] = all(s["direct_odirect_used"] for s in samples)
-        row["batch_workers"] = min(Config().io_threads, spare_cores())
+        row["batch_workers"] = batch_depth()
         rows.append(row)
     return {"rows": rows, "load_average": os.getloadavg(), "target_vs_best_raw": TARGET}
 

@@ -176,19 +176,19 @@ class FileTier(Recovery, Compaction, Tier):
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
-        # in flight), elsewhere the page cache with readahead, which measured faster cold
-        # (and serves hot reads). Benchmark file_read_mode on a local disk: quiet machine,
-        # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
-        # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
-        # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
-        # direct (results/cascade_file_read_mode_1n_20261125T135201.json). Busy 2-core
-        # machine (load 1.6-7), 54 rounds, the two modes read the same files in each round:
-        # buffered was faster in 50/54 rounds at 64 KiB loop (median 1.48x direct),
-        # 50/54 at 64 KiB batch (1.56x), 34/54 at 2 MiB batch (1.12x), 37/54 at 16 MiB
-        # loop (1.33x), 33/54 at 16 MiB batch (1.12x); O_DIRECT only at 2 MiB loop (41/54,
-        # buffered 0.66x; raw buffered lost to raw O_DIRECT there too, 40/54). 2 MiB loop
-        # and batch want different modes, so no record-size rule beats buffered throughout
-        # (benchmark/results/file_read_mode_ab_20261126/, every round of every run).
+        # in flight), elsewhere the page cache with readahead (and hot re-reads from
+        # memory). Benchmark file_read_mode on this project's 2-core virtio disk, rounds
+        # in which buffered beat O_DIRECT, three sets (64 KiB loop / batch, 2 MiB loop /
+        # batch, 16 MiB loop / batch): 54 rounds at load 1.6-7 (results/
+        # file_read_mode_ab_20261126/): 50/54, 50/54, 13/54, 34/54, 37/54, 33/54; the
+        # suite at ccf2a27, 9 rounds: 9, 9, 5, 0, 9, 1 of 9; 18 rounds of the shuffled
+        # workload at load 7-10: 12, 5, 7, 8, 10, 12 of 18 (the three with 4 workers per
+        # batch). Buffered won most rounds of every set at 64 KiB and 16 MiB one by one,
+        # of two sets for their batches; O_DIRECT of two sets at 2 MiB (56 of 81 rounds
+        # one by one, where raw buffered reads lost to raw O_DIRECT too; 39 of 81 in
+        # batches). A rule sending only 2 MiB-class records to O_DIRECT would fit one
+        # virtual disk's quirk (buffered on both sides of it) on thin evidence, and lose
+        # hot re-reads from memory: auto stays buffered off Lustre.
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
