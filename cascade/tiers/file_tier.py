@@ -182,8 +182,8 @@ class FileTier(Recovery, Compaction, Tier):
         # batch, 16 MiB loop / batch): 54 rounds at load 1.6-7 (results/
         # file_read_mode_ab_20261126/): 50/54, 50/54, 13/54, 34/54, 37/54, 33/54; the
         # suite at ccf2a27, 9 rounds: 9, 9, 5, 0, 9, 1 of 9; 18 rounds of the shuffled
-        # workload at load 7-10: 12, 5, 7, 8, 10, 12 of 18 (the three with 4 workers per
-        # batch). Buffered won most rounds of every set at 64 KiB and 16 MiB one by one,
+        # workload at load 7-10: 12, 5, 7, 8, 10, 12 of 18 (all three sets with batches
+        # of 4 workers). Buffered won most rounds of every set at 64 KiB and 16 MiB one by one,
         # of two sets for their batches; O_DIRECT of two sets at 2 MiB (56 of 81 rounds
         # one by one, where raw buffered reads lost to raw O_DIRECT too; 39 of 81 in
         # batches). A rule sending only 2 MiB-class records to O_DIRECT would fit one
@@ -389,9 +389,7 @@ class FileTier(Recovery, Compaction, Tier):
             self.release(lease)
 
     def lease(self, key: BlockKey) -> _Lease:
-        loc = self._index.get(key)
-        if loc is None:
-            raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}")
+        loc = self._loc(key)
         f = self._files[loc.file_id]
         f.users += 1
         if self._odirect:
