@@ -17,31 +17,35 @@ here), and its 64 KiB batch ran at half its loop's rate (18 rounds at load 7-10:
 vs 0.39 of the best raw read), while raw threads spend their time in ``preadv``.
 
 The layouts differ only by Cascade's own format: the raw file holds the blocks back to
-back in the order they are read; the tier's files hold them as records in the order written (the order read,
-up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
-6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
+back in the order they are read; the tier's files hold them as records in the order
+written (the order read, up to the few puts in flight at once), each behind a 4 KiB
+header (read, not counted: 6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
 
 Raw and Cascade passes are treated alike:
 - Cold means evicted from the page cache (:func:`~benchmark.machine.drop_page_cache`,
   on the files the pass reads) right before every pass, raw or not; the output buffers
   are zeroed before every pass (untimed), so no pass pays their first touch.
-- Both files are written before any pass, then read through once together, untimed
-  (:func:`_settle`). Dropped from the page cache afterwards, that read leaves nothing
-  in it; what it changes is the disk below (this VM's virtual disk): the first cold
-  read of freshly written bytes was slower (11 fresh 256 MiB writes, buffered loop at
-  2 MiB: first pass median 0.88 GB/s, 6 of 11 under 0.9, second pass median 1.28,
-  never under 1.13; a file tier of 2048 64 KiB records read one by one: 0.09 GB/s
-  first, then 0.85-0.99), and without the settling read that cost fell on whichever pass
-  came first. It was always the same one: until this version every round ran the four
-  Cascade passes (buffered loop first) and only then wrote the raw file (raw O_DIRECT
-  loop first), so each side ran in its own stretch of time, minutes apart on a loaded
-  machine. Now the eight passes run in an order shuffled per round (``order`` in each
-  sample): no pass is always first after the settling read or always beside the same
-  neighbours, and both sides share the round's conditions.
+- Every pass is preceded by one untimed buffered read through the files it reads
+  (:func:`_settle`), then the drop: that read leaves nothing in the page cache, but
+  it sets up what is below it the same way for every pass. On this VM a buffered cold
+  pass right after a buffered read of the same file ran much faster and with far less
+  CPU than after anything else (shuffled rounds of the previous version, 18 rounds per
+  size at load 7-10, medians: raw 64 KiB 0.83 vs 0.33 GB/s, 0.44 vs 1.43 CPU s/GB;
+  Cascade 64 KiB 0.27 vs 0.15, 2 MiB 1.17 vs 0.37; O_DIRECT passes showed no such
+  effect); the first cold read of freshly written bytes was slower still (11 fresh
+  256 MiB writes, buffered loop at 2 MiB: first pass median 0.88 GB/s, second 1.28; a
+  file tier of 2048 64 KiB records read one by one: 0.09 GB/s first, then 0.85-0.99).
+  Earlier versions read each file through once per round and then ran each side's
+  passes in a row, Cascade's before the raw file was even written: Cascade's buffered
+  loop always came right after that read and its buffered batch right after its loop,
+  while raw buffered passes always came after a raw O_DIRECT pass; that order favoured
+  Cascade's buffered reads over the raw buffered limit, most at 64 KiB and 2 MiB.
+- The eight passes run in an order shuffled per round (``order`` in each sample), so
+  neither side always runs in the same stretch of time or beside the same neighbours.
 - The settling read is not what slowed the 16 MiB buffered batch of the suite at
   ccf2a27 (0.88-1.33 s/GB in 8 of 9 rounds, bisected to the change that added it): 18
-  rounds of this version (6 runs, load 7-10) gave it 0.23-0.31 s/GB (medians per run),
-  like the loop; and the raw file gets the same drop and settling read.
+  shuffled rounds (6 runs, load 7-10) gave it 0.23-0.31 s/GB (medians per run), like
+  the loop.
 
 Every ratio divides a whole-pass rate by the better raw cold read at the same depth
 (``vs_best_raw``), in the same round; medians and min-max over rounds. Each pass also
@@ -92,7 +96,8 @@ def _clear(outs: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
 
 def _settle(paths: list[str]) -> None:
-    """Read ``paths`` through once, untimed (see the module docstring)."""
+    """Read ``paths`` through once, buffered and untimed, before a pass (see the module
+    docstring)."""
     buf = memoryview(bytearray(8 << 20))
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
@@ -138,12 +143,12 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         raw = os.path.join(work, "raw.bin")
         write_file(raw, (part for pair in blocks for part in pair))
         os.sync()
-        _settle(files_under(file_dir) + [raw])
         order = _passes(seed)
         row["order"] = [f"{side} {how} {form}" for side, how, form in order]
         for side, how, form in order:
             if side == "raw":
                 _clear(outs)
+                _settle([raw])
                 drop_page_cache([raw])
                 cpu = time.process_time()
                 row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, 1 if form == "loop" else batch_depth(), how)["gbps"]
@@ -152,6 +157,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
                 row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
                 _clear(outs)
+                _settle(files_under(file_dir))
                 drop_page_cache(files_under(file_dir))
                 started, cpu = time.perf_counter(), time.process_time()
                 if form == "loop":
