@@ -50,9 +50,9 @@ and refused (:class:`~cascade.errors.ConfigError`) when another user owns them o
 write to them.
 
 ``file_read_mode="auto"`` reads O_DIRECT on Lustre and through the page cache
-elsewhere: on this project's local virtio disk buffered cold reads won most rounds at
-64 KiB and 16 MiB in three sets of measurements (81 rounds), O_DIRECT most at 2 MiB in
-two of them, no rule by record size was better supported, and hot re-reads come from
+elsewhere: on this project's local virtio disk buffered cold reads led at 64 KiB and
+16 MiB in most of four sets of measurements (90 rounds), O_DIRECT at 2 MiB in three, on
+noisy evidence; no rule by record size was better supported, and hot re-reads come from
 memory (benchmark ``file_read_mode``; the rounds are in :mod:`cascade.tiers.file_tier`).
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
