@@ -40,6 +40,11 @@ Raw and Cascade passes are treated alike:
   loop always came right after that read and its buffered batch right after its loop,
   while raw buffered passes always came after a raw O_DIRECT pass; that order favoured
   Cascade's buffered reads over the raw buffered limit, most at 64 KiB and 2 MiB.
+  The settling read before each pass does not remove the machine's own spread: in 9
+  rounds at load 6-9 the raw buffered read at depth 1 ran in both the loop and the
+  batch slot of a round (one worker per batch here) and still differed 2-4x within a
+  round (0.32 vs 0.90, 0.48 vs 1.75 GB/s at 64 KiB), its kernel CPU from 0.2 to 1.5
+  s/GB: such passes are this VM's, raw or Cascade's alike.
 - The eight passes run in an order shuffled per round (``order`` in each sample), so
   neither side always runs in the same stretch of time or beside the same neighbours.
 - The settling read is not what slowed the 16 MiB buffered batch of the suite at
