@@ -42,9 +42,10 @@ Raw and Cascade passes are treated alike:
   Cascade's buffered reads over the raw buffered limit, most at 64 KiB and 2 MiB.
   The settling read before each pass does not remove the machine's own spread: in 9
   rounds at load 6-9 the raw buffered read at depth 1 ran in both the loop and the
-  batch slot of a round (one worker per batch here) and still differed 2-4x within a
-  round (0.32 vs 0.90, 0.48 vs 1.75 GB/s at 64 KiB), its kernel CPU from 0.2 to 1.5
-  s/GB: such passes are this VM's, raw or Cascade's alike.
+  batch slot of a round (one worker per batch here), and the two differed by 1.5x or
+  more in 14 of 27 rounds (64 KiB: 0.29 vs 1.75 GB/s; 2 MiB: 0.45 vs 1.38; 16 MiB:
+  0.42 vs 1.68), the slow one taking 0.9-2.2 CPU s/GB against 0.2-0.4: such passes
+  are this VM's, raw or Cascade's alike.
 - The eight passes run in an order shuffled per round (``order`` in each sample), so
   neither side always runs in the same stretch of time or beside the same neighbours.
 - The settling read is not what slowed the 16 MiB buffered batch of the suite at

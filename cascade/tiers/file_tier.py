@@ -186,8 +186,8 @@ class FileTier(Recovery, Compaction, Tier):
         # Cascade's buffered passes right after a buffered read of their files, which
         # favoured them, see the workload); 9 rounds of the current workload at load 6-9:
         # 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB in most sets, O_DIRECT
-        # at 2 MiB in three of four; but identical raw passes of one round differed 2-4x
-        # on that loaded machine, so the counts are weak evidence. A rule sending only
+        # at 2 MiB in three of four; but identical raw passes of one round differed 1.5-6x
+        # in half the rounds of the last set, so the counts are weak evidence. A rule sending only
         # 2 MiB-class records to O_DIRECT would fit one virtual disk on thin evidence and
         # lose hot re-reads from memory: auto stays buffered off Lustre.
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
