@@ -181,15 +181,15 @@ class FileTier(Recovery, Compaction, Tier):
         # in which buffered beat O_DIRECT (64 KiB loop / batch, 2 MiB loop / batch,
         # 16 MiB loop / batch), four sets: 54 rounds at load 1.6-7 (results/
         # file_read_mode_ab_20261126/): 50, 50, 13, 34, 37, 33 of 54; the suite at
-        # ccf2a27: 9, 9, 5, 0, 9, 1 of 9; 18 shuffled rounds at load 7-10: 12, 5, 7, 8,
-        # 10, 12 of 18 (these three with batches of 4 workers; the first two ran
-        # Cascade's buffered passes right after a buffered read of their files, which
-        # favoured them, see the workload); 9 rounds of the current workload at load 6-9:
-        # 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB in most sets, O_DIRECT
-        # at 2 MiB in three of four; but identical raw passes of one round differed 1.5-6x
-        # in half the rounds of the last set, so the counts are weak evidence. A rule sending only
-        # 2 MiB-class records to O_DIRECT would fit one virtual disk on thin evidence and
-        # lose hot re-reads from memory: auto stays buffered off Lustre.
+        # ccf2a27: 9, 9, 5, 0, 9, 1 of 9 (its round order favoured Cascade's buffered
+        # passes, see the workload); 18 shuffled rounds at load 7-10: 12, 5, 7, 8, 10, 12
+        # of 18 (these three sets with batches of 4 workers); 9 rounds of the current
+        # workload at load 6-9: 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB
+        # in most sets, O_DIRECT at 2 MiB in three of four; but in half the rounds of the
+        # last set two identical raw passes differed 1.5-6x, so the counts are weak
+        # evidence. A rule sending only 2 MiB-class records to O_DIRECT would fit one
+        # virtual disk on thin evidence and lose hot re-reads from memory: auto stays
+        # buffered off Lustre.
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
