@@ -157,7 +157,8 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 _settle([raw])
                 drop_page_cache([raw])
                 cpu = time.process_time()
-                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, 1 if form == "loop" else batch_depth(), how)["gbps"]
+                depth = 1 if form == "loop" else batch_depth()
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, depth, how)["gbps"]
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
