@@ -50,10 +50,10 @@ and refused (:class:`~cascade.errors.ConfigError`) when another user owns them o
 write to them.
 
 ``file_read_mode="auto"`` reads O_DIRECT on Lustre and through the page cache
-elsewhere: on this project's local virtio disk buffered cold reads beat O_DIRECT ones at
-64 KiB (1.5x), in 2 MiB batches and at 16 MiB (1.1-1.3x), lost only 2 MiB one-by-one
-reads (0.66x), and hot re-reads come from memory (benchmark ``file_read_mode``; the rounds are
-in :mod:`cascade.tiers.file_tier`).
+elsewhere: on this project's local virtio disk buffered cold reads led at 64 KiB and
+16 MiB in most of four sets of measurements (90 rounds), O_DIRECT at 2 MiB in three, on
+noisy evidence; no rule by record size was better supported, and hot re-reads come from
+memory (benchmark ``file_read_mode``; the rounds are in :mod:`cascade.tiers.file_tier`).
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
 max(seal, one record)`` with ``seal = min(file_segment_bytes, file_bytes / 4)``: 2.25x

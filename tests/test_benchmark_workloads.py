@@ -323,3 +323,19 @@ def test_tier_bandwidth_small(tmp_path) -> None:
     assert mem["overhead_fraction"] == mem["rows"][-1]["overhead_fraction"] and "smaps" in mem["method"]
     assert not list(tmp_path.iterdir())  # its work directory is removed
     assert "memory overhead" in tier_bandwidth.table(result)
+
+
+def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
+    from benchmark.workloads import file_read_mode
+
+    result = file_read_mode.run({"sizes": [SIZE], "blocks": 16, "rounds": 2, "file_dir": str(tmp_path)})
+    [row] = result["rows"]
+    passes = {f"{side} {how} {form}" for side, how, form in file_read_mode._passes(0)}
+    assert len(passes) == 8
+    orders = [s["order"] for s in row["samples"]]
+    assert all(sorted(o) == sorted(passes) for o in orders) and orders[0] != orders[1]  # seeds 0 and 1
+    for mode in file_read_mode.MODES:
+        for form in file_read_mode.FORMS:
+            assert row[f"{mode}_{form}"]["wrong"] == 0 and row[f"{mode}_{form}"]["gbps"] > 0
+    for form in file_read_mode.FORMS:
+        assert row[f"raw_odirect_{form}_gbps"] > 0 and row[f"raw_buffered_cold_{form}_gbps"] > 0

@@ -2,32 +2,67 @@
 the measurement behind the file tier's ``auto`` mode off Lustre.
 
 Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB) and round: one file tier is
-written (``blocks`` blocks, flushed), then opened once per mode (``buffered``, ``direct``)
-and read cold (its files dropped from the page cache first) in two forms: ``loop``
-(``get_into`` one by one, 1 request in flight) and ``batch`` (``get_many_into``,
-``io_threads`` = 4 in flight). The same bytes in one plain file give the limits at the
-same depth (1 and 4 threads): raw O_DIRECT ``preadv`` cut into the requests the tier
-uses, and raw buffered cold ``preadv`` (kernel readahead on). The layouts differ only
-by Cascade's own format: the raw file holds the blocks back to back in the order they
-are read; the tier's files hold them as records in the order written (the order read,
-up to the few puts in flight at once), each behind a 4 KiB header (read, not counted:
-6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2). Cold means evicted from
-the page cache (:func:`~benchmark.machine.drop_page_cache`) before every pass, raw or
-not. Each written file (the tier's and the raw one) is read through once, untimed,
-before its timed passes: the first cold pass after the write is slower on this disk
-(11 fresh 256 MiB writes, buffered loop at 2 MiB: first pass median 0.88 GB/s, 6 of 11
-under 0.9, second pass median 1.28, never under 1.13), and the first timed pass was
-always Cascade's buffered loop (and raw O_DIRECT's loop for the raw file). The output
-buffers are zeroed before every pass (untimed). Every ratio divides a whole-pass rate
-by the better raw cold read at the same depth (``vs_best_raw``), in the same round;
-medians and min-max over rounds. Each pass also gives the CPU seconds the
-process spent per GB read (``cpu_s_per_gb``, all threads, kernel time included): a
-figure that other work on the machine disturbs far less than wall time. Blocks are
-checked byte-exact.
+written (``blocks`` blocks, flushed) and the same bytes in one plain file (the raw
+file), then eight timed passes read them cold: the tier in each mode (``buffered``,
+``direct``; a store opened for the pass) and the raw file in each raw way, each in two
+forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
+(``get_many_into`` at the store's default depth, ``batch_workers`` in each row: up to
+``io_threads`` = 4 workers, at most the spare cores, :func:`~cascade.core.pools.spare_cores`;
+one on this 2-core machine, where the batch then runs inline). The raw reads give the
+limits at the same depths: raw O_DIRECT ``preadv`` cut into the requests the tier uses,
+and raw buffered cold ``preadv`` (kernel readahead on). Until this version the batch
+forced 4 workers on both sides: on 2 cores four threads of Cascade's per-block Python
+work fought over the interpreter lock and the cores (a depth the store never picks
+here), and its 64 KiB batch ran at half its loop's rate (18 rounds at load 7-10: 0.20
+vs 0.39 of the best raw read), while raw threads spend their time in ``preadv``.
+
+The layouts differ only by Cascade's own format: the raw file holds the blocks back to
+back in the order they are read; the tier's files hold them as records in the order
+written (the order read, up to the few puts in flight at once), each behind a 4 KiB
+header (read, not counted: 6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
+
+Raw and Cascade passes are treated alike:
+- Cold means evicted from the page cache (:func:`~benchmark.machine.drop_page_cache`,
+  on the files the pass reads) right before every pass, raw or not; the output buffers
+  are zeroed before every pass (untimed), so no pass pays their first touch.
+- Every pass is preceded by one untimed buffered read through the files it reads
+  (:func:`_settle`), then the drop: that read leaves nothing in the page cache, but
+  it sets up what is below it the same way for every pass. On this VM a buffered cold
+  pass right after a buffered read of the same file ran much faster and with far less
+  CPU than after anything else (shuffled rounds of the previous version, 18 rounds per
+  size at load 7-10, medians: raw 64 KiB 0.83 vs 0.33 GB/s, 0.44 vs 1.43 CPU s/GB;
+  Cascade 64 KiB 0.27 vs 0.15, 2 MiB 1.17 vs 0.37; O_DIRECT passes showed no such
+  effect); the first cold read of freshly written bytes was slower still (11 fresh
+  256 MiB writes, buffered loop at 2 MiB: first pass median 0.88 GB/s, second 1.28; a
+  file tier of 2048 64 KiB records read one by one: 0.09 GB/s first, then 0.85-0.99).
+  Earlier versions read each file through once per round and then ran each side's
+  passes in a row, Cascade's before the raw file was even written: Cascade's buffered
+  loop always came right after that read and its buffered batch right after its loop,
+  while raw buffered passes always came after a raw O_DIRECT pass; that order favoured
+  Cascade's buffered reads over the raw buffered limit, most at 64 KiB and 2 MiB.
+  The settling read before each pass does not remove the machine's own spread: in 9
+  rounds at load 6-9 the raw buffered read at depth 1 ran in both the loop and the
+  batch slot of a round (one worker per batch here), and the two differed by 1.5x or
+  more in 14 of 27 rounds (64 KiB: 0.29 vs 1.75 GB/s; 2 MiB: 0.45 vs 1.38; 16 MiB:
+  0.42 vs 1.68), the slow one taking 0.9-2.2 CPU s/GB against 0.2-0.4: such passes
+  are this VM's, raw or Cascade's alike.
+- The eight passes run in an order shuffled per round (``order`` in each sample), so
+  neither side always runs in the same stretch of time or beside the same neighbours.
+- The settling read is not what slowed the 16 MiB buffered batch of the suite at
+  ccf2a27 (0.88-1.33 s/GB in 8 of 9 rounds, bisected to the change that added it): 18
+  shuffled rounds (6 runs, load 7-10) gave it 0.23-0.31 s/GB (medians per run), like
+  the loop.
+
+Every ratio divides a whole-pass rate by the better raw cold read at the same depth
+(``vs_best_raw``), in the same round; medians and min-max over rounds. Each pass also
+gives the CPU seconds the process spent per GB read (``cpu_s_per_gb``, all threads,
+kernel time included): a figure that other work on the machine disturbs far less than
+wall time. Blocks are checked byte-exact.
 """
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -37,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from cascade import CascadeStore, Config
+from cascade.core.pools import spare_cores
 from cascade.models import BlockSpec
 
 from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, write_file
@@ -45,7 +81,8 @@ from .blockio import size_label
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
 BYTES_PER_SIZE = 256 << 20
 MODES = ("buffered", "direct")
-FORMS = {"loop": 1, "batch": 4}
+RAW_HOWS = ("odirect", "buffered_cold")
+FORMS = ("loop", "batch")
 TARGET = 0.9
 
 
@@ -65,7 +102,8 @@ def _clear(outs: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
 
 def _settle(paths: list[str]) -> None:
-    """Read ``paths`` through once, untimed (see the module docstring)."""
+    """Read ``paths`` through once, buffered and untimed, before a pass (see the module
+    docstring)."""
     buf = memoryview(bytearray(8 << 20))
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
@@ -75,6 +113,21 @@ def _settle(paths: list[str]) -> None:
                 offset += n
         finally:
             os.close(fd)
+
+
+def _passes(seed: int) -> list[tuple[str, str, str]]:
+    """A round's timed passes, (side, how, form), in an order shuffled by ``seed``: no
+    side or mode always runs first after the settling read, or beside the same
+    neighbours (see the module docstring)."""
+    passes = [(side, how, form) for form in FORMS
+              for side, hows in (("cascade", MODES), ("raw", RAW_HOWS)) for how in hows]
+    random.Random(seed).shuffle(passes)
+    return passes
+
+
+def batch_depth() -> int:
+    """Workers the store's default gives a big batch here (:class:`~cascade.core.pools.Pools`)."""
+    return min(Config().io_threads, spare_cores())
 
 
 def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
@@ -93,34 +146,36 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         with CascadeStore(Config(**base), block_spec=spec) as store:
             store.put_many(blocks, block_ids=ids)
             store.flush()
-        _settle(files_under(file_dir))
-        for mode in MODES:
-            with CascadeStore(Config(**base, file_read_mode=mode), block_spec=spec) as store:
-                row[f"{mode}_odirect_used"] = store.tiers[0].read_mode == "direct"
-                for form, workers in FORMS.items():
-                    _clear(outs)
-                    drop_page_cache(files_under(file_dir))
-                    started, cpu = time.perf_counter(), time.process_time()
-                    if form == "loop":
-                        hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
-                    else:
-                        hits = store.get_many_into(ids, outs, max_workers=workers)
-                    row[f"{mode}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
-                    row[f"{mode}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
-                    row[f"{mode}_{form}_wrong"] = sum(
-                        not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
-                        for h, o, b in zip(hits, outs, blocks))
         raw = os.path.join(work, "raw.bin")
         write_file(raw, (part for pair in blocks for part in pair))
         os.sync()
-        _settle([raw])
-        for form, threads in FORMS.items():
-            for how in ("odirect", "buffered_cold"):
+        order = _passes(seed)
+        row["order"] = [f"{side} {how} {form}" for side, how, form in order]
+        for side, how, form in order:
+            if side == "raw":
                 _clear(outs)
+                _settle([raw])
                 drop_page_cache([raw])
                 cpu = time.process_time()
-                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, threads, how)["gbps"]
+                depth = 1 if form == "loop" else batch_depth()
+                row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, depth, how)["gbps"]
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
+                continue
+            with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
+                row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
+                _clear(outs)
+                _settle(files_under(file_dir))
+                drop_page_cache(files_under(file_dir))
+                started, cpu = time.perf_counter(), time.process_time()
+                if form == "loop":
+                    hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
+                else:
+                    hits = store.get_many_into(ids, outs)  # the store's own depth (see the module docstring)
+                row[f"{how}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
+                row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
+            row[f"{how}_{form}_wrong"] = sum(
+                not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                for h, o, b in zip(hits, outs, blocks))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return row
@@ -147,11 +202,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                                                            for s in samples),
                                          "wrong": sum(s[f"{mode}_{form}_wrong"] for s in samples)}
         for form in FORMS:
-            for how in ("odirect", "buffered_cold"):
+            for how in RAW_HOWS:
                 row[f"raw_{how}_{form}_gbps"] = statistics.median(s[f"raw_{how}_{form}_gbps"] for s in samples)
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = statistics.median(
                     s[f"raw_{how}_{form}_cpu_s_per_gb"] for s in samples)
         row["odirect_available"] = all(s["direct_odirect_used"] for s in samples)
+        row["batch_workers"] = batch_depth()
         rows.append(row)
     return {"rows": rows, "load_average": os.getloadavg(), "target_vs_best_raw": TARGET}
 

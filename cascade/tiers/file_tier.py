@@ -98,10 +98,11 @@ _leads = threading.local()
 
 def _lead() -> memoryview:
     """This thread's buffer for the header page read ahead of a buffered payload."""
-    lead = getattr(_leads, "buf", None)
-    if lead is None:
-        lead = _leads.buf = memoryview(bytearray(HEADER_BYTES))
-    return lead
+    try:
+        return _leads.buf
+    except AttributeError:
+        _leads.buf = memoryview(bytearray(HEADER_BYTES))
+        return _leads.buf
 
 
 class FileTier(Recovery, Compaction, Tier):
@@ -175,19 +176,20 @@ class FileTier(Recovery, Compaction, Tier):
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
         # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
-        # in flight), elsewhere the page cache with readahead, which measured faster cold
-        # (and serves hot reads). Benchmark file_read_mode on a local disk: quiet machine,
-        # 3 rounds: raw buffered cold reads beat raw O_DIRECT at every size (2.9-3.5 vs
-        # 0.7-2.2 GB/s), and the tier's batches of cold reads at 64 KiB / 2 MiB / 16 MiB
-        # were 0.62 / 0.97 / 0.65x the better raw read buffered vs 0.27 / 0.68 / 0.49x
-        # direct (results/cascade_file_read_mode_1n_20261125T135201.json). Busy 2-core
-        # machine (load 1.6-7), 54 rounds, the two modes read the same files in each round:
-        # buffered was faster in 50/54 rounds at 64 KiB loop (median 1.48x direct),
-        # 50/54 at 64 KiB batch (1.56x), 34/54 at 2 MiB batch (1.12x), 37/54 at 16 MiB
-        # loop (1.33x), 33/54 at 16 MiB batch (1.12x); O_DIRECT only at 2 MiB loop (41/54,
-        # buffered 0.66x; raw buffered lost to raw O_DIRECT there too, 40/54). 2 MiB loop
-        # and batch want different modes, so no record-size rule beats buffered throughout
-        # (benchmark/results/file_read_mode_ab_20261126/, every round of every run).
+        # in flight), elsewhere the page cache with readahead (and hot re-reads from
+        # memory). Benchmark file_read_mode on this project's 2-core virtio disk, rounds
+        # in which buffered beat O_DIRECT (64 KiB loop / batch, 2 MiB loop / batch,
+        # 16 MiB loop / batch), four sets: 54 rounds at load 1.6-7 (results/
+        # file_read_mode_ab_20261126/): 50, 50, 13, 34, 37, 33 of 54; the suite at
+        # ccf2a27: 9, 9, 5, 0, 9, 1 of 9 (its round order favoured Cascade's buffered
+        # passes, see the workload); 18 shuffled rounds at load 7-10: 12, 5, 7, 8, 10, 12
+        # of 18 (these three sets with batches of 4 workers); 9 rounds of the current
+        # workload at load 6-9: 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB
+        # in most sets, O_DIRECT at 2 MiB in three of four; but in half the rounds of the
+        # last set two identical raw passes differed 1.5-6x, so the counts are weak
+        # evidence. A rule sending only 2 MiB-class records to O_DIRECT would fit one
+        # virtual disk on thin evidence and lose hot re-reads from memory: auto stays
+        # buffered off Lustre.
         self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
@@ -391,7 +393,8 @@ class FileTier(Recovery, Compaction, Tier):
         loc = self._loc(key)
         f = self._files[loc.file_id]
         f.users += 1
-        self._direct_fd(f)  # opened here, under the store's lock
+        if self._odirect:
+            self._direct_fd(f)  # opened here, under the store's lock
         return _Lease(key, loc, f)
 
     def release(self, lease: _Lease) -> None:
@@ -404,16 +407,16 @@ class FileTier(Recovery, Compaction, Tier):
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views = output_views(outs)
-        if sum(v.nbytes for v in views) != loc.length:
-            raise ValueError(f"output buffers hold {sum(v.nbytes for v in views)} bytes, block has {loc.length}")
+        views, nbytes = output_views(outs)
+        if nbytes != loc.length:
+            raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
         start = loc.offset + HEADER_BYTES
         seed = key_seed(*key)
         digest = None
         try:
             direct = f.direct_fd if self._odirect else None
             if direct is None:  # the header too (as the lead): see read_hashed
-                ok, digest = read_hashed(f.fd, start, loc.length, views, seed, _lead(), stream=self._stream)
+                ok, digest = read_hashed(f.fd, start, nbytes, views, seed, _lead(), stream=self._stream)
             elif all(page_aligned(v) for v in views):
                 ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:

@@ -42,21 +42,25 @@ def decode_location(location: int) -> tuple[int, int]:
     return location >> _OFFSET_BITS, location & ((1 << _OFFSET_BITS) - 1)
 
 
-def output_views(outs: Sequence[Any]) -> list[memoryview]:
-    """Writable flat byte views of host output buffers. A flat writable C-contiguous
-    ``uint8`` numpy array, ``bytearray`` or byte ``memoryview`` (what the store passes)
-    costs one ``memoryview`` (a file read's overhead: half of it went to
-    :func:`~cascade.buffers.as_byte_view`'s general checks at 64 KiB); anything else
-    goes through those checks and their errors."""
+def output_views(outs: Sequence[Any]) -> tuple[list[memoryview], int]:
+    """Writable flat byte views of host output buffers, and their bytes in all. A flat
+    writable C-contiguous ``uint8`` numpy array, ``bytearray`` or byte ``memoryview``
+    (what the store passes) costs one ``memoryview`` (a file read's overhead: half of it
+    went to :func:`~cascade.buffers.as_byte_view`'s general checks at 64 KiB); anything
+    else goes through those checks and their errors."""
     views = []
+    nbytes = 0
     for out in outs:
         if type(out) in _FLAT_TYPES:
             view = memoryview(out)
             if view.ndim == 1 and view.format == "B" and view.c_contiguous and not view.readonly:
                 views.append(view)
+                nbytes += view.nbytes
                 continue
-        views.append(as_byte_view(out, "output buffer", writable=True))
-    return views
+        view = as_byte_view(out, "output buffer", writable=True)
+        views.append(view)
+        nbytes += view.nbytes
+    return views, nbytes
 
 
 _FLAT_TYPES = (np.ndarray, bytearray, memoryview)
@@ -69,7 +73,7 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
     :class:`CorruptBlock` when the bytes fail verification. Local; reads only."""
     file_id, offset = decode_location(location)
     path = os.path.join(directory, f"agg_rank{rank:03d}_{file_id:06d}.bin")
-    views = output_views(outs)
+    views, nbytes = output_views(outs)
     try:
         fd = open_own(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -80,7 +84,7 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
         header = unpack_header(os.pread(fd, HEADER_BYTES, offset))
         if header is None or header.tombstone or (header.namespace, header.block_id) != key:
             raise BlockNotFound(f"no record of {key[1]} at {path}:{offset}")
-        if header.payload_len != sum(v.nbytes for v in views):
+        if header.payload_len != nbytes:
             raise CorruptBlock(f"record of {key[1]} at {path}:{offset} has {header.payload_len} bytes")
         if (os.preadv(fd, views, offset + HEADER_BYTES) != header.payload_len
                 or checksum(views, key_seed(*key)) != header.checksum):

@@ -26,7 +26,8 @@ TABLE_CAPTION = (
     r"the same bytes from a plain file at the same depth (raw \texttt{O\_DIRECT} cut into the tier's requests, "
     r"raw buffered with kernel readahead), taken within each round; median and range over the \SuiteReps "
     r"repetitions. Form \emph{loop}: \texttt{get\_into} one block at a time; \emph{batch}: one "
-    r"\texttt{get\_many\_into} with several requests in flight.")
+    r"\texttt{get\_many\_into} at the store's default depth (one worker per spare core, at most "
+    r"\texttt{io\_threads}), the raw reads at that depth too.")
 
 MACROS = ("FrmSizes", "FrmTarget", "FrmAutoMode", "FrmAutoSource", "FrmAutoLoop", "FrmAutoBatch", "FrmAutoMet",
           "FrmBetterMode", "FrmAutoAgrees")
