@@ -33,7 +33,7 @@ promote_on_hit              True             copy a block up to the fastest tier
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
 io_threads                  4                reads / writes in flight in ``get_many`` / ``put_many``
-demote_high                 1.0 (off)        above this fraction of the fastest tier, a background thread demotes (e.g. 0.95)
+demote_high                 0.95             above this fraction of the fastest tier, a background thread demotes (1 = off)
 demote_low                  0.85             ... down to this fraction (0 <= demote_low <= demote_high <= 1)
 namespace_share             0.0              most of each tier one namespace may hold, pinned or not (0 = no quota)
 directory_slots             65536            global-directory entries per rank (multi-rank runs; 82 B each, at most 2**26)
@@ -151,7 +151,7 @@ class Config:
     cache_cluster_reads: bool = False
     hint_fraction: float = 1.0
     io_threads: int = 4
-    demote_high: float = 1.0  # off: the fault campaign's Ctrl-C case hung with it on (docs/architecture.md)
+    demote_high: float = 0.95
     demote_low: float = 0.85
     namespace_share: float = 0.0
     directory_slots: int = 1 << 16

@@ -5,7 +5,9 @@ victims tier by tier, and runs each move in two phases: under the store's lock t
 block's bytes are leased and room below is claimed, the copy runs outside the lock, and
 under the lock again the directory is pointed at the new copy before the old one goes
 (failure-atomic: a block leaves a tier only once a slower tier holds it; only the last
-tier drops). Promotions commit through :meth:`TierChain.moved` the same way.
+tier drops). Promotions commit through :meth:`TierChain.moved` the same way. Each step
+that changes a tier and the index together runs whole even if Ctrl-C comes
+(:func:`.interrupts.atomic`: the KeyboardInterrupt is raised at its end).
 
 Thread-safety: methods marked "under the lock" expect the caller to hold the store's
 lock; :meth:`claim_for_put` and :meth:`run_move` take it themselves, copying outside it
@@ -28,6 +30,7 @@ from ..stats import StoreMetrics
 from ..tiers.base import Memory, Tier
 from .guards import Claim, Lease, Move
 from .index import BlockIndex
+from .interrupts import atomic
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +204,10 @@ class TierChain:
                 log.debug("demotion of %s to %s failed (%s)", meta.key[1], self.tiers[lower].name, exc)
         if not self.peers.withdraw(meta, leaf_only=True):
             raise Busy(meta.key)
-        self.metrics.tiers[t].evictions += 1
-        self.index.evicted(meta)
-        self.drop(meta)
+        with atomic():
+            self.metrics.tiers[t].evictions += 1
+            self.index.evicted(meta)
+            self.drop(meta)
         return None
 
     # -- moves -----------------------------------------------------------------------------
@@ -237,7 +241,7 @@ class TierChain:
                     dst.fill([buf])
                 except OSError as exc:  # TierFull included: ENOSPC and friends
                     error = exc
-            with self._lock:
+            with self._lock, atomic():
                 here = lease.current()
                 lease.release()
                 if error is None and here and cancel_if is not None and cancel_if(meta):
@@ -269,11 +273,12 @@ class TierChain:
         """Under the lock: the block now sits in ``src`` and ``dst``: repoint the
         directory, then free ``src``. If another rank pins it, undo the copy and raise
         :class:`Busy`."""
-        if not self.peers.republish(meta, dst):
-            del self.tiers[dst][meta.key]
-            raise Busy(meta.key)
-        del self.tiers[src][meta.key]
-        self.index.moved(meta, dst)
+        with atomic():
+            if not self.peers.republish(meta, dst):
+                del self.tiers[dst][meta.key]
+                raise Busy(meta.key)
+            del self.tiers[src][meta.key]
+            self.index.moved(meta, dst)
 
     def _relocated(self, t: int, keys: list[BlockKey]) -> None:
         """Under the lock (a tier compacts inside calls made under it): blocks tier ``t``
@@ -287,9 +292,10 @@ class TierChain:
     def drop(self, meta: BlockMeta) -> None:
         """Under the lock: remove a block from its tier and from the index."""
         tier = self.tiers[meta.tier]
-        if meta.key in tier:
-            del tier[meta.key]
-        self.index.forget(meta)
+        with atomic():
+            if meta.key in tier:
+                del tier[meta.key]
+            self.index.forget(meta)
 
     def withdraw_and_drop(self, meta: BlockMeta) -> bool:
         """Under the lock: drop a block unless another rank pins it (False)."""

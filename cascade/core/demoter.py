@@ -60,9 +60,10 @@ class Demoter:
             if self._stopped:
                 return
             self._asked += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="cascade-demoter", daemon=True)
-                self._thread.start()
+            if self._thread is None:  # recorded once started (stop() cannot join one that never started)
+                thread = threading.Thread(target=self._run, name="cascade-demoter", daemon=True)
+                thread.start()
+                self._thread = thread
             self._state.notify_all()
 
     def _taken(self) -> int:

@@ -60,18 +60,19 @@ class InFlight:
     @contextmanager
     def hold(self, what: str) -> Iterator[Op]:
         """Count an operation for the ``with`` block; :class:`StoreClosed` once closing."""
-        op = Op(what)
-        with self._lock:
-            self.check_open()
-            token = next(self._ids)
-            self._ops[token] = op
-        try:
+        op, token = Op(what), None
+        try:  # entered first: a KeyboardInterrupt right after the count still ends it
+            with self._lock:
+                self.check_open()
+                token = next(self._ids)
+                self._ops[token] = op
             yield op
         finally:
-            with self._lock:
-                del self._ops[token]
-                if not self._ops:
-                    self._idle.notify_all()
+            if token is not None:
+                with self._lock:
+                    self._ops.pop(token, None)
+                    if not self._ops:
+                        self._idle.notify_all()
 
     def drain(self, timeout: float) -> None:
         """Under the store's lock: wait up to ``timeout`` seconds until no operation is in

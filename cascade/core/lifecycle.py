@@ -23,6 +23,7 @@ from ..distributed.store_layer import Joined, Solo
 from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull
 from ..policy import BlockMeta
 from ..tiers.base import Memory, Tier, TierKind
+from . import interrupts
 from .chain import Busy, MoveFailed, TierChain
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
     ``built`` is given back (windows only where every rank fails too) and the error
     raised."""
     together = comm is not None  # whether every rank takes the same way out if this fails
+    interrupts.held()  # Ctrl-C waits for a step that changes a tier and the index to end
     try:
         if comm is not None:
             from ..distributed.cluster import Cluster
@@ -167,10 +169,13 @@ def _abandon(chain: TierChain, built: list[Tier], *, collective: bool) -> None:
 def release_tiers(chain: TierChain, built: list[Tier], *, collective: bool) -> None:
     """Close every tier built (a REMOTE tier's window only when ``collective``: every
     rank is closing too) and forget every block."""
-    for tier in built:
-        if collective or not tier.collective:
-            tier.close()
-    chain.index.clear()
+    try:
+        for tier in built:
+            if collective or not tier.collective:
+                tier.close()
+        chain.index.clear()
+    finally:
+        interrupts.released()
 
 
 def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats: Callable[[], None]) -> None:

@@ -27,6 +27,7 @@ from ..policy import BlockMeta
 from ..tiers.base import Memory
 from .chain import Busy, TierChain
 from .guards import Claim, InFlight, Lease, Move, Reading
+from .interrupts import atomic
 
 log = logging.getLogger(__name__)
 #: Blocks up to this size are copied under the store's lock on a hot hit (:meth:`ReadPath.read_hot`):
@@ -224,7 +225,7 @@ class ReadPath:
         with move:
             meta, src, dst = move.meta, move.src, move.dst
             filled = _fill_quietly(dst, data)
-            with self._lock:
+            with self._lock, atomic():  # committed up and moved in the index, or neither
                 move.source.release()
                 if not filled or not self.index.holds(meta) or meta.tier != src:
                     return  # deleted, replaced or promoted by another reader meanwhile

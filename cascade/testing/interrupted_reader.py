@@ -2,10 +2,14 @@
 
 Inside ``with CascadeStore(...)`` it puts :data:`BLOCKS` blocks (:func:`block`) into a
 small SHM tier over a file tier, prints ``ready``, then reads them in a loop forever
-(blocks move between the tiers all the time), until a signal ends it.
+(blocks move between the tiers all the time), until a signal ends it. SIGINT raises
+KeyboardInterrupt, as in an interactive process, even when it was started with SIGINT
+ignored (a background job of a non-interactive shell, e.g. under ``nohup ... &``: the
+ignored disposition is inherited, and Python then installs no handler).
 """
 from __future__ import annotations
 
+import signal
 import sys
 
 from cascade import CascadeStore, Config
@@ -25,6 +29,7 @@ def block(spec, i: int):
 
 
 def main(file_dir: str, shm_dir: str) -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with CascadeStore(config(file_dir, shm_dir)) as store:
         ids = [store.put(*block(store.spec, i)) for i in range(BLOCKS)]
         key_out, value_out = store.spec.empty()
