@@ -20,12 +20,13 @@ class LatencyHistogram:
         self.counts[i] += 1
         self.total_s += seconds
 
-    def record_ns(self, ns: int) -> None:
+    def record_ns(self, ns: int, count: int = 1) -> None:
         """:meth:`record` of a duration in integer nanoseconds (a difference of
-        ``time.monotonic_ns`` readings: the hot paths' cheaper form, no float per bucket)."""
+        ``time.monotonic_ns`` readings: the hot paths' cheaper form, no float per bucket),
+        ``count`` times (a batch's equal shares)."""
         i = (ns // 1000).bit_length()  # 0 below 1 us, else floor(log2(us)) + 1, as record()
-        self.counts[i if i < _BUCKETS else _BUCKETS - 1] += 1
-        self.total_s += ns * 1e-9
+        self.counts[i if i < _BUCKETS else _BUCKETS - 1] += count
+        self.total_s += ns * count * 1e-9
 
     @property
     def count(self) -> int:

@@ -87,18 +87,19 @@ class StoreMetrics:
             for faster in self.tiers[:t]:
                 faster.misses += 1
 
-    def hot_hit(self, t: int, nbytes: int, elapsed_ns: int) -> None:
-        """A get served by tier ``t`` on the small-block hot path, that took
-        ``elapsed_ns`` nanoseconds: the get and its :meth:`hit` in one call."""
+    def hot_hit(self, t: int, nbytes: int, elapsed_ns: int, count: int = 1) -> None:
+        """A get (or ``count`` gets of ``nbytes`` in all: a batch) served by tier ``t`` on
+        the small-block hot path, each taking ``elapsed_ns`` nanoseconds: the gets and
+        their :meth:`hit` in one call."""
         counters, tier = self.counters, self.tiers[t]
-        counters.gets += 1
-        counters.hits += 1
-        tier.hits += 1
+        counters.gets += count
+        counters.hits += count
+        tier.hits += count
         tier.bytes_read += nbytes
-        self.get_latency[t].record_ns(elapsed_ns)
+        self.get_latency[t].record_ns(elapsed_ns, count)
         if t:
             for faster in self.tiers[:t]:
-                faster.misses += 1
+                faster.misses += count
 
     def cluster_hit(self, started: float) -> None:
         """A get served by another rank (a miss of every local tier)."""

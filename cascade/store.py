@@ -49,6 +49,8 @@ from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
+#: ``ndarray.flags.num`` bits of a valid output: C-contiguous (NPY_ARRAY_C_CONTIGUOUS) and writable (NPY_ARRAY_WRITEABLE).
+_WRITABLE_C = 0x0001 | 0x0400
 #: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
 ASYNC_CLOSE_SECONDS = 60.0
 
@@ -265,13 +267,16 @@ class CascadeStore(BatchCalls):
         for the hot path, which still checks its layout)."""
         return type(array) is np.ndarray and array.shape == self.spec.shape and array.dtype == self.spec.np_dtype
 
-    def _plain_out(self, array: Any) -> bool:
-        """Whether ``array`` is a writable C-contiguous numpy array of the spec: a valid
-        output, known without the general check (:meth:`_check_outs`)."""
-        if not self._plain(array):
-            return False
-        flags = array.flags
-        return flags.c_contiguous and flags.writeable
+    def _checked_out_pairs(self, outs: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """Each ``(key_out, value_out)`` of ``outs`` checked as :meth:`_check_outs` checks
+        it (:class:`InvalidBlock` for the first bad one): a pair of writable C-contiguous
+        numpy arrays of the spec, as it is (one inlined test per array, for batches of
+        small blocks), else what to copy into."""
+        shape, dtype = self.spec.shape, self.spec.np_dtype
+        return [pair if (type(k := pair[0]) is np.ndarray and type(v := pair[1]) is np.ndarray
+                         and k.dtype is dtype and v.dtype is dtype and k.shape == shape and v.shape == shape
+                         and k.flags.num & _WRITABLE_C == _WRITABLE_C and v.flags.num & _WRITABLE_C == _WRITABLE_C)
+                else tuple(self._check_outs(*pair)) for pair in outs]
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

@@ -118,10 +118,9 @@ class BatchCalls:
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
-        outs = [pair if self._plain_out(pair[0]) and self._plain_out(pair[1]) else tuple(self._check_outs(*pair))
-                for pair in outs]  # all checked before anything is read
+        outs = self._checked_out_pairs(outs)  # all checked before anything is read
         hits = [False] * len(block_ids)
-        if isinstance(namespace, str) and all(type(b) is str for b in block_ids):
+        if type(namespace) is str and {*map(type, block_ids)} <= {str}:
             keys = [(namespace, b) for b in block_ids]
             self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
             hits = self._reads.read_hot_many(keys, outs)  # small blocks: one locked step for every hot hit
