@@ -211,7 +211,7 @@ class CascadeStore(BatchCalls):
             priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         else:
             check_namespace(namespace)
-        # _plain() of both arrays, inlined (a dtype compared by identity: numpy keeps one of
+        # both arrays checked as _plain_pairs() checks them, inlined (a dtype compared by identity: numpy keeps one of
         # each built-in and registered dtype; another equal one takes the full path)
         shape, dtype = self.spec.shape, self.spec.np_dtype
         if (block_id is not None and not verify and type(key) is np.ndarray and type(value) is np.ndarray
@@ -249,7 +249,7 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock,
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
-        # _plain() of both outputs, inlined as in put()
+        # both outputs checked as put() checks its arrays, inlined
         shape, dtype = self.spec.shape, self.spec.np_dtype
         if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.dtype is dtype
                 and value_out.dtype is dtype and key_out.shape == shape and value_out.shape == shape
@@ -262,10 +262,13 @@ class CascadeStore(BatchCalls):
                 return True
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
-    def _plain(self, array: Any) -> bool:
-        """Whether ``array`` is a numpy array of the spec's shape and dtype (a candidate
-        for the hot path, which still checks its layout)."""
-        return type(array) is np.ndarray and array.shape == self.spec.shape and array.dtype == self.spec.np_dtype
+    def _plain_pairs(self, pairs: Sequence[tuple[Any, Any]]) -> list[int]:
+        """Indices of the ``(key, value)`` of ``pairs`` that are both numpy arrays of the
+        spec's shape and dtype (candidates for the hot path, which still checks their
+        layout), in one inlined pass (a dtype compared by identity, as in :meth:`put`)."""
+        shape, dtype = self.spec.shape, self.spec.np_dtype
+        return [i for i, (k, v) in enumerate(pairs) if type(k) is np.ndarray and type(v) is np.ndarray
+                and k.dtype is dtype and v.dtype is dtype and k.shape == shape and v.shape == shape]
 
     def _checked_out_pairs(self, outs: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
         """Each ``(key_out, value_out)`` of ``outs`` checked as :meth:`_check_outs` checks

@@ -120,6 +120,59 @@ def test_blocks_over_the_hot_size_take_the_leased_path(tmp_path, monkeypatch):
         assert np.array_equal(key_out, key)
 
 
+def _counts(store) -> tuple:
+    st = store.stats()
+    metas = [store._meta[("default", ident(i))] for i in range(6)]
+    return (st["gets"], st["hits"], st["misses"], store.tier_counters[0].bytes_read,
+            store.metrics.get_latency[0].count, [m.hits for m in metas],
+            sorted(range(6), key=lambda i: metas[i].touch_seq))
+
+
+def test_a_hot_batch_counts_and_orders_its_hits_as_the_same_gets_in_a_loop(tmp_path):
+    """get_many_into counts its hot hits in one call per tier and times each as a share
+    of its locked step: the counts, bytes, timings and the policy's order of uses are
+    those of get_into in a loop (ids asked out of order, one twice, one absent)."""
+    asked = [ident(i) for i in (4, 1, 5, 1, 0, 9, 3, 2)]
+    found = []
+    for form in ("loop", "batch"):
+        spec = BlockSpec(shape=(2, 4, 64), dtype="float16")
+        cfg = Config(shm_bytes=64 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path / form))
+        with CascadeStore(cfg, block_spec=spec) as store:
+            store.put_many([pair(spec, i) for i in range(6)], block_ids=[ident(i) for i in range(6)])
+            outs = [spec.empty() for _ in asked]
+            if form == "loop":
+                hits = [store.get_into(b, *o) for b, o in zip(asked, outs)]
+            else:
+                hits = store.get_many_into(asked, outs)
+            assert hits == [True] * 5 + [False] + [True] * 2
+            for b, (k, v) in zip(asked, outs):
+                if b != ident(9):
+                    assert np.array_equal(k, pair(spec, int(b, 16))[0]) and np.array_equal(v, pair(spec, int(b, 16))[1])
+            found.append(_counts(store))
+    assert found[0] == found[1]
+    assert found[1][:5] == (8, 7, 1, 7 * spec.block_bytes, 7)
+
+
+def test_a_copy_that_raises_in_a_hot_batch_leaves_the_copies_before_it_counted(store, monkeypatch):
+    store.put_many([pair(store.spec, i) for i in range(6)], block_ids=[ident(i) for i in range(6)])
+    calls = []
+    real = ShmTier.read_hot
+
+    def third_fails(self, key, outs):
+        calls.append(key)
+        if len(calls) == 3:
+            raise OSError("copy failed")
+        return real(self, key, outs)
+
+    monkeypatch.setattr(ShmTier, "read_hot", third_fails)
+    with pytest.raises(OSError, match="copy failed"):
+        store.get_many_into([ident(i) for i in range(5)], [store.spec.empty() for _ in range(5)])
+    gets, hits, misses, nbytes, timed, uses, _ = _counts(store)
+    assert (gets, hits, misses, nbytes, timed) == (3, 2, 1, 2 * store.spec.block_bytes, 2)
+    assert uses == [1, 1, 0, 0, 0, 0]
+    assert store.get_many_into([ident(2)], [store.spec.empty()]) == [True]  # the lock was given back
+
+
 @pytest.mark.parametrize("kind", ["semantic", "lru"])
 @pytest.mark.parametrize("seed", range(5))
 def test_deferred_hit_pushes_keep_the_victim_order_of_pushing_at_once(kind, seed):
@@ -204,6 +257,12 @@ def test_record_ns_uses_the_buckets_of_record(ns):
     hot.hot_hit(0, 1, ns)
     assert seconds.counts == nanos.counts == hot.get_latency[0].counts
     assert nanos.total_s == pytest.approx(seconds.total_s)
+    batch = StoreMetrics(2)  # a batch of 3 hits in tier 1: each counted, timed, and a miss of tier 0
+    batch.hot_hit(1, 3 * 7, ns, 3)
+    assert batch.get_latency[1].counts == [3 * c for c in seconds.counts]
+    assert batch.get_latency[1].total_s == pytest.approx(3 * seconds.total_s)
+    assert (batch.counters.gets, batch.counters.hits, batch.tiers[1].hits, batch.tiers[1].bytes_read,
+            batch.tiers[0].misses) == (3, 3, 3, 21, 3)
 
 
 def test_namespace_and_priority_fast_checks_refuse_what_the_full_checks_refuse():

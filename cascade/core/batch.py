@@ -58,7 +58,7 @@ class BatchCalls:
         rest = range(len(pairs))
         if block_ids is not None:  # small blocks: one locked step for all that fit as they are
             self._check_put_options(namespace, parent, 0, None)
-            hot = [i for i, (k, v) in enumerate(pairs) if self._plain(k) and self._plain(v)]
+            hot = self._plain_pairs(pairs)
             stored = self._writes.put_hot_many([(pairs[i], ids[i], parents[i]) for i in hot], namespace,
                                                ttl=None, priority=0)
             for i, got in zip(hot, stored):
