@@ -51,6 +51,15 @@ log = logging.getLogger(__name__)
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
 #: ``ndarray.flags.num`` bits of a valid output: C-contiguous (NPY_ARRAY_C_CONTIGUOUS) and writable (NPY_ARRAY_WRITEABLE).
 _WRITABLE_C = 0x0001 | 0x0400
+def _plain_pair(key: Any, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether ``key`` and ``value`` are both numpy arrays of ``shape`` and ``dtype``: the
+    small-block hot paths' candidates (they still check the layout). The dtype is compared
+    by identity (numpy keeps one of each built-in and registered dtype: another equal one
+    takes the full path)."""
+    return (type(key) is np.ndarray and type(value) is np.ndarray and key.dtype is dtype and value.dtype is dtype
+            and key.shape == shape and value.shape == shape)
+
+
 #: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
 ASYNC_CLOSE_SECONDS = 60.0
 
@@ -207,15 +216,8 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        if type(priority) is not int or priority or ttl is not None or parent is not None:  # (else: the namespace alone)
-            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        else:
-            check_namespace(namespace)
-        # both arrays checked as _plain_pairs() checks them, inlined (a dtype compared by identity: numpy keeps one of
-        # each built-in and registered dtype; another equal one takes the full path)
-        shape, dtype = self.spec.shape, self.spec.np_dtype
-        if (block_id is not None and not verify and type(key) is np.ndarray and type(value) is np.ndarray
-                and key.dtype is dtype and value.dtype is dtype and key.shape == shape and value.shape == shape):
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        if block_id is not None and not verify and _plain_pair(key, value, self.spec.shape, self.spec.np_dtype):
             stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
                 if self.config.stats_dir:
@@ -249,11 +251,8 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock,
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
-        # both outputs checked as put() checks its arrays, inlined
-        shape, dtype = self.spec.shape, self.spec.np_dtype
-        if (type(key_out) is np.ndarray and type(value_out) is np.ndarray and key_out.dtype is dtype
-                and value_out.dtype is dtype and key_out.shape == shape and value_out.shape == shape
-                and type(block_id) is str and type(namespace) is str):
+        if (type(block_id) is str and type(namespace) is str
+                and _plain_pair(key_out, value_out, self.spec.shape, self.spec.np_dtype)):
             # A block cached here is what a pending put_async of its id would store (or
             # dedup onto): the wait for such puts (a get after one sees it) is _read's.
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
@@ -264,11 +263,10 @@ class CascadeStore(BatchCalls):
 
     def _plain_pairs(self, pairs: Sequence[tuple[Any, Any]]) -> list[int]:
         """Indices of the ``(key, value)`` of ``pairs`` that are both numpy arrays of the
-        spec's shape and dtype (candidates for the hot path, which still checks their
-        layout), in one inlined pass (a dtype compared by identity, as in :meth:`put`)."""
+        spec's shape and dtype (:func:`_plain_pair`: candidates for the hot path, which
+        still checks their layout)."""
         shape, dtype = self.spec.shape, self.spec.np_dtype
-        return [i for i, (k, v) in enumerate(pairs) if type(k) is np.ndarray and type(v) is np.ndarray
-                and k.dtype is dtype and v.dtype is dtype and k.shape == shape and v.shape == shape]
+        return [i for i, (k, v) in enumerate(pairs) if _plain_pair(k, v, shape, dtype)]
 
     def _checked_out_pairs(self, outs: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
         """Each ``(key_out, value_out)`` of ``outs`` checked as :meth:`_check_outs` checks
@@ -276,8 +274,7 @@ class CascadeStore(BatchCalls):
         numpy arrays of the spec, as it is (one inlined test per array, for batches of
         small blocks), else what to copy into."""
         shape, dtype = self.spec.shape, self.spec.np_dtype
-        return [pair if (type(k := pair[0]) is np.ndarray and type(v := pair[1]) is np.ndarray
-                         and k.dtype is dtype and v.dtype is dtype and k.shape == shape and v.shape == shape
+        return [pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
                          and k.flags.num & _WRITABLE_C == _WRITABLE_C and v.flags.num & _WRITABLE_C == _WRITABLE_C)
                 else tuple(self._check_outs(*pair)) for pair in outs]
 
