@@ -94,6 +94,7 @@ class CascadeStore(BatchCalls):
     ) -> None:
         self.config = config or Config.load()
         self.spec = block_spec or BlockSpec.for_model(self.config.model, self.config.block_tokens)
+        self._shape, self._dtype = self.spec.shape, self.spec.np_dtype  # (the hot paths' checks: one lookup each)
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
@@ -216,8 +217,10 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        if block_id is not None and not verify and _plain_pair(key, value, self.spec.shape, self.spec.np_dtype):
+        if (parent is not None or ttl is not None or priority.__class__ is not int or priority
+                or namespace is not DEFAULT_NAMESPACE):  # (the defaults need no check: per put)
+            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        if block_id is not None and not verify and _plain_pair(key, value, self._shape, self._dtype):
             stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
                 if self.config.stats_dir:
@@ -252,7 +255,7 @@ class CascadeStore(BatchCalls):
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
         if (type(block_id) is str and type(namespace) is str
-                and _plain_pair(key_out, value_out, self.spec.shape, self.spec.np_dtype)):
+                and _plain_pair(key_out, value_out, self._shape, self._dtype)):
             # A block cached here is what a pending put_async of its id would store (or
             # dedup onto): the wait for such puts (a get after one sees it) is _read's.
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):

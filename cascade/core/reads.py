@@ -48,6 +48,7 @@ class ReadPath:
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
         self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
         self._hot_size = nbytes <= HOT_COPY_MAX
+        self._hot_hit, self._touched_at = chain.metrics.hot_hit, chain.index.touched_at  # (read_hot's, bound once)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
@@ -69,12 +70,20 @@ class ReadPath:
         lock.acquire()
         try:
             started = monotonic_ns()
-            meta = self._copy_hot(key, outs)
-            if meta is None:
+            meta = self._blocks.get(key)  # _copy_hot() written out: per get
+            if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
+                    or self._inflight.closing):
                 return False
+            try:
+                if not self._tiers[meta.tier].read_hot(key, outs):
+                    return False
+            except BaseException:
+                self.metrics.counters.gets += 1
+                self.metrics.miss()
+                raise
             now = monotonic_ns()
-            self.metrics.hot_hit(meta.tier, meta.nbytes, now - started)
-            self.index.touched_at(meta, now * 1e-9)
+            self._hot_hit(meta.tier, meta.nbytes, now - started)
+            self._touched_at(meta, now * 1e-9)
             return True
         finally:
             lock.release()

@@ -44,7 +44,7 @@ class WritePath:
         self._demoter = demoter  # poked after each commit into the fastest tier
         self._inflight, self._lock, self._pools = inflight, lock, pools
         self._nbytes, self._algo, self._ttl = nbytes, hash_algo, default_ttl
-        self._tiers = chain.tiers  # (put_hot's lookups, fixed for the store's life)
+        self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (put_hot's lookups, fixed for the store's life)
         self._hot = nbytes <= HOT_COPY_MAX and chain.share <= 0  # whether put_hot may take a put
 
     def content_id(self, parts: Sequence[Any]) -> str:
@@ -191,17 +191,18 @@ class WritePath:
         one (after the copy) the policy's time of admission."""
         if not self._hot:
             return None
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (not ``with``: see ReadPath.read_hot; the finally gives it back alike)
+        try:
             if self._inflight.closing:
                 return None
             started = monotonic_ns()
             key = (namespace, check_id(block_id))
-            index = self.index
             if parent is not None:
-                index.check_parent(key, parent)
+                self.index.check_parent(key, parent)
             peers = self.chain.peers
             alone = type(peers) is Solo
-            if (not alone or key in index.blocks) and self._settled(key, parts):
+            if (not alone or key in self._blocks) and self._settled(key, parts):
                 self.metrics.counters.puts += 1
                 return block_id
             tier = self._tiers[0]
@@ -221,9 +222,17 @@ class WritePath:
                 meta.ttl = self._ttl if ttl is None else ttl
                 if priority:
                     meta.priority = priority
-                if not alone:
+                if alone:  # _admit() of a store alone written out (per put): nobody to publish to
+                    index = self.index
+                    if index.unconfirmed:
+                        index.unconfirmed.discard(key)
+                    index.admit(meta, now * 1e-9)
+                    if meta.ttl:
+                        self.chain.persist_ttl(meta)
+                    admitted = True
+                else:
                     meta.checksum = peers.checksum(parts)
-                admitted = self._admit(meta, now * 1e-9)
+                    admitted = self._admit(meta, now * 1e-9)
             except BaseException:
                 self.metrics.counters.puts += 1
                 self.metrics.rejected(None)
@@ -235,6 +244,8 @@ class WritePath:
             else:
                 self.metrics.counters.puts += 1  # deduped onto another rank's copy (counted by _admit)
             return block_id
+        finally:
+            lock.release()
 
     def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
                      ttl: float | None, priority: int) -> list[str | BaseException | None]:

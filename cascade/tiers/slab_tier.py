@@ -189,15 +189,19 @@ class SlabTier(Tier):
         return pos == last
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
+        # reserve() and commit() written out: this runs per put.
         host = self._hot_host
-        if host is None:
+        if host is None or nbytes > self._capacity:
             return False
+        alloc = self._alloc
         try:
-            slot = self.reserve(key, nbytes)
+            pos = alloc.alloc(nbytes)
         except TierFull:
             return False
-        pos, last = slot.offset, slot.offset + nbytes
+        start, last = pos, pos + nbytes
         try:  # the room is this call's own until its commit: given back on every other way out
+            if last > self._backed:
+                self._back(last)
             try:
                 for part in parts:
                     view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
@@ -209,12 +213,18 @@ class SlabTier(Tier):
             except _NO_BYTE_VIEW:
                 pos = -1
             if pos == last:
-                self.commit(key, slot)
+                index = self._index
+                if key in index:
+                    self._release(key)
+                index[key] = _Slot(start, nbytes)
+                self._used += nbytes
                 return True
+        except TierFull:  # the room could not be backed
+            pass
         except BaseException:
-            self.discard(slot)
+            alloc.free(start, nbytes)
             raise
-        self.discard(slot)
+        alloc.free(start, nbytes)
         return False
 
     def release(self, slot: _Slot) -> None:
