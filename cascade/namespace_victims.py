@@ -36,6 +36,11 @@ class NamespaceVictims(Policy):
         self._count_out(meta.tier, meta.key[0])
         super().removed(meta)
 
+    def clear(self) -> None:
+        super().clear()
+        self._ns_heaps.clear()
+        self._ns_live.clear()
+
     def victim_in(self, tier: int, namespace: str) -> BlockMeta | None:
         """The block of ``namespace`` in ``tier`` to move down next (the lowest score
         among those that may leave now), or None. Does not age the clock."""

@@ -194,6 +194,16 @@ class Policy:
         meta.hint_uses = ()
         meta.version += 1
 
+    def clear(self) -> None:
+        """Forget every block (the store closed): no reference to their metadata stays,
+        so it goes as soon as the store's index drops it, not at a later full collection
+        of the garbage collector (whose pass over it a put or get elsewhere would pay)."""
+        for heap, fresh in zip(self._heaps, self._fresh):
+            heap.clear()
+            fresh.clear()
+        self._live = [0] * self.num_tiers
+        self._ghosts.clear()
+
     # -- decisions ----------------------------------------------------------------------
     def eligible(self, meta: BlockMeta) -> bool:
         """Whether ``meta`` may leave its tier now."""

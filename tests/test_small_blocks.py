@@ -3,6 +3,7 @@ HOT_COPY_MAX in the SHM tier runs in one locked step, with the same answers, cou
 checks as the leased path; the policy's deferred push of a hit keeps its victim order."""
 from __future__ import annotations
 
+import gc
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from cascade import CascadeStore, Config
 from cascade.core.reads import HOT_COPY_MAX, ReadPath
 from cascade.core.writes import WritePath
-from cascade.errors import InvalidBlock
+from cascade.errors import InvalidBlock, TierFull
 from cascade.histogram import LatencyHistogram
 from cascade.identity import check_namespace
 from cascade.models import BlockSpec
@@ -342,3 +343,47 @@ def test_store_hot_gives_the_room_back_when_the_copy_fails_or_is_refused(tmp_pat
         assert tier.free == tier.capacity - 4096 and tier.used == 4096
     finally:
         tier.close()
+
+
+def test_store_hot_refuses_room_it_cannot_back_and_gives_it_back(tmp_path, monkeypatch):
+    tier = ShmTier(1 << 20, str(tmp_path))  # backed lazily, as puts need it
+    try:
+        def no_memory(end):
+            raise TierFull("injected: nothing left to back")
+        monkeypatch.setattr(tier, "_back", no_memory)
+        part = np.arange(2048, dtype=np.uint8)
+        assert not tier.store_hot(("default", ident(1)), [part, part], 4096)
+        assert tier.free == tier.capacity and len(tier) == 0 and tier.used == 0
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize("bad", [{"priority": True}, {"priority": 65}, {"priority": 1.0}, {"ttl": -1.0},
+                                 {"ttl": "1"}, {"namespace": "a b"}, {"namespace": 7}, {"parent": "xyz"}])
+def test_a_hot_put_with_a_bad_option_is_refused_before_anything_is_stored(store, bad):
+    with pytest.raises(InvalidBlock):
+        store.put(*pair(store.spec, 1), block_id=ident(1), **bad)
+    assert len(store) == 0 and store.counters.puts == 0
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])  # Policy, NamespaceVictims
+def test_close_frees_the_block_metadata_without_the_garbage_collector(tmp_path, share):
+    """A closed store's metadata goes at once, not at a later full collection whose pass
+    over it a put or get elsewhere in the process would pay."""
+    def metas() -> int:
+        return sum(type(o) is BlockMeta for o in gc.get_objects())
+    spec = BlockSpec.flat(4096)
+    gc.collect()
+    gc.disable()
+    try:
+        before = metas()
+        cfg = Config(shm_bytes=64 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path), namespace_share=share)
+        with CascadeStore(cfg, block_spec=spec) as store:
+            for i in range(16):
+                store.put(*pair(spec, i), block_id=ident(i), parent=ident(i - 1) if i % 4 else None)
+            store.get_into(ident(3), *spec.empty())
+            assert store._index.victim(0) is not None
+            assert metas() == before + 16
+        assert metas() == before
+    finally:
+        gc.enable()

@@ -124,7 +124,14 @@ class BlockIndex:
         self._count_child(meta, meta.tier, -1)
 
     def clear(self) -> None:
+        """Forget every block (the store closed), the policy's references to them too."""
         self.blocks.clear()
+        self._kids.clear()
+        for used in self.ns_bytes:
+            used.clear()
+        self.hinted_bytes = 0
+        self.unconfirmed.clear()
+        self._policy.clear()
 
     def _ns_add(self, meta: BlockMeta, tier: int, nbytes: int) -> None:
         used = self.ns_bytes[tier]
