@@ -70,17 +70,9 @@ class ReadPath:
         lock.acquire()
         try:
             started = monotonic_ns()
-            meta = self._blocks.get(key)  # _copy_hot() written out: per get
-            if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
-                    or self._inflight.closing):
+            meta = self._copy_hot(key, outs)
+            if meta is None:
                 return False
-            try:
-                if not self._tiers[meta.tier].read_hot(key, outs):
-                    return False
-            except BaseException:
-                self.metrics.counters.gets += 1
-                self.metrics.miss()
-                raise
             now = monotonic_ns()
             self._hot_hit(meta.tier, meta.nbytes, now - started)
             self._touched_at(meta, now * 1e-9)

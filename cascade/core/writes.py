@@ -222,17 +222,9 @@ class WritePath:
                 meta.ttl = self._ttl if ttl is None else ttl
                 if priority:
                     meta.priority = priority
-                if alone:  # _admit() of a store alone written out (per put): nobody to publish to
-                    index = self.index
-                    if index.unconfirmed:
-                        index.unconfirmed.discard(key)
-                    index.admit(meta, now * 1e-9)
-                    if meta.ttl:
-                        self.chain.persist_ttl(meta)
-                    admitted = True
-                else:
+                if not alone:
                     meta.checksum = peers.checksum(parts)
-                    admitted = self._admit(meta, now * 1e-9)
+                admitted = self._admit(meta, now * 1e-9)
             except BaseException:
                 self.metrics.counters.puts += 1
                 self.metrics.rejected(None)
