@@ -114,7 +114,10 @@ class BatchCalls:
         """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
         up to ``max_workers`` (default ``config.io_threads``) reads in flight. Copies into
         device outputs are enqueued on their streams and each stream is synchronised once
-        at the end (:func:`cascade.buffers.one_sync`). Local."""
+        at the end (:func:`cascade.buffers.one_sync`). Hot small blocks are copied in one
+        locked step (:meth:`~cascade.core.reads.ReadPath.read_hot_many`), blocks in the file
+        tier leased in one and counted in another
+        (:meth:`~cascade.core.reads.ReadPath.read_leased_many`). Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
