@@ -11,6 +11,7 @@ import pytest
 
 from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, ConfigError,
                      InvalidBlock, TierFull, block_id)
+from cascade.core import reads
 from cascade.errors import StoreClosed
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.shm import ShmTier
@@ -304,6 +305,59 @@ def test_a_corrupt_file_tier_record_is_a_counted_miss_never_data(config, tmp_pat
         assert not s.contains(ids[1]) and len(s) == 2
         assert same(s.get(ids[0]), blocks[0]) and same(s.get(ids[2]), blocks[2])
         assert s.put(*blocks[1]) == ids[1] and same(s.get(ids[1]), blocks[1])  # a fresh put heals it
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("step_blocks", [2, None])
+def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hit(config, tmp_path, monkeypatch,
+                                                                                  workers, step_blocks):
+    cfg = config.replace(shm_bytes=0)  # every block lives in the file tier: the batch leases them in steps
+    with CascadeStore(cfg) as s:
+        if step_blocks:
+            monkeypatch.setattr(reads, "LEASED_STEP_BYTES", step_blocks * s.spec.block_bytes)
+        blocks = [make_block(s.spec, i) for i in range(5)]
+        ids = [s.put(*b) for b in blocks]
+        s.flush()
+        target = blocks[2][1].tobytes()  # flip one byte of block 2's value, on disk
+        (path,) = [p for p in (tmp_path / "files").rglob("*.bin") if target in p.read_bytes()]
+        at = path.read_bytes().index(target) + len(target) // 3
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x01]))
+        outs = [s.spec.empty() for _ in range(6)]
+        hits = s.get_many_into(ids + ["f" * 32], outs, max_workers=workers)  # the last id is absent
+        assert hits == [True, True, False, True, True, False]
+        assert all(same(o, b) for i, (o, b) in enumerate(zip(outs, blocks)) if i != 2)
+        st = s.stats()
+        assert st["tiers"]["file"]["corruptions"] == 1 and not s.contains(ids[2]) and len(s) == 4
+        assert st["gets"] == 6 and st["hits"] == 4 and st["misses"] == 2
+        assert st["tiers"]["file"]["hits"] == 4 and st["tiers"]["file"]["bytes_read"] == 4 * s.spec.block_bytes
+        assert s.get_many_into(ids, outs[:5]) == [True, True, False, True, True]  # dropped: a plain miss now
+
+
+def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(config, monkeypatch):
+    with CascadeStore(config.replace(shm_bytes=0)) as s:
+        ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
+        s.flush()
+        tier = s.tiers[0]
+        read = tier.read_leased
+
+        def failing(lease, outs):  # an I/O layer failing in an unexpected way on one block
+            if lease.key[1] == ids[1]:
+                raise RuntimeError("injected")
+            read(lease, outs)
+
+        monkeypatch.setattr(tier, "read_leased", failing)
+        with pytest.raises(RuntimeError, match="injected"):
+            s.get_many_into(ids, [s.spec.empty() for _ in ids])
+        st = s.stats()
+        assert st["gets"] == 4 and st["hits"] + st["misses"] == 4 and st["misses"] >= 1
+        assert all(f.users == 0 for f in tier._files.values())  # every lease ended: compaction and close may go on
+        assert all(s._index.get(("default", b)).readers == 0 for b in ids)
+        monkeypatch.undo()
+        assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
 def test_corrupt_records_found_at_reopen_are_never_served(config, tmp_path):

@@ -114,17 +114,30 @@ class BatchCalls:
         """``get_into`` of each id into the matching ``(key_out, value_out)`` of ``outs``,
         up to ``max_workers`` (default ``config.io_threads``) reads in flight. Copies into
         device outputs are enqueued on their streams and each stream is synchronised once
-        at the end (:func:`cascade.buffers.one_sync`). Local."""
+        at the end (:func:`cascade.buffers.one_sync`). Hot small blocks are copied in one
+        locked step (:meth:`~cascade.core.reads.ReadPath.read_hot_many`), blocks in the file
+        tier leased in one and counted in another
+        (:meth:`~cascade.core.reads.ReadPath.read_leased_many`). Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
         outs = self._checked_out_pairs(outs)  # all checked before anything is read
         hits = [False] * len(block_ids)
+        rest = range(len(block_ids))
         if type(namespace) is str and {*map(type, block_ids)} <= {str}:
             keys = [(namespace, b) for b in block_ids]
             self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
             hits = self._reads.read_hot_many(keys, outs)  # small blocks: one locked step for every hot hit
-        rest = [i for i, hit in enumerate(hits) if not hit]
+            rest = [i for i, hit in enumerate(hits) if not hit]
+            if rest:  # blocks in the file tier: leased in one locked step, counted in another
+                leased = self._reads.read_leased_many(
+                    [keys[i] for i in rest], [outs[i] for i in rest],
+                    lambda fn, items: self._pools.parallel(fn, items, max_workers, item_bytes=self.spec.block_bytes))
+                for i, hit in zip(rest, leased):
+                    if hit is not None:
+                        hits[i] = hit
+                rest = [i for i, hit in zip(rest, leased) if hit is None]
+                self._tick()
         if rest:
             with one_sync([o for i in rest for o in outs[i]]) as batch:  # device outputs: one sync per stream
                 read = batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i])))

@@ -14,9 +14,11 @@ import logging
 import threading
 import time
 from time import monotonic_ns
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
+
+import numpy as np
 
 
 from ..buffers import host_outputs, staging_buffer
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Blocks up to this size are copied under the store's lock on a hot hit (:meth:`ReadPath.read_hot`):
 #: cheaper than a lease for a copy of a few microseconds (benchmark small_blocks).
 HOT_COPY_MAX = 64 << 10
+#: A batch get leases its file-tier blocks in steps of this many bytes (:meth:`ReadPath.read_leased_many`):
+#: a leased block can be neither evicted nor compacted away, so a big batch must not pin all of it at once.
+LEASED_STEP_BYTES = 256 << 20
 
 
 class ReadPath:
@@ -167,6 +172,67 @@ class ReadPath:
                 op.what = f"a promotion of {key[1]} into {promotion.dst.tier.name}"
                 self._promote(promotion, outs)
             return hit
+
+    def read_leased_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
+                         parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]]) -> list[bool | None]:
+        """:meth:`read` of each block of ``keys`` cached in a tier read outside the lock
+        into host memory (the file tier) whose outputs are numpy arrays, in steps of
+        :data:`LEASED_STEP_BYTES`: one locked step leases a step's blocks,
+        ``parallel(fn, items)`` runs their copies (the store's I/O workers), one locked
+        step counts them; each hit is timed from the start to the end of its own copy.
+        None for every other block (a miss here, a device output, a promotion due,
+        another tier): the caller reads those one by one. Per block this saves the get's
+        own locked steps and guards (65 of 90 us of a warm 64 KiB file-tier get on this
+        project's VM, against 24 us for the tier's read). An error that is not a corrupt
+        copy ends the step's leases, counts its uncounted blocks as missed gets and is
+        raised (later steps are not read)."""
+        results: list[bool | None] = [None] * len(keys)
+        step = max(1, LEASED_STEP_BYTES // max(1, self._nbytes))
+        with self._inflight.hold(f"a batch get of {len(keys)} blocks") as op:
+            for lo in range(0, len(keys), step):
+                self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op)
+        return results
+
+    def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
+                          parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]],
+                          results: list[bool | None], op: Any) -> None:
+        """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``."""
+        leased: list[tuple[int, Lease]] = []
+        counted = 0
+        try:
+            with self._lock:
+                for i in indices:
+                    meta = self._cached(keys[i])
+                    if meta is None or (meta.tier and self._promote_on_hit):
+                        continue
+                    tier = self._tiers[meta.tier]
+                    if (not tier.concurrent or tier.reads_into_device
+                            or not all(type(o) is np.ndarray for o in outs[i])):
+                        continue
+                    leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
+                    self.metrics.counters.gets += 1
+                op.what = f"a batch get holding {len(leased)} leases"
+
+            def copy(j: int) -> tuple[CorruptBlock | None, float]:
+                i, lease = leased[j]
+                started = time.perf_counter()
+                try:
+                    lease.read(outs[i])
+                except CorruptBlock as exc:
+                    return exc, time.perf_counter() - started
+                return None, time.perf_counter() - started
+
+            copied = parallel(copy, range(len(leased)))
+            with self._lock:
+                for (i, lease), (error, took) in zip(leased, copied):
+                    results[i] = self._count(lease, error, time.perf_counter() - took, release=True)
+                    counted += 1
+        except BaseException:
+            with self._lock:
+                for _, lease in leased[counted:]:
+                    lease.release()
+                    self.metrics.miss()
+            raise
 
     @contextmanager
     def view(self, key: BlockKey, spec: BlockSpec) -> Iterator[list[Any] | None]:
