@@ -53,7 +53,7 @@ write to them.
 elsewhere: on this project's local virtio disk buffered cold reads led at 64 KiB and
 16 MiB in most of four sets of measurements (90 rounds), O_DIRECT at 2 MiB in three, on
 noisy evidence; no rule by record size was better supported, and hot re-reads come from
-memory (benchmark ``file_read_mode``; the rounds are in :mod:`cascade.tiers.file_tier`).
+memory (benchmark ``file_read_mode``; the rounds are in :mod:`cascade.tiers.file_reads`).
 
 The file tier's disk use stays below ``file_bytes / (1 - compact_dead_fraction) +
 max(seal, one record)`` with ``seal = min(file_segment_bytes, file_bytes / 4)``: 2.25x

@@ -24,12 +24,8 @@ record)`` (``disk_bound`` in :meth:`stats`). A compaction that finds the disk fu
 its copies (nothing is forgotten before its copy is durable), is counted
 (``compactions_deferred``, with the dead bytes it could not reclaim in
 ``dead_bytes_stuck``) and is retried at later changes; neither gets nor deletes ever fail
-because of it. Reads (``read_mode``): on Lustre O_DIRECT (through an
-aligned bounce buffer unless the caller's buffers are page-aligned), elsewhere through
-the page cache (kernel readahead for cold reads, memory speed for hot ones). O_DIRECT
-records of 8 MiB and more are read as chunks with several reads in flight; buffered
-records over 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and
-more one at a time, in file order (see :mod:`.record_io`).
+because of it. Reads (``read_mode``: O_DIRECT on Lustre, the page cache elsewhere,
+and the measurements behind that choice) are in :mod:`.file_reads`.
 
 Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
 its header rewritten in batches (``set_expiry(batched=True)``: at most every
@@ -56,32 +52,24 @@ from typing import Any
 
 
 from ..checksum import checksum
-from ..buffers import as_byte_view, host_bytes
+from ..buffers import host_bytes
 from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
-from ..errors import BlockNotFound, CascadeError, ConfigError, CorruptBlock, TierFull
+from ..errors import BlockNotFound, CascadeError, ConfigError, TierFull
 from .base import BlockKey, Memory, Tier, TierKind
 from .compaction import Compaction
+from .file_reads import Reads, reads_direct
 from .file_recovery import Recovery
 from .file_state import Loc, SegmentFile
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
-from .record_io import READERS, ReadStream, encode_location, open_own, output_views, page_aligned, pwritev_all, read_hashed
+from .record_io import ReadStream, encode_location, open_own, pwritev_all
 from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, pad
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(PAGE)
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-READ_MODES = ("auto", "direct", "buffered")
 EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
 EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
-
-
-@dataclass(slots=True, eq=False)
-class _Lease:
-    """A block being read outside the store's lock: its record and the open file."""
-    key: BlockKey
-    loc: Loc
-    file: SegmentFile
 
 
 @dataclass(slots=True, eq=False)
@@ -93,19 +81,7 @@ class _Reservation:
     written: bool = False
 
 
-_leads = threading.local()
-
-
-def _lead() -> memoryview:
-    """This thread's buffer for the header page read ahead of a buffered payload."""
-    try:
-        return _leads.buf
-    except AttributeError:
-        _leads.buf = memoryview(bytearray(HEADER_BYTES))
-        return _leads.buf
-
-
-class FileTier(Recovery, Compaction, Tier):
+class FileTier(Recovery, Compaction, Reads, Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
@@ -173,24 +149,7 @@ class FileTier(Recovery, Compaction, Tier):
         # Buffered reads of big records one at a time, in file order (see record_io), off
         # Lustre: its OSTs serve several at once.
         self._stream = None if self.on_lustre else ReadStream()
-        if read_mode not in READ_MODES:
-            raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
-        # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
-        # in flight), elsewhere the page cache with readahead (and hot re-reads from
-        # memory). Benchmark file_read_mode on this project's 2-core virtio disk, rounds
-        # in which buffered beat O_DIRECT (64 KiB loop / batch, 2 MiB loop / batch,
-        # 16 MiB loop / batch), four sets: 54 rounds at load 1.6-7 (results/
-        # file_read_mode_ab_20261126/): 50, 50, 13, 34, 37, 33 of 54; the suite at
-        # ccf2a27: 9, 9, 5, 0, 9, 1 of 9 (its round order favoured Cascade's buffered
-        # passes, see the workload); 18 shuffled rounds at load 7-10: 12, 5, 7, 8, 10, 12
-        # of 18 (these three sets with batches of 4 workers); 9 rounds of the current
-        # workload at load 6-9: 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB
-        # in most sets, O_DIRECT at 2 MiB in three of four; but in half the rounds of the
-        # last set two identical raw passes differed 1.5-6x, so the counts are weak
-        # evidence. A rule sending only 2 MiB-class records to O_DIRECT would fit one
-        # virtual disk on thin evidence and lose hot re-reads from memory: auto stays
-        # buffered off Lustre.
-        self._odirect = odirect and (read_mode == "direct" or (read_mode == "auto" and self.on_lustre))
+        self._odirect = reads_direct(read_mode, odirect, self.on_lustre)
         self.read_mode = "direct" if self._odirect else "buffered"
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
@@ -363,108 +322,6 @@ class FileTier(Recovery, Compaction, Tier):
             raise
         f.size = offset + header.record_bytes
         return f.file_id, offset
-
-    def length(self, key: BlockKey) -> int:
-        return self._loc(key).length
-
-    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
-        loc = self._loc(key)
-        view = as_byte_view(out, "output buffer")
-        if offset == 0 and view.nbytes == loc.length:
-            self.read_parts_into(key, [view])
-            return
-        if offset < 0 or offset + view.nbytes > loc.length:
-            raise ValueError(f"read of {view.nbytes} bytes at {offset} outside a block of {loc.length}")
-        whole = bytearray(loc.length)  # a partial read still verifies the whole block
-        self.read_parts_into(key, [whole])
-        view[:] = memoryview(whole)[offset:offset + view.nbytes]
-
-    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
-        lease = self.lease(key)
-        try:
-            self.read_leased(lease, outs)
-        except CorruptBlock:
-            self._kill(key)
-            raise
-        finally:
-            self.release(lease)
-
-    def lease(self, key: BlockKey) -> _Lease:
-        loc = self._loc(key)
-        f = self._files[loc.file_id]
-        f.users += 1
-        if self._odirect:
-            self._direct_fd(f)  # opened here, under the store's lock
-        return _Lease(key, loc, f)
-
-    def release(self, lease: _Lease) -> None:
-        lease.file.users -= 1
-
-    def current(self, key: BlockKey, lease: _Lease) -> bool:
-        return self._index.get(key) is lease.loc
-
-    def read_leased(self, lease: _Lease, outs: Sequence[Any]) -> None:
-        """Read and verify a leased record (reads only: safe beside any other call).
-        :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
-        key, loc, f = lease.key, lease.loc, lease.file
-        views, nbytes = output_views(outs)
-        if nbytes != loc.length:
-            raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
-        start = loc.offset + HEADER_BYTES
-        seed = key_seed(*key)
-        digest = None
-        try:
-            direct = f.direct_fd if self._odirect else None
-            if direct is None:  # the header too (as the lead): see read_hashed
-                ok, digest = read_hashed(f.fd, start, nbytes, views, seed, _lead(), stream=self._stream)
-            elif all(page_aligned(v) for v in views):
-                ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
-            else:
-                ok = self._read_bounced(direct, start, loc.length, views)
-        except OSError as exc:
-            raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
-        if digest is None and ok:
-            digest = checksum(views, seed)
-        if not ok or digest != loc.checksum:
-            self.counters["corrupt_reads"] += 1
-            raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
-
-    def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
-        """O_DIRECT into a page-aligned bounce buffer, then copy out (unaligned outputs)."""
-        size = pad(length)
-        with self._bounce_lock:
-            fitting = [b for b in self._bounces if len(b) >= size]
-            if fitting:
-                self._bounces.remove(fitting[0])
-        bounce_map = fitting[0] if fitting else mmap.mmap(-1, max(size, 1 << 20))  # page-aligned
-        bounce = memoryview(bounce_map)
-        try:
-            if os.preadv(fd, [bounce[:size]], start) < length:
-                return False
-            pos = 0
-            for v in views:
-                v[:] = bounce[pos:pos + v.nbytes]
-                pos += v.nbytes
-        finally:
-            bounce.release()
-            with self._bounce_lock:
-                if len(self._bounces) < READERS:
-                    self._bounces.append(bounce_map)
-                else:
-                    bounce_map.close()
-        return True
-
-    def _direct_fd(self, f: SegmentFile) -> int | None:
-        if not self._odirect:
-            return None
-        if f.direct_fd is None:
-            try:
-                f.direct_fd = open_own(f.path, os.O_RDONLY | os.O_DIRECT)
-            except (OSError, CascadeError) as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
-                log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc)
-                self._odirect = False
-                return None
-        return f.direct_fd
 
     def __delitem__(self, key: BlockKey) -> None:
         """Forget ``key`` and kill its record in place. Never fails on a full disk."""

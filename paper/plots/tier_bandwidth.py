@@ -46,7 +46,7 @@ TABLE_CAPTION = (r"Tier bandwidth in GB/s per block size (medians of per-block t
                  r"read mode), and the ratios (LUSTRE/raw: put over raw write, cold get over raw read of the "
                  r"same mode).")
 
-#: How each read mode reads (the tier's ``read_mode`` as recorded, cascade/tiers/file_tier.py).
+#: How each read mode reads (the tier's ``read_mode`` as recorded, cascade/tiers/file_reads.py).
 READ_MODES = {
     "buffered": (r"through the page cache (one \texttt{preadv} of header and payload per record; the tier's "
                  r"\texttt{auto} mode uses \texttt{O\_DIRECT} only on Lustre)",

@@ -1,0 +1,181 @@
+"""Reads of the file tier: choosing the read mode, leasing a record, reading it verified.
+
+``read_mode`` ``auto`` reads O_DIRECT on Lustre (through an aligned bounce buffer unless
+the caller's buffers are page-aligned) and through the page cache elsewhere (kernel
+readahead for cold reads, memory speed for hot ones); ``direct`` and ``buffered`` force
+one (O_DIRECT falls back to buffered where the file system refuses it). O_DIRECT records
+of 8 MiB and more are read as chunks with several reads in flight; buffered records over
+1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and more one at a
+time, in file order (see :mod:`.record_io`). Every payload is verified against its
+checksum; a truncated or failing record is a :class:`CorruptBlock`.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..buffers import as_byte_view
+from ..checksum import checksum
+from ..errors import CascadeError, ConfigError, CorruptBlock
+from .base import BlockKey
+from .file_state import Loc, SegmentFile
+from .record_io import READERS, open_own, output_views, page_aligned, read_hashed
+from .records import HEADER_BYTES, key_seed, pad
+
+log = logging.getLogger("cascade.tiers.file_tier")
+READ_MODES = ("auto", "direct", "buffered")
+
+
+def reads_direct(read_mode: str, odirect: bool, on_lustre: bool) -> bool:
+    """Whether a file tier reads O_DIRECT: ``read_mode`` (one of :data:`READ_MODES`,
+    else :class:`ConfigError`) resolved against the file system; never without ``odirect``."""
+    if read_mode not in READ_MODES:
+        raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+    # auto: O_DIRECT on Lustre (large RPCs, no client page-cache churn, striped reads
+    # in flight), elsewhere the page cache with readahead (and hot re-reads from
+    # memory). Benchmark file_read_mode on this project's 2-core virtio disk, rounds
+    # in which buffered beat O_DIRECT (64 KiB loop / batch, 2 MiB loop / batch,
+    # 16 MiB loop / batch), four sets: 54 rounds at load 1.6-7 (results/
+    # file_read_mode_ab_20261126/): 50, 50, 13, 34, 37, 33 of 54; the suite at
+    # ccf2a27: 9, 9, 5, 0, 9, 1 of 9 (its round order favoured Cascade's buffered
+    # passes, see the workload); 18 shuffled rounds at load 7-10: 12, 5, 7, 8, 10, 12
+    # of 18 (these three sets with batches of 4 workers); 9 rounds of the current
+    # workload at load 6-9: 3, 6, 1, 4, 5, 5 of 9. Buffered led at 64 KiB and 16 MiB
+    # in most sets, O_DIRECT at 2 MiB in three of four; but in half the rounds of the
+    # last set two identical raw passes differed 1.5-6x, so the counts are weak
+    # evidence. A rule sending only 2 MiB-class records to O_DIRECT would fit one
+    # virtual disk on thin evidence and lose hot re-reads from memory: auto stays
+    # buffered off Lustre.
+    return odirect and (read_mode == "direct" or (read_mode == "auto" and on_lustre))
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """A block being read outside the store's lock: its record and the open file."""
+    key: BlockKey
+    loc: Loc
+    file: SegmentFile
+
+
+_leads = threading.local()
+
+
+def _lead() -> memoryview:
+    """This thread's buffer for the header page read ahead of a buffered payload."""
+    try:
+        return _leads.buf
+    except AttributeError:
+        _leads.buf = memoryview(bytearray(HEADER_BYTES))
+        return _leads.buf
+
+
+class Reads:
+    """The :class:`~cascade.tiers.file_tier.FileTier` methods that read its records (a
+    mixin: it uses the tier's index, files, read mode, bounce buffers and counters)."""
+
+    def length(self, key: BlockKey) -> int:
+        return self._loc(key).length
+
+    def read_into(self, key: BlockKey, out: Any, offset: int = 0) -> None:
+        loc = self._loc(key)
+        view = as_byte_view(out, "output buffer")
+        if offset == 0 and view.nbytes == loc.length:
+            self.read_parts_into(key, [view])
+            return
+        if offset < 0 or offset + view.nbytes > loc.length:
+            raise ValueError(f"read of {view.nbytes} bytes at {offset} outside a block of {loc.length}")
+        whole = bytearray(loc.length)  # a partial read still verifies the whole block
+        self.read_parts_into(key, [whole])
+        view[:] = memoryview(whole)[offset:offset + view.nbytes]
+
+    def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
+        lease = self.lease(key)
+        try:
+            self.read_leased(lease, outs)
+        except CorruptBlock:
+            self._kill(key)
+            raise
+        finally:
+            self.release(lease)
+
+    def lease(self, key: BlockKey) -> Lease:
+        loc = self._loc(key)
+        f = self._files[loc.file_id]
+        f.users += 1
+        if self._odirect:
+            self._direct_fd(f)  # opened here, under the store's lock
+        return Lease(key, loc, f)
+
+    def release(self, lease: Lease) -> None:
+        lease.file.users -= 1
+
+    def current(self, key: BlockKey, lease: Lease) -> bool:
+        return self._index.get(key) is lease.loc
+
+    def read_leased(self, lease: Lease, outs: Sequence[Any]) -> None:
+        """Read and verify a leased record (reads only: safe beside any other call).
+        :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
+        key, loc, f = lease.key, lease.loc, lease.file
+        views, nbytes = output_views(outs)
+        if nbytes != loc.length:
+            raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
+        start = loc.offset + HEADER_BYTES
+        seed = key_seed(*key)
+        digest = None
+        try:
+            direct = f.direct_fd if self._odirect else None
+            if direct is None:  # the header too (as the lead): see read_hashed
+                ok, digest = read_hashed(f.fd, start, nbytes, views, seed, _lead(), stream=self._stream)
+            elif all(page_aligned(v) for v in views):
+                ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
+            else:
+                ok = self._read_bounced(direct, start, loc.length, views)
+        except OSError as exc:
+            raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
+        if digest is None and ok:
+            digest = checksum(views, seed)
+        if not ok or digest != loc.checksum:
+            self.counters["corrupt_reads"] += 1
+            raise CorruptBlock(f"{self.name}: record of {key[1]} in {f.path} is truncated or fails its checksum (dropped)")
+
+    def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
+        """O_DIRECT into a page-aligned bounce buffer, then copy out (unaligned outputs)."""
+        size = pad(length)
+        with self._bounce_lock:
+            fitting = [b for b in self._bounces if len(b) >= size]
+            if fitting:
+                self._bounces.remove(fitting[0])
+        bounce_map = fitting[0] if fitting else mmap.mmap(-1, max(size, 1 << 20))  # page-aligned
+        bounce = memoryview(bounce_map)
+        try:
+            if os.preadv(fd, [bounce[:size]], start) < length:
+                return False
+            pos = 0
+            for v in views:
+                v[:] = bounce[pos:pos + v.nbytes]
+                pos += v.nbytes
+        finally:
+            bounce.release()
+            with self._bounce_lock:
+                if len(self._bounces) < READERS:
+                    self._bounces.append(bounce_map)
+                else:
+                    bounce_map.close()
+        return True
+
+    def _direct_fd(self, f: SegmentFile) -> int | None:
+        if not self._odirect:
+            return None
+        if f.direct_fd is None:
+            try:
+                f.direct_fd = open_own(f.path, os.O_RDONLY | os.O_DIRECT)
+            except (OSError, CascadeError) as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
+                log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc)
+                self._odirect = False
+                return None
+        return f.direct_fd
