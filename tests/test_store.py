@@ -384,10 +384,11 @@ def test_a_hint_returns_at_once_and_its_promotion_runs_outside_the_lock(tmp_path
         assert got is not None and np.array_equal(got[0], blocks[0][0])
 
 
-def test_a_bfloat16_block_in_the_file_tier_reads_back_one_by_one_and_in_a_batch(tmp_path):
-    # numpy arrays whose dtype memoryview does not take (ml_dtypes' bfloat16) are read through byte views
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e5m2", "float8_e4m3fn"])
+def test_an_ml_dtypes_block_in_the_file_tier_reads_back_one_by_one_and_in_a_batch(tmp_path, dtype):
+    # numpy arrays whose dtype memoryview does not take (ml_dtypes') are read through byte views
     cfg = Config(shm_bytes=0, remote_bytes=0, file_bytes=1 << 20, file_dir=str(tmp_path))
-    with CascadeStore(cfg, block_spec=BlockSpec(shape=(4, 16), dtype="bfloat16")) as s:
+    with CascadeStore(cfg, block_spec=BlockSpec(shape=(4, 16), dtype=dtype)) as s:
         key, value = s.spec.empty()
         key[...], value[...] = 1.5, -2.25
         bid = s.put(key, value)

@@ -468,14 +468,15 @@ def _fill_quietly(claim: Claim, data: Sequence[Any]) -> bool:
     return True
 
 
-#: numpy dtype kinds a ``memoryview`` takes as they are (a tier's read fills the array's
-#: own buffer); not those of ml_dtypes' bfloat16 or float8 (kind "V"), which take :meth:`ReadPath.read`'s byte views.
+#: Kinds of numpy's own dtypes that a ``memoryview`` takes as they are (a tier's read
+#: fills the array's own buffer). Dtypes added to numpy (ml_dtypes' bfloat16, float8:
+#: ``isbuiltin`` 2) it does not take: they go through :meth:`ReadPath.read`'s byte views.
 _BUFFER_KINDS = frozenset("biufc")
 
 
 def _buffer_arrays(outs: Sequence[Any]) -> bool:
-    """Whether every output is a numpy array of a dtype :data:`_BUFFER_KINDS` holds."""
-    return all(type(o) is np.ndarray and o.dtype.kind in _BUFFER_KINDS for o in outs)
+    """Whether every output is a numpy array of numpy's own dtype of a :data:`_BUFFER_KINDS` kind."""
+    return all(type(o) is np.ndarray and o.dtype.isbuiltin == 1 and o.dtype.kind in _BUFFER_KINDS for o in outs)
 
 
 def _split(data: Any, spec: BlockSpec) -> list[Any]:
