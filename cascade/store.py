@@ -293,7 +293,7 @@ class CascadeStore(BatchCalls):
     def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
         bkey = self._key(block_id, namespace)
         self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
-        hit = self._reads.read(bkey, outs)
+        hit = self._reads.read_any(bkey, outs)
         self._tick()
         return hit
 

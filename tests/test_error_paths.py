@@ -360,6 +360,38 @@ def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(co
         assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
+def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch):
+    with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier: a leased get
+        bid = s.put(*make_block(s.spec, 1))
+        s.flush()
+        tier = s.tiers[0]
+        monkeypatch.setattr(tier, "read_leased", lambda lease, outs: (_ for _ in ()).throw(RuntimeError("injected")))
+        with pytest.raises(RuntimeError, match="injected"):
+            s.get_into(bid, *s.spec.empty())
+        st = s.stats()
+        assert st["gets"] == 1 and st["hits"] == 0 and st["misses"] == 1
+        assert all(f.users == 0 for f in tier._files.values()) and s._index.get(("default", bid)).readers == 0
+        assert len(s._inflight) == 0
+        monkeypatch.undo()
+        assert same(s.get(bid), make_block(s.spec, 1))
+
+
+def test_an_error_opening_a_view_gives_back_its_lease_and_count(config, monkeypatch):
+    with CascadeStore(config) as s:
+        bid = s.put(*make_block(s.spec, 2))
+        tier = s.tiers[0]  # SHM: a zero-copy view
+        monkeypatch.setattr(tier, "leased_view", lambda handle: (_ for _ in ()).throw(RuntimeError("injected")))
+        with pytest.raises(RuntimeError, match="injected"):
+            with s.view(bid):
+                pass
+        assert s._index.get(("default", bid)).readers == 0 and len(s._inflight) == 0
+        monkeypatch.undo()
+        with s.view(bid) as got:
+            assert same(got, make_block(s.spec, 2))
+        s.delete(bid)  # nothing holds it
+        assert len(s) == 0
+
+
 def test_corrupt_records_found_at_reopen_are_never_served(config, tmp_path):
     cfg = config.replace(shm_bytes=0)
     with CascadeStore(cfg) as s:

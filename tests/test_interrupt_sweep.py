@@ -1,5 +1,5 @@
-"""A Ctrl-C at every third line the store runs during a put, a get, a batch get and a
-put that demotes: the KeyboardInterrupt is raised (never lost), and the store is left whole: no
+"""A Ctrl-C at every third line the store runs during a put, a get, a batch get, a view
+and a put that demotes: the KeyboardInterrupt is raised (never lost), and the store is left whole: no
 reader, lease or in-flight count held, each tier's bytes those the index places there,
 every block stored reads back byte-exact, and close() ends at once.
 
@@ -74,6 +74,11 @@ def _whole(store: CascadeStore, blocks, ids) -> list[str]:
     return wrong
 
 
+def _view(store: CascadeStore, bid: str) -> None:
+    with store.view(bid) as block:
+        assert block is not None
+
+
 def _put_all(store, blocks, ids) -> None:
     for (key, value), bid in zip(blocks, ids):
         store.put(key, value, block_id=bid)
@@ -87,6 +92,7 @@ SCENARIOS: dict[str, tuple[int, int, bool, Callable]] = {
     "batch get 1 MiB": (1 << 20, 2, True,
                         lambda store, blocks, ids: store.get_many_into(ids, [store.spec.empty() for _ in ids])),
     "demoting put 64 KiB": (64 << 10, 6, False, _put_all),
+    "view 4 KiB": (4096, 2, True, lambda store, blocks, ids: _view(store, ids[0])),
 }
 STRIDE = 3  # every third line: each scenario in a few seconds, every step of it still hit
 

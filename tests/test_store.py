@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cascade import (BlockNotFound, BlockPinned, CascadeStore, InvalidBlock, TierFull,
+from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, InvalidBlock, TierFull,
                      block_id)
 
 
@@ -382,3 +382,18 @@ def test_a_hint_returns_at_once_and_its_promotion_runs_outside_the_lock(tmp_path
         assert s.stats()["tiers"]["file"]["promotions"] >= 2  # ids[0] by its hint, ids[2] by its get
         got = s.get(ids[0])
         assert got is not None and np.array_equal(got[0], blocks[0][0])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e5m2", "float8_e4m3fn"])
+def test_an_ml_dtypes_block_in_the_file_tier_reads_back_one_by_one_and_in_a_batch(tmp_path, dtype):
+    # numpy arrays whose dtype memoryview does not take (ml_dtypes') are read through byte views
+    cfg = Config(shm_bytes=0, remote_bytes=0, file_bytes=1 << 20, file_dir=str(tmp_path))
+    with CascadeStore(cfg, block_spec=BlockSpec(shape=(4, 16), dtype=dtype)) as s:
+        key, value = s.spec.empty()
+        key[...], value[...] = 1.5, -2.25
+        bid = s.put(key, value)
+        out = s.spec.empty()
+        assert s.get_into(bid, *out) and np.array_equal(out[0], key) and np.array_equal(out[1], value)
+        outs = [s.spec.empty()]
+        assert s.get_many_into([bid], outs) == [True] and np.array_equal(outs[0][1], value)
+        assert s.stats()["hits"] == 2

@@ -63,16 +63,27 @@ class InFlight:
         op, token = Op(what), None
         try:  # entered first: a KeyboardInterrupt right after the count still ends it
             with self._lock:
-                self.check_open()
-                token = next(self._ids)
-                self._ops[token] = op
+                token = self.enter(op)
             yield op
         finally:
             if token is not None:
                 with self._lock:
-                    self._ops.pop(token, None)
-                    if not self._ops:
-                        self._idle.notify_all()
+                    self.leave(token)
+
+    def enter(self, op: Op) -> int:
+        """Under the lock: count ``op`` (:class:`StoreClosed` once closing); the token
+        to :meth:`leave` with. For a caller that counts and ends an operation inside its
+        own locked steps (:meth:`~cascade.core.reads.ReadPath.read_leased`); else :meth:`hold`."""
+        self.check_open()
+        token = next(self._ids)
+        self._ops[token] = op
+        return token
+
+    def leave(self, token: int) -> None:
+        """Under the lock: end the operation counted as ``token`` (idempotent)."""
+        self._ops.pop(token, None)
+        if self.closing and not self._ops:  # only close() waits (drain, after closing is set)
+            self._idle.notify_all()
 
     def drain(self, timeout: float) -> None:
         """Under the store's lock: wait up to ``timeout`` seconds until no operation is in
