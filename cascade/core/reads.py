@@ -181,8 +181,8 @@ class ReadPath:
         corrupt block) and ends the lease and the in-flight count. None, with nothing
         counted or changed, for every other get (a miss here, an output that is no numpy
         array of a :data:`_BUFFER_KINDS` dtype, a promotion due, another tier, a closing
-        store): the caller then takes :meth:`read`. An error of the copy that is not a corrupt copy ends both, is
-        counted as a missed get and is raised. This saves the generic path's guards
+        store): the caller then takes :meth:`read`. An error of the copy that is not a
+        corrupt copy ends both, is counted as a missed get and is raised. This saves the generic path's guards
         (about a third of a warm 64 KiB file-tier get on this project's VM)."""
         started = time.perf_counter()
         lock = self._lock
@@ -223,14 +223,14 @@ class ReadPath:
                          parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]]) -> list[bool | None]:
         """:meth:`read` of each block of ``keys`` cached in a tier read outside the lock
         into host memory (the file tier) whose outputs are numpy arrays (of a
-        :data:`_BUFFER_KINDS` dtype), in steps of
-        :data:`LEASED_STEP_BYTES`: one locked step leases a step's blocks,
-        ``parallel(fn, items)`` runs their copies (the store's I/O workers), one locked
-        step counts them; each hit is timed from the start to the end of its own copy.
-        None for every other block (a miss here, a device output, a promotion due,
-        another tier): the caller reads those one by one. Per block this saves the get's
-        own locked steps and guards (65 of 90 us of a warm 64 KiB file-tier get on this
-        project's VM, against 24 us for the tier's read). An error that is not a corrupt
+        :data:`_BUFFER_KINDS` dtype), in steps of :data:`LEASED_STEP_BYTES`: one locked
+        step leases a step's blocks, ``parallel(fn, items)`` runs their copies (the
+        store's I/O workers), one locked step counts them; each hit is timed from the
+        start to the end of its own copy. None for every other block (a miss here, a
+        device output, a promotion due, another tier): the caller reads those one by
+        one. Per block this saves the get's own locked steps and guards (65 of 90 us of
+        a warm 64 KiB file-tier get through :meth:`read` on this project's VM, against
+        24 us for the tier's read). An error that is not a corrupt
         copy ends the step's leases, counts its uncounted blocks as missed gets and is
         raised (later steps are not read)."""
         results: list[bool | None] = [None] * len(keys)
@@ -486,12 +486,11 @@ def _split(data: Any, spec: BlockSpec) -> list[Any]:
             data[half:2 * half].view(spec.np_dtype).reshape(spec.shape)]
 
 
-
 class BlockView:
     """:meth:`ReadPath.view`'s ``with`` block: entering takes the in-flight count and,
     for a block in a zero-copy tier, its lease, in one locked step (a class, not a
-    generator and an ``ExitStack``: a quarter to a third of a small view's cost); exiting gives back
-    both in one locked step. Whatever an error on the way in had taken is given back."""
+    generator and an ``ExitStack``: a quarter to a third of a small view's cost);
+    exiting gives back both in one locked step. Whatever an error on the way in had taken is given back."""
 
     __slots__ = ("_reads", "_key", "_spec", "_lease", "_token")
 
