@@ -283,20 +283,25 @@ def test_use_after_close_is_storeclosed_and_starts_nothing(config, tmp_path, cal
 
 
 # -- corruption -----------------------------------------------------------------------------
+def flip_byte_on_disk(files: Path, target: bytes, fraction: float) -> None:
+    """Flip one bit of the byte ``fraction`` of the way into the only copy of ``target``
+    among the file tier's files under ``files``."""
+    (path,) = [p for p in files.rglob("*.bin") if target in p.read_bytes()]
+    at = path.read_bytes().index(target) + int(len(target) * fraction)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x01]))
+
+
 def test_a_corrupt_file_tier_record_is_a_counted_miss_never_data(config, tmp_path):
     cfg = config.replace(shm_bytes=0)  # every block lives in the file tier
     with CascadeStore(cfg) as s:
         blocks = [make_block(s.spec, i) for i in range(3)]
         ids = [s.put(*b) for b in blocks]
         s.flush()
-        target = blocks[1][1].tobytes()  # flip one byte of block 1's value, on disk
-        (path,) = [p for p in (tmp_path / "files").rglob("*.bin") if target in p.read_bytes()]
-        at = path.read_bytes().index(target) + len(target) // 2
-        with open(path, "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)[0]
-            f.seek(at)
-            f.write(bytes([byte ^ 0x01]))
+        flip_byte_on_disk(tmp_path / "files", blocks[1][1].tobytes(), 1 / 2)  # in block 1's value
         out = s.spec.empty()
         assert s.get(ids[1]) is None and not s.get_into(ids[1], *out)
         st = s.stats()
@@ -318,14 +323,7 @@ def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hi
         blocks = [make_block(s.spec, i) for i in range(5)]
         ids = [s.put(*b) for b in blocks]
         s.flush()
-        target = blocks[2][1].tobytes()  # flip one byte of block 2's value, on disk
-        (path,) = [p for p in (tmp_path / "files").rglob("*.bin") if target in p.read_bytes()]
-        at = path.read_bytes().index(target) + len(target) // 3
-        with open(path, "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)[0]
-            f.seek(at)
-            f.write(bytes([byte ^ 0x01]))
+        flip_byte_on_disk(tmp_path / "files", blocks[2][1].tobytes(), 1 / 3)  # in block 2's value
         outs = [s.spec.empty() for _ in range(6)]
         hits = s.get_many_into(ids + ["f" * 32], outs, max_workers=workers)  # the last id is absent
         assert hits == [True, True, False, True, True, False]
