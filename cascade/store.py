@@ -168,6 +168,9 @@ class CascadeStore(BatchCalls):
     @staticmethod
     def _check_put_options(namespace: str, parent: str | None, priority: int,
                            ttl: float | None) -> tuple[int, float | None]:
+        if (namespace is DEFAULT_NAMESPACE and parent is None and ttl is None and priority.__class__ is int
+                and not priority):
+            return 0, None  # the defaults need no check (per put)
         check_namespace(namespace)
         if parent is not None:
             check_id(parent)
@@ -217,9 +220,7 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        if (parent is not None or ttl is not None or priority.__class__ is not int or priority
-                or namespace is not DEFAULT_NAMESPACE):  # (the defaults need no check: per put)
-            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         if block_id is not None and not verify and _plain_pair(key, value, self._shape, self._dtype):
             stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
