@@ -9,8 +9,11 @@ is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InF
 store's lock); the copies run outside the store's lock. ``flush()`` waits for the rounds
 asked for before it. A failed move (e.g. a full disk below) leaves its block where it
 was, in its place in the eviction order (:meth:`~cascade.policy.Policy.changed` is not a
-use), is logged and counted (``background_demotion_errors``), ends the round (the next
-commit above ``high`` starts another) and never reaches a caller. Hinted blocks are
+use), is logged and counted (``background_demotion_errors``), never reaches a caller, and
+pauses the demoter until a put's own demotion out of the fastest tier succeeds (the tier
+below has room again): while the tier below is full, retrying would only shield its
+victim (leased by the failing move) from the puts' evictions, so that they dropped
+younger blocks in its place, and write to a full disk again and again. Hinted blocks are
 never demoted in the background: a round ends when only they are left above ``low``, and
 a block hinted while its move copied stays where it was. A put that finds the tier truly full still makes
 room itself, as before. Thread-safe.
@@ -49,12 +52,13 @@ class Demoter:
         self._state = threading.Condition(threading.Lock())  # guards _asked, _done, _stopped
         self._asked = self._done = 0  # rounds asked for by pokes, and asked for before the last one ended
         self._stopped = False
+        self._paused_at: int | None = None  # the fastest tier's demotion count when a move failed (paused)
         self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         """Under the store's lock, after a commit: start a round when the fastest tier is
         above the high watermark."""
-        if not self.enabled or self._taken() <= self._high:
+        if not self.enabled or self._taken() <= self._high or self._paused():
             return
         with self._state:
             if self._stopped:
@@ -65,6 +69,16 @@ class Demoter:
                 thread.start()
                 self._thread = thread
             self._state.notify_all()
+
+    def _paused(self) -> bool:
+        """Under the store's lock: whether a failed move paused the demoter and no
+        demotion out of the fastest tier has succeeded since."""
+        if self._paused_at is None:
+            return False
+        if self._chain.metrics.tiers[0].demotions == self._paused_at:
+            return True
+        self._paused_at = None
+        return False
 
     def _taken(self) -> int:
         """Bytes of the fastest tier allocated (what decides whether a block fits)."""
@@ -137,6 +151,7 @@ class Demoter:
                         log.warning("background demotion of %s failed: %s", victim.key[1], exc.__cause__)
                         with self._lock:
                             chain.metrics.counters.background_demotion_errors += 1
+                            self._paused_at = chain.metrics.tiers[0].demotions
                         return
                     except Busy:
                         with self._lock:

@@ -71,7 +71,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     m.add("SbPutVsDict", sig(small["put_vs_dict"], 2) + r"$\times$", src("put_vs_dict"))
     fresh = small.get("put_fresh_pages_us")
     m.add("SbPutFreshUs", "not measured in these results" if fresh is None else
-          f"{sig(fresh)}\,$\mu$s ({sig(fresh / small['dict_put_us'], 2)}$\times$ the dict)",
+          rf"{sig(fresh)}\,$\mu$s ({sig(fresh / small['dict_put_us'], 2)}$\times$ the dict)",
           src("put_fresh_pages_us") + " / " + src("dict_put_us"))
     same = get_target == put_target
     m.add("SbTarget", sig(get_target, 2) + r"$\times$" if same else
