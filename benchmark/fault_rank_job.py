@@ -20,7 +20,8 @@ import signal
 import sys
 
 from cascade import CascadeError, CascadeStore, Config, RankFailure
-from cascade.testing.rank_failure_job import BLOCKS_PER_RANK, _content
+from cascade.testing.rank_blocks import content
+from cascade.testing.rank_failure_job import BLOCKS_PER_RANK
 from cascade.tiers.file_tier import FileTier
 
 
@@ -43,7 +44,7 @@ def open_fail(comm, file_dir: str) -> None:
         if squatter is not None:
             squatter.close()
     with CascadeStore(_config(file_dir), comm=comm) as store:
-        kv = _content(store.spec, comm.rank, 0)
+        kv = content(store.spec, comm.rank, 0)
         got = store.get(store.put(*kv))
         wrong = got is None or not all((a == b).all() for a, b in zip(got, kv))
     report = {"raised": comm.allreduce(int(raised)), "named": comm.allreduce(int(named)),
@@ -54,7 +55,7 @@ def open_fail(comm, file_dir: str) -> None:
 
 def close_death(comm, file_dir: str) -> None:
     store = CascadeStore(_config(file_dir), comm=comm)
-    ids = [store.put(*_content(store.spec, comm.rank, i)) for i in range(BLOCKS_PER_RANK)]
+    ids = [store.put(*content(store.spec, comm.rank, i)) for i in range(BLOCKS_PER_RANK)]
     store.flush()
     everyone = comm.gather(ids)
     if comm.rank == 0:

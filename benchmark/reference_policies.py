@@ -120,12 +120,7 @@ def belady_hits(ids: Sequence[Hashable], capacity: int | None) -> list[bool]:
     _check_capacity(capacity)
     if capacity == 0:
         return [False] * len(ids)
-    never = len(ids)
-    next_use = [never] * len(ids)
-    seen: dict[Hashable, int] = {}
-    for i in range(len(ids) - 1, -1, -1):
-        next_use[i] = seen.get(ids[i], never)
-        seen[ids[i]] = i
+    next_use = _next_uses(ids)
     cached: dict[Hashable, int] = {}  # block -> position of its next reference
     heap: list[tuple[int, int, Hashable]] = []  # (-next use, tie-break, block)
     hits = []
@@ -157,12 +152,7 @@ def lookahead_hits(requests: Sequence[Sequence[Hashable]], capacity: int | None,
         raise ConfigError(f"depth: expected an integer >= 0, got {depth!r}")
     ids = [block for request in requests for block in request]
     ends = list(itertools.accumulate(len(request) for request in requests))  # ends[i]: end of request i
-    never = len(ids)
-    next_use = [never] * len(ids)
-    seen: dict[Hashable, int] = {}
-    for i in range(len(ids) - 1, -1, -1):
-        next_use[i] = seen.get(ids[i], never)
-        seen[ids[i]] = i
+    next_use = _next_uses(ids)
     cached: dict[Hashable, int] = {}  # block -> position of its next reference
     outside: OrderedDict[Hashable, None] = OrderedDict()  # not referenced in the window, LRU first
     entering: list[tuple[int, Hashable]] = []  # (next use, block) of the outside ones
@@ -240,6 +230,18 @@ def simulate(
         tokens=sum(tokens),
         hit_tokens=sum(t for t, hit in zip(tokens, hits) if hit),
     )
+
+
+def _next_uses(ids: Sequence[Hashable]) -> list[int]:
+    """Per position in ``ids``, the position of the same id's next reference
+    (``len(ids)`` where there is none)."""
+    never = len(ids)
+    next_use = [never] * len(ids)
+    seen: dict[Hashable, int] = {}
+    for i in range(len(ids) - 1, -1, -1):
+        next_use[i] = seen.get(ids[i], never)
+        seen[ids[i]] = i
+    return next_use
 
 
 def _check_capacity(capacity: int | None) -> None:

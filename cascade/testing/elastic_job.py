@@ -15,9 +15,8 @@ import os
 import sys
 import time
 
-import numpy as np
-
 from cascade import CascadeStore, Config, ConfigError, RankFailure
+from cascade.testing.rank_blocks import content, count_wrong_and_missing
 
 BLOCKS_PER_RANK = 40
 
@@ -27,11 +26,6 @@ def config(file_dir: str, model: str) -> Config:
     # some sit in other ranks' DRAM when the writer closes
     return Config(model=model, shm_bytes=8 * 4096, remote_bytes=8 * 4096, file_bytes=64 << 20,
                   file_dir=file_dir, directory_slots=4096)
-
-
-def content(spec, rank: int, i: int):
-    rng = np.random.default_rng([rank, i])
-    return rng.standard_normal(spec.shape).astype(spec.dtype), rng.standard_normal(spec.shape).astype(spec.dtype)
 
 
 def main(file_dir: str, phase: str, model: str = "tiny") -> int:
@@ -57,14 +51,7 @@ def main(file_dir: str, phase: str, model: str = "tiny") -> int:
         return 0
     with open(ids_path) as f:
         everyone = json.load(f)
-    wrong = missing = 0
-    for rank, ids in enumerate(everyone):
-        for i, bid in enumerate(ids):
-            got = store.get(bid)
-            if got is None:
-                missing += 1
-            elif not all(np.array_equal(a, b) for a, b in zip(got, content(store.spec, rank, i))):
-                wrong += 1
+    wrong, missing = count_wrong_and_missing(store, everyone)
     file_stats = store.stats()["tiers"]["file"]
     report = {"ranks": comm.size, "blocks": sum(len(ids) for ids in everyone),
               "recovered": comm.allreduce(file_stats["recovered"]), "adopted": comm.allreduce(file_stats["adopted"]),

@@ -13,16 +13,10 @@ import os
 import signal
 import sys
 
-import numpy as np
-
 from cascade import CascadeStore, Config
+from cascade.testing.rank_blocks import content, count_wrong_and_missing
 
 BLOCKS_PER_RANK = 20
-
-
-def _content(spec, rank: int, i: int):
-    rng = np.random.default_rng([rank, i])
-    return rng.standard_normal(spec.shape).astype(spec.dtype), rng.standard_normal(spec.shape).astype(spec.dtype)
 
 
 def main(file_dir: str, phase: str) -> None:
@@ -34,7 +28,7 @@ def main(file_dir: str, phase: str) -> None:
     store = CascadeStore(cfg, comm=comm)
     ids_path = os.path.join(file_dir, "ids.json")
     if phase == "write":
-        ids = [store.put(*_content(store.spec, comm.rank, i)) for i in range(BLOCKS_PER_RANK)]
+        ids = [store.put(*content(store.spec, comm.rank, i)) for i in range(BLOCKS_PER_RANK)]
         everyone = comm.gather(ids)
         if comm.rank == 0:
             with open(ids_path, "w") as f:
@@ -48,14 +42,7 @@ def main(file_dir: str, phase: str) -> None:
             comm.Barrier()
     with open(ids_path) as f:
         everyone = json.load(f)
-    wrong = missing = 0
-    for rank, ids in enumerate(everyone):
-        for i, bid in enumerate(ids):
-            got = store.get(bid)
-            if got is None:
-                missing += 1
-            elif not all(np.array_equal(a, b) for a, b in zip(got, _content(store.spec, rank, i))):
-                wrong += 1
+    wrong, missing = count_wrong_and_missing(store, everyone)
     report = {"recovered": comm.allreduce(store.stats()["tiers"]["file"]["recovered"]),
               "wrong": comm.allreduce(wrong), "missing": comm.allreduce(missing)}
     store.close()
