@@ -7,12 +7,13 @@ Every rank exposes its shard as one ``Win.Allocate`` window holding a fixed
 open-addressing table of fixed-size entries (see :mod:`.layout`), and every operation is
 one-sided: the calling rank reads and updates the owner's memory with ``Get``,
 ``Compare_and_swap``, ``Fetch_and_op`` and ``Accumulate`` inside a ``Lock_all`` epoch
-opened once at construction, each operation completed with ``Flush``. No rank serves
-requests, so no rank funnels the job: load spreads with the (uniform) ids, and a rank busy
-in Python does not delay lookups into its shard (tests/mpi/test_directory_mpi.py measures
-it). Rejected: a fresh ``Lock`` per operation (with MPICH it waits for the target to enter
-MPI), ``Create_dynamic`` windows (need target progress), a server thread per rank (the GIL
-ties it to the busy rank) and a central directory rank (a funnel).
+opened once at construction, each operation completed with ``Flush`` (these primitives,
+and the bucket lock below: :mod:`.directory_shard`). No rank serves requests, so no rank
+funnels the job: load spreads with the (uniform) ids, and a rank busy in Python does not
+delay lookups into its shard (tests/mpi/test_directory_mpi.py measures it). Rejected: a
+fresh ``Lock`` per operation (with MPICH it waits for the target to enter MPI),
+``Create_dynamic`` windows (need target progress), a server thread per rank (the GIL ties
+it to the busy rank) and a central directory rank (a funnel).
 
 Consistency
 -----------
@@ -50,7 +51,6 @@ Thread-safety: a directory object is not thread-safe; use one per thread or a lo
 from __future__ import annotations
 
 import enum
-import logging
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -58,12 +58,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BlockNotFound, CascadeError, RankFailure, TierFull
+from ..errors import BlockNotFound, CascadeError, TierFull
 from ..identity import check_id, check_namespace, id_owner
 from . import layout as L
 from .directory_reclaim import Reclaim
+from .directory_shard import ClaimReclaimed, ShardAccess
 from .layout import DirectoryEntry
-from .rma import Backoff, allocate_window, free_window, load_mpi
+from .rma import Backoff, load_mpi
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -71,8 +72,6 @@ if TYPE_CHECKING:
     from ..identity import BlockKey
 
 __all__ = ["ClaimReclaimed", "DirectoryEntry", "DirectoryFull", "PinUnderflow", "Removal", "ShardedDirectory"]
-
-log = logging.getLogger(__name__)
 
 #: Seconds a bucket lock or a slot being written may stay unchanged before another rank
 #: reclaims it (see "Reclaim" above).
@@ -86,11 +85,6 @@ _TAIL_LITTLE = struct.Struct("<8xQ")  # id bytes 8-15 as the home bucket reads t
 
 class DirectoryFull(TierFull):
     """A directory shard has no free slot within the probe limit of a key's home bucket."""
-
-
-class ClaimReclaimed(RankFailure):
-    """This rank's bucket lock or slot claim was reclaimed by another rank (it held it
-    past the claim lease, or was declared failed); its operation did not take effect."""
 
 
 class PinUnderflow(CascadeError, ValueError):
@@ -107,7 +101,7 @@ class Removal(str, enum.Enum):
     MISMATCH = "mismatch"          # the entry no longer points where ``expect`` said
 
 
-class ShardedDirectory(Reclaim):
+class ShardedDirectory(ShardAccess, Reclaim):
     """Global directory, one shard of ``slots_per_rank`` entries (~82 bytes each) per rank
     of ``comm`` (default ``MPI.COMM_SELF``). Collective: the constructor, :meth:`free` (and
     the context manager); every other method is local and one-sided. ``claim_lease``:
@@ -131,30 +125,18 @@ class ShardedDirectory(Reclaim):
         self.nbuckets = L.buckets_for(slots_per_rank)
         self.slots_per_rank = self.nbuckets * L.BUCKET_SLOTS
         self._max_probe = L.max_probe(self.nbuckets)
-        self._win: MPI.Win | None = allocate_window(comm, self.nbuckets * L.BUCKET_BYTES, 8, label="directory")
-        self._raw = bytearray(L.BUCKET_BYTES)  # one bucket, read by single-key operations
-        self._bucket = np.frombuffer(self._raw, dtype=np.uint64)
-        self._origin = np.zeros(1, dtype=np.uint64)
-        self._compare = np.zeros(1, dtype=np.uint64)
-        self._result = np.zeros(1, dtype=np.uint64)
+        self._open_shard(comm)
         self._namespaces: dict[str, tuple[bytes, int]] = {}
-        self._in_flight: list[np.ndarray] = []
         self.claim_lease = float(claim_lease)
         self.placeholder_lease = float(placeholder_lease)
         self.failed: set[int] = set()  # ranks known to have stopped (mark_failed)
         self.reclaimed = {"locks": 0, "committed": 0, "deleted": 0, "placeholders": 0}  # what this rank reclaimed
-        self._lock_count = 0
-        self._held: dict[tuple[int, int], int] = {}  # (owner, home) -> our LOCK word
         self._swept: dict[tuple[int, int], tuple[int, float]] = {}  # sweep()'s sightings
-        self._pair = np.zeros((3, 2), dtype=np.uint64)  # origin, compare, result of 2 CASes
 
-    # -- failures ----------------------------------------------------------------------
     # -- lifecycle ---------------------------------------------------------------------
     def free(self) -> None:
         """Collective: release the window. Idempotent."""
-        if self._win is not None:
-            free_window(self._win)
-            self._win = None
+        self._close_shard()
 
     def __enter__(self) -> ShardedDirectory:
         return self
@@ -408,53 +390,6 @@ class ShardedDirectory(Reclaim):
         return (_HEAD_BIG.unpack_from(raw)[0] % self.size,
                 (nsword ^ _TAIL_LITTLE.unpack_from(raw)[0]) % self.nbuckets, nshash + raw)
 
-    def _snapshot(self) -> bytearray:
-        """A copy of this rank's whole shard, read with one Get (consistent per word)."""
-        snapshot = bytearray(self.nbuckets * L.BUCKET_BYTES)
-        self._win.Get(np.frombuffer(snapshot, dtype=np.uint64), self.rank, 0)
-        self._win.Flush_local(self.rank)
-        return snapshot
-
-    def _get_bucket(self, owner: int, bucket: int) -> bytearray:
-        self._win.Get(self._bucket, owner, L.bucket_disp(bucket))
-        self._win.Flush_local(owner)
-        return self._raw
-
-    def _gather_buckets(self, owners: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-        """Bucket ``buckets[i]`` of rank ``owners[i]`` as row i of a ``(n, BUCKET_WORDS)``
-        array: one contiguous Get per distinct bucket, all in flight, one flush per owner.
-        Not one derived-datatype Get: MPICH's network modules may run those as active
-        messages, which wait for the target to enter MPI."""
-        rows = np.empty((len(owners), L.BUCKET_WORDS), dtype=np.uint64)
-        fetched = []
-        for owner in np.unique(owners).tolist():
-            sel = np.nonzero(owners == owner)[0]
-            distinct, inverse = np.unique(buckets[sel], return_inverse=True)
-            got = np.empty((len(distinct), L.BUCKET_WORDS), dtype=np.uint64)
-            for row, bucket in enumerate(distinct.tolist()):
-                self._win.Get(got[row], owner, bucket * L.BUCKET_WORDS)
-            fetched.append((owner, sel, inverse, got))
-        for owner, sel, inverse, got in fetched:
-            self._win.Flush_local(owner)
-            rows[sel] = got[inverse]
-        return rows
-
-    def _cas(self, owner: int, disp: int, compare: int, value: int) -> int:
-        self._origin[0], self._compare[0] = value, compare
-        self._win.Compare_and_swap(self._origin, self._compare, self._result, owner, disp)
-        self._win.Flush(owner)
-        return int(self._result[0])
-
-    def _store(self, owner: int, disp: int, value: int) -> None:
-        """Atomic replace of one word; completes at the caller's next :meth:`_flush`."""
-        origin = np.array([value], dtype=np.uint64)
-        self._in_flight.append(origin)  # an origin buffer must live until the Flush
-        self._win.Accumulate(origin, owner, disp, self._MPI.REPLACE)
-
-    def _flush(self, owner: int) -> None:
-        self._win.Flush(owner)
-        self._in_flight.clear()
-
     def _adjust(self, namespace: str, block_id: str, shift: int, delta: int, report: bool = False):
         """CAS ``delta`` onto the count at ``shift`` of the key's CTL word: only this
         incarnation of the entry, never below zero. Returns the new count (with
@@ -481,54 +416,6 @@ class ShardedDirectory(Reclaim):
                 backoff.wait()
                 found = self._find(owner, home, key)
         raise BlockNotFound(f"{namespace}/{block_id} is not in the directory")
-
-    def _lock(self, owner: int, home: int) -> None:
-        """Take the bucket lock; take it over from a failed or lease-expired holder."""
-        if (owner, home) in self._held:
-            raise RuntimeError("directory bucket lock taken twice by one rank (re-entrant call?)")
-        disp = L.bucket_disp(home) + L.LOCK
-        self._lock_count += 1
-        mine = L.lock_word(self.rank, self._lock_count)
-        backoff = Backoff(f"directory bucket lock {home} on rank {owner}")
-        watch: dict = {}
-        expect = 0
-        while (word := self._cas(owner, disp, expect, mine)) != expect:
-            expect = 0
-            if word and (L.lock_holder(word) in self.failed
-                         or self._expired(watch, watch, (home, -1), word, time.monotonic())):
-                expect = word  # the next CAS takes it over
-            elif word:
-                backoff.wait()
-        if expect:
-            self.reclaimed["locks"] += 1
-            log.warning("rank %d took over bucket lock %d on rank %d from rank %d (%s)", self.rank, home,
-                        owner, L.lock_holder(expect),
-                        "failed" if L.lock_holder(expect) in self.failed else "lease expired")
-        self._held[(owner, home)] = mine
-
-    def _unlock(self, owner: int, home: int) -> None:
-        """Release the bucket lock if still held (:class:`ClaimReclaimed` if taken over)."""
-        mine = self._held.pop((owner, home), None)
-        if mine is not None and self._cas(owner, L.bucket_disp(home) + L.LOCK, mine, 0) != mine:
-            raise ClaimReclaimed(f"rank {self.rank}'s lock of bucket {home} on rank {owner} was taken over")
-
-    def _commit(self, owner: int, disp: int, writing: int, final: int, what: str) -> None:
-        """CAS a claimed slot from ``writing`` to ``final`` (1 round trip)."""
-        _check_commit(self._cas(owner, disp + L.CTL, writing, final), writing, final, what)
-
-    def _commit_and_unlock(self, owner: int, home: int, disp: int, writing: int, final: int, what: str) -> None:
-        """:meth:`_commit` and :meth:`_unlock` in one round trip (two CASes, one Flush)."""
-        mine = self._held.pop((owner, home))
-        self._pair[0] = final, 0
-        self._pair[1] = writing, mine
-        self._win.Compare_and_swap(self._pair[0, :1], self._pair[1, :1], self._pair[2, :1], owner, disp + L.CTL)
-        self._win.Compare_and_swap(self._pair[0, 1:], self._pair[1, 1:], self._pair[2, 1:], owner,
-                                   L.bucket_disp(home) + L.LOCK)
-        self._win.Flush(owner)
-        old, lock = (int(x) for x in self._pair[2])
-        _check_commit(old, writing, final, what)
-        if lock != mine:
-            raise ClaimReclaimed(f"rank {self.rank}'s lock of bucket {home} on rank {owner} was taken over")
 
     def _find(self, owner: int, home: int, key: bytes) -> tuple[int, int, int, DirectoryEntry] | None:
         """``(bucket, slot, ctl, entry)`` of the key's VALID slot, or None."""
@@ -600,11 +487,7 @@ class ShardedDirectory(Reclaim):
             found, reach, free = self._search(owner, home, key, want_free=True)  # a count moved: again
         if found is not None:
             bucket, i, _, current = found
-            self._origin[0] = 1
-            self._win.Fetch_and_op(self._origin, self._result, owner,
-                                   L.slot_disp(bucket, i) + L.SHARES, self._MPI.SUM)
-            self._win.Flush(owner)
-            current.shares = int(self._result[0]) + 1  # our own snapshot object
+            current.shares = self._fetch_add(owner, L.slot_disp(bucket, i) + L.SHARES, 1) + 1  # our own snapshot
             return False, current
         bucket, i, writing = self._claim(owner, home, free, 0 if free else reach + 1, entry)
         final = L.next_ctl(writing, L.VALID)
@@ -641,14 +524,6 @@ class ShardedDirectory(Reclaim):
             f"directory shard of rank {owner} is full around bucket {home}: no free slot within "
             f"{self._max_probe + 1} buckets of {L.BUCKET_SLOTS} (slots_per_rank={self.slots_per_rank}); "
             f"raise slots_per_rank")
-
-
-def _check_commit(old: int, writing: int, final: int, what: str) -> None:
-    """A commit CAS found ``old``: ours (``writing``), or already committed for us by a
-    reclaimer (VALID at the final version, counts maybe moved since); else it was lost."""
-    if old != writing and not (L.ctl_state(old) == L.VALID and L.ctl_version(old) == L.ctl_version(final)):
-        raise ClaimReclaimed(f"{what}: the claim was reclaimed by another rank (held past the claim lease, "
-                             "or this rank was declared failed); nothing was written")
 
 
 def _placeholder() -> DirectoryEntry:

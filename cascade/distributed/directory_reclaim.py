@@ -44,8 +44,9 @@ log = logging.getLogger("cascade.distributed.directory")
 
 class Reclaim:
     """Stale locks, claims and placeholders: found, then taken over by one CAS each.
-    Uses the directory's shard access (``_snapshot``, ``_cas``) and its ``failed`` ranks,
-    ``claim_lease``, ``placeholder_lease``, ``reclaimed`` counters and ``_swept`` sightings."""
+    Uses the shard access (:class:`~.directory_shard.ShardAccess`: ``_snapshot``, ``_cas``)
+    and the directory's ``failed`` ranks, ``claim_lease``, ``placeholder_lease``,
+    ``reclaimed`` counters and ``_swept`` sightings."""
 
     def mark_failed(self, ranks) -> None:
         """Declare ranks stopped (e.g. those a :class:`~.agree.PeerStepFailed` names): their

@@ -1,10 +1,11 @@
 """A directory whose next insert stops half way, as a rank that dies there would.
 
 A rank that really dies ends the whole job under ``mpiexec`` (hydra), so the reclaim of a
-dead rank's bucket lock and slot claim (:mod:`cascade.distributed.directory`, "Reclaim")
-is tested with a rank that stays alive but abandons its insert: it keeps the bucket lock
-and leaves the slot as it was at the chosen step, never commits and never unlocks, as if
-it had stopped there. Everything else is the real directory over real MPI windows.
+dead rank's bucket lock and slot claim (:mod:`cascade.distributed.directory_reclaim`) is
+tested with a rank that stays alive but abandons its insert: it keeps the bucket lock and
+leaves the slot as it was at the chosen step, never commits and never unlocks
+(:meth:`~cascade.distributed.directory_shard.ShardAccess._commit_and_unlock`), as if it
+had stopped there. Everything else is the real directory over real MPI windows.
 """
 from __future__ import annotations
 
