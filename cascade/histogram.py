@@ -10,6 +10,8 @@ class LatencyHistogram:
     """Counts of durations in buckets ``[2**(i-1), 2**i)`` microseconds (bucket 0: < 1 us).
     Not thread-safe (the store records under its lock)."""
 
+    __slots__ = ("counts", "total_s")
+
     def __init__(self) -> None:
         self.counts = [0] * _BUCKETS
         self.total_s = 0.0

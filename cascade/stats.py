@@ -17,7 +17,7 @@ from .histogram import _BUCKETS, LatencyHistogram
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class TierCounters:
     """Events of one tier. A get served by tier ``s`` is a hit of ``s`` and a miss of
     every faster tier; a get served by no tier is a miss of all of them."""
@@ -36,7 +36,7 @@ class TierCounters:
         return asdict(self)
 
 
-@dataclass
+@dataclass(slots=True)
 class StoreCounters:
     """Store-wide operation counts. Invariant: ``puts == stored + deduped + rejected``."""
 

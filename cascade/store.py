@@ -95,6 +95,7 @@ class CascadeStore(BatchCalls):
         self.config = config or Config.load()
         self.spec = block_spec or BlockSpec.for_model(self.config.model, self.config.block_tokens)
         self._shape, self._dtype = self.spec.shape, self.spec.np_dtype  # (the hot paths' checks: one lookup each)
+        self._stats_dir = self.config.stats_dir  # (the hot paths' test: the config is frozen)
         clustered = comm is not None and comm.Get_size() > 1
         if clustered:
             rank = comm.Get_rank()
@@ -224,7 +225,7 @@ class CascadeStore(BatchCalls):
         if block_id is not None and not verify and _plain_pair(key, value, self._shape, self._dtype):
             stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
             if stored is not None:
-                if self.config.stats_dir:
+                if self._stats_dir:
                     self._tick()
                 return stored
         parts = self._check_pair(key, value)
@@ -260,7 +261,7 @@ class CascadeStore(BatchCalls):
             # A block cached here is what a pending put_async of its id would store (or
             # dedup onto): the wait for such puts (a get after one sees it) is _read's.
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
-                if self.config.stats_dir:
+                if self._stats_dir:
                     self._tick()
                 return True
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
