@@ -223,7 +223,7 @@ class CascadeStore(BatchCalls):
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         if block_id is not None and not verify and _plain_pair(key, value, self._shape, self._dtype):
-            stored = self._writes.put_hot((key, value), namespace, block_id, parent, ttl, priority)
+            stored = self._writes.put_hot((key, value), namespace, check_id(block_id), parent, ttl, priority)
             if stored is not None:
                 if self._stats_dir:
                     self._tick()

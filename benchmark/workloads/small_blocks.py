@@ -22,9 +22,17 @@ Reported per row: microseconds per block (median over rounds) and the ratios the
 sets targets for: ``get_vs_dict`` and ``put_vs_dict`` (hot; target <= 3 at 4 KiB),
 ``batch_vs_loop`` (every size, hot and cold; target <= 1). Blocks are compared with
 their sources after each read pass (wrong bytes would void the row).
+
+Each timed pass starts with ``gc.collect()``: it then pays for the collections of its own
+garbage only. Without it, the full collection that the long-lived objects of the passes
+before it trigger (11-50 ms here, 3-12 us per block at 4 KiB) fell, from the second round
+on, in whichever put form ran second into the shared store (measured with
+``gc.callbacks``; 3 rounds at 4 KiB, two runs each): ``put_batch_vs_loop`` was 1.08 and
+2.05 with the loop first, 0.74 and 0.80 with the batch first, for the same code.
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import statistics
@@ -57,6 +65,7 @@ def _ids(count: int, salt: int) -> list[str]:
 
 
 def _per_block_us(fn, count: int) -> float:
+    gc.collect()  # no pass pays for the garbage of the ones before it (module docstring)
     started = time.perf_counter()
     fn()
     return (time.perf_counter() - started) / count * 1e6

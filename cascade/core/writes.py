@@ -181,8 +181,8 @@ class WritePath:
         nothing counted or changed, when it is not such a put (a bigger block, a tier that
         cannot copy under the lock or has no free room, namespace shares, a closing store,
         ``parts`` that are not host buffers of the block's size): the caller then takes
-        :meth:`put`. Parts, namespace, parent and options are checked by the caller; the id
-        here.
+        :meth:`put`. Parts, namespace, id, parent and options are checked by the caller
+        (a batch checks its ids once, before any of them is stored).
 
         It runs per block, so it is one call, denser than :meth:`put`: a store alone (no
         peers) skips the calls that only matter to other ranks (the dedup query, the
@@ -197,7 +197,7 @@ class WritePath:
             if self._inflight.closing:
                 return None
             started = monotonic_ns()
-            key = (namespace, check_id(block_id))
+            key = (namespace, block_id)
             if parent is not None:
                 self.index.check_parent(key, parent)
             peers = self.chain.peers
@@ -242,8 +242,9 @@ class WritePath:
     def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
                      ttl: float | None, priority: int) -> list[str | BaseException | None]:
         """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step (each
-        put_hot takes the lock again: it is reentrant, and cheap while held). Each entry is
-        the id, None (not such a put), or the error that put raised: the others still run."""
+        put_hot takes the lock again: it is reentrant, and cheap while held); ids checked
+        by the caller. Each entry is the id, None (not such a put), or the error that put
+        raised: the others still run."""
         done: list[str | BaseException | None] = [None] * len(items)
         if not self._hot:
             return done
