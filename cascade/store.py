@@ -189,9 +189,9 @@ class CascadeStore(BatchCalls):
     def _tick(self) -> None:
         """Refresh this rank's stats file when ``config.stats_dir`` is set (see
         :meth:`StoreMetrics.maybe_write`)."""
-        if self.config.stats_dir:
+        if self._stats_dir:
             with self._lock:
-                self.metrics.maybe_write(self.config.stats_dir, self.config.stats_interval, self.rank, self._stats)
+                self.metrics.maybe_write(self._stats_dir, self.config.stats_interval, self.rank, self._stats)
 
     # -- put ------------------------------------------------------------------------------
     def put(
