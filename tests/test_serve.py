@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -137,3 +138,42 @@ def test_ranks_not_started_under_mpi4py_refuse_to_serve(tmp_path):
                            "cascade", "serve", "--socket-dir", str(tmp_path), "--set", "file_bytes=0"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode != 0 and "python -m mpi4py -m cascade serve" in done.stderr, done.stderr
+
+
+_STARTER = """
+import sys, tempfile
+from cascade.testing.serve_job import ServeJob
+job = ServeJob(tempfile.mkdtemp(dir=sys.argv[1]), 2)
+print(job.proc.pid, *job.pids.values(), flush=True)
+sys.stdin.read()  # held until killed
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_job_whose_starter_is_killed_stops_with_it(tmp_path):
+    """A test run killed from outside (SIGKILL: no teardown runs) leaves no mpiexec or
+    rank of its jobs running."""
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER, str(tmp_path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    pids = [int(p) for p in starter.stdout.readline().split()]
+    try:
+        assert len(pids) == 3 and all(_alive(p) for p in pids)  # mpiexec and both ranks
+        starter.kill()
+        starter.wait(10)
+        deadline = time.monotonic() + 30
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)]
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

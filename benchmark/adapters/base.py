@@ -26,6 +26,7 @@ import time
 from typing import ClassVar
 
 from cascade import buffers
+from cascade.testing.children import die_with_parent
 
 #: A writable buffer (bytearray, numpy array, memoryview of either) or a readable one.
 Buffer = bytes | bytearray | memoryview
@@ -255,15 +256,6 @@ def _log_tail(log_path: str | None, nbytes: int = 1500) -> str:
         f.seek(max(0, os.path.getsize(log_path) - nbytes))
         tail = f.read().decode(errors="replace").strip()
     return f"; its log ends with:\n{tail}" if tail else ""
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for servers: SIGTERM when the starting thread dies (Linux)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 def start_server(args: list[str], log_path: str, env: dict[str, str] | None = None

@@ -49,6 +49,7 @@ import numpy as np
 from cascade import CascadeStore, Config
 from cascade.models import BlockSpec
 from cascade.serve import connect
+from cascade.testing.children import die_with_parent
 from cascade.testing.serve_job import ROOT, ServeJob
 from cascade.trace import read_trace
 from cascade.workload import WorkloadParams, generate
@@ -156,7 +157,8 @@ def _engines(mode: str, args: list[str], spec: dict[str, Any], size: int, workdi
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "benchmark.workloads.serving_client", mode, arg, str(i), str(len(args)), str(size),
              engine_dir, json.dumps(spec)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            preexec_fn=die_with_parent))
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=1800)

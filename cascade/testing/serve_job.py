@@ -1,7 +1,8 @@
 """Start and stop a local ``cascade serve`` job (``mpiexec -n N python -m mpi4py -m
 cascade serve``) for tests and benchmarks: a private short socket directory, the ranks'
 PIDs from their ready lines, stop by PID (SIGTERM to one rank stops them all; mpiexec's
-process group is killed if that is not enough)."""
+process group is killed if that is not enough). mpiexec gets SIGTERM when the thread that
+started the job dies (:func:`~.children.die_with_parent`), and stops its ranks."""
 from __future__ import annotations
 
 import glob
@@ -14,6 +15,8 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+
+from .children import die_with_parent
 
 _READY = re.compile(r"cascade serve: rank (\d+)/\d+ \(pid (\d+)\) on node (\d+) serves")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -43,7 +46,8 @@ class ServeJob:
             [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cascade", "serve",
              "--socket-dir", self.socket_dir, "--block-bytes", str(block_bytes),
              *[arg for s in sets for arg in ("--set", s)]],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+            preexec_fn=die_with_parent)  # a killed test run or benchmark leaves no job behind
         self.lines: list[str] = []
         self.pids: dict[int, int] = {}
         self.nodes: dict[int, int] = {}
