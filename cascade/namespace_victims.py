@@ -50,8 +50,12 @@ class NamespaceVictims(Policy):
         heap = self._ns_heaps.get(slot)
         while heap:
             _, _, version, meta = heap[0]
-            if version != meta.version or meta.tier != tier or not self.eligible(meta):
-                heapq.heappop(heap)  # stale; an ineligible one is pushed again by changed()
+            if version != meta.version or meta.tier != tier:
+                heapq.heappop(heap)  # stale
+                continue
+            if not self.eligible(meta):
+                heapq.heappop(heap)  # pushed again by changed() or read_done()
+                meta.unlisted = True
                 continue
             return meta
         self._ns_heaps.pop(slot, None)

@@ -264,6 +264,8 @@ class CascadeStore(BatchCalls):
                 if self._stats_dir:
                     self._tick()
                 return True
+            if key_out.flags.num & _WRITABLE_C == _WRITABLE_C and value_out.flags.num & _WRITABLE_C == _WRITABLE_C:
+                return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
     def _plain_pairs(self, pairs: Sequence[tuple[Any, Any]]) -> list[int]:

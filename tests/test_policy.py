@@ -189,3 +189,80 @@ def test_deferred_admission_keeps_the_victim_order_of_pushing_at_once(kind, seed
                 live.remove(int(victims[0][-1][1:]))
         assert victims[0] == victims[1], f"step {step}"
     assert sum(v is not None for v in victims[0]) > 300
+
+
+class _PushEveryRead(Policy):
+    """A policy that pushes a block again at the end of every read (as before read_done)."""
+
+    def read_done(self, meta: BlockMeta) -> None:
+        self._push(meta)
+
+
+@pytest.mark.parametrize("kind", ["semantic", "lru"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_read_pushes_a_block_again_only_when_skipped_and_keeps_the_victim_order(kind, seed):
+    """The same random run of admits, hits, reads begun and ended, pins, deletes,
+    set-asides and evictions on a policy that pushes a block at the end of a read only
+    when a victim search skipped it meanwhile (or it was set aside) and on one that
+    pushes it at the end of every read: the same victims in the same order, and no block
+    that may go is ever passed over."""
+    import random
+
+    rng = random.Random(seed)
+    policies = [Policy(2, kind), _PushEveryRead(2, kind)]
+    metas: list[list[BlockMeta]] = [[], []]
+    live: list[int] = []
+    victims: tuple[list, list] = ([], [])
+    now = 0.0
+    for step in range(3000):
+        now += 1.0
+        op = rng.random()
+        if op < 0.25 or len(live) < 4:
+            tier = rng.randrange(2)
+            for p, ms in zip(policies, metas):
+                ms.append(BlockMeta(("ns", f"b{len(ms)}"), 4096, tier))
+                p.admitted(ms[-1], now)
+            live.append(len(metas[0]) - 1)
+        elif op < 0.45:  # hits
+            i = rng.choice(live)
+            for p, ms in zip(policies, metas):
+                p.touched(ms[i], now)
+        elif op < 0.55:  # a read begins
+            i = rng.choice(live)
+            for ms in metas:
+                ms[i].readers += 1
+        elif op < 0.65:  # a read ends
+            reading = [i for i in live if metas[0][i].readers]
+            if reading:
+                i = rng.choice(reading)
+                for p, ms in zip(policies, metas):
+                    ms[i].readers -= 1
+                    p.read_done(ms[i])
+        elif op < 0.7:  # a pin or unpin
+            i = rng.choice(live)
+            delta = 1 if metas[0][i].pins == 0 else -1
+            for p, ms in zip(policies, metas):
+                ms[i].pins += delta
+                p.changed(ms[i])
+        elif op < 0.75:  # a delete (not for room)
+            i = rng.choice(live)
+            for p, ms in zip(policies, metas):
+                p.removed(ms[i])
+            live.remove(i)
+        else:  # a victim of a tier: set aside (another rank keeps it) or evicted
+            tier, keep = rng.randrange(2), rng.random() < 0.2
+            for p, out in zip(policies, victims):
+                meta = p.victim(tier)
+                out.append(None if meta is None else meta.key[1])
+                if meta is not None and keep:
+                    p.set_aside(meta)
+                elif meta is not None:
+                    p.evicted(meta)
+                    p.removed(meta)
+            if victims[0][-1] is not None and not keep:
+                live.remove(int(victims[0][-1][1:]))
+            if victims[0][-1] is None:  # none may go: every block of the tier is pinned, read or set aside
+                held = [metas[0][i] for i in live if metas[0][i].tier == tier]
+                assert all(m.pins or m.readers or m.unlisted for m in held), f"step {step}"
+        assert victims[0] == victims[1], f"step {step}"
+    assert sum(v is not None for v in victims[0]) > 300

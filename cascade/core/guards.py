@@ -114,7 +114,7 @@ class Reading:
         if self._held:
             self._held = False
             self.meta.readers -= 1
-            self._index.changed(self.meta)  # the policy skipped it while read: a candidate again
+            self._index.read_done(self.meta)  # a candidate again (the policy may have skipped it meanwhile)
 
     def __enter__(self) -> "Reading":
         return self

@@ -172,6 +172,11 @@ class BlockIndex:
         if self.blocks.get(meta.key) is meta:
             self._policy.changed(meta)
 
+    def read_done(self, meta: BlockMeta) -> None:
+        """A read of ``meta`` ended (a block no longer cached is ignored)."""
+        if self.blocks.get(meta.key) is meta:
+            self._policy.read_done(meta)
+
     def set_aside(self, meta: BlockMeta) -> None:
         """Not a candidate until its next change (it may not go now)."""
         self._policy.set_aside(meta)
