@@ -374,6 +374,39 @@ def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, mo
         assert same(s.get(bid), make_block(s.spec, 1))
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["get_into", "get_many_into"])
+def test_an_error_copying_a_big_shm_block_ends_its_lease_and_counts_a_miss(tmp_path, monkeypatch, batch):
+    """SHM blocks above HOT_COPY_MAX are leased and copied outside the lock, one get or a
+    batch: a copy that fails ends the lease (the slot and the block's reader count), the
+    in-flight count, counts a miss and is raised; close() then does not wait."""
+    spec = BlockSpec.flat(2 * reads.HOT_COPY_MAX)
+    with CascadeStore(Config(shm_bytes=8 * spec.block_bytes, file_bytes=0, remote_bytes=0,
+                             shm_dir=str(tmp_path)), block_spec=spec) as s:
+        ids = [s.put(*make_block(s.spec, i)) for i in range(3)]
+        tier = s.tiers[0]
+        read = tier.read_leased
+
+        def failing(slot, outs):
+            if slot.offset == tier.offset(("default", ids[1])):
+                raise RuntimeError("injected")
+            read(slot, outs)
+
+        monkeypatch.setattr(tier, "read_leased", failing)
+        outs = [s.spec.empty() for _ in ids]
+        with pytest.raises(RuntimeError, match="injected"):
+            if batch:
+                s.get_many_into(ids, outs)
+            else:
+                for bid, out in zip(ids, outs):
+                    s.get_into(bid, *out)
+        st = s.stats()
+        assert st["gets"] == (3 if batch else 2) and st["misses"] >= 1 and st["hits"] + st["misses"] == st["gets"]
+        assert all(tier._index[("default", b)].readers == 0 for b in ids)
+        assert all(s._index.get(("default", b)).readers == 0 for b in ids) and len(s._inflight) == 0
+        monkeypatch.undo()
+        assert same(s.get(ids[1]), make_block(s.spec, 1))
+
+
 def test_an_error_opening_a_view_gives_back_its_lease_and_count(config, monkeypatch):
     with CascadeStore(config) as s:
         bid = s.put(*make_block(s.spec, 2))

@@ -191,7 +191,7 @@ class ReadPath:
             if meta is None or (meta.tier and self._promote_on_hit) or self._inflight.closing:
                 return None
             tier = self._tiers[meta.tier]
-            if not tier.concurrent or tier.reads_into_device or not _buffer_arrays(outs):
+            if not tier.concurrent or tier.memory is Memory.DEVICE or not _buffer_arrays(outs):
                 return None
             lease = Lease(lock, self.index, meta, meta.tier, tier)
             token = self._inflight.enter(Op(f"a get of {key[1]} holding a lease in {tier.name}"))  # open: no raise
@@ -253,7 +253,7 @@ class ReadPath:
                     if meta is None or (meta.tier and self._promote_on_hit):
                         continue
                     tier = self._tiers[meta.tier]
-                    if not tier.concurrent or tier.reads_into_device or not _buffer_arrays(outs[i]):
+                    if not tier.concurrent or tier.memory is Memory.DEVICE or not _buffer_arrays(outs[i]):
                         continue
                     leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                     self.metrics.counters.gets += 1
