@@ -154,6 +154,51 @@ def test_a_hot_batch_counts_and_orders_its_hits_as_the_same_gets_in_a_loop(tmp_p
     assert found[1][:5] == (8, 7, 1, 7 * spec.block_bytes, 7)
 
 
+def test_a_hot_put_batch_counts_and_orders_its_puts_as_the_same_puts_in_a_loop(tmp_path):
+    """put_many counts its hot puts in one call and times each as a share of its locked
+    step: puts, stored blocks, dedups, bytes written, timed puts and the order of
+    admission are those of put in a loop (one id put twice: a dedup)."""
+    ids = [ident(i) for i in (3, 1, 4, 1, 5, 0)]
+    found = []
+    for form in ("loop", "batch"):
+        spec = BlockSpec(shape=(2, 4, 64), dtype="float16")
+        cfg = Config(shm_bytes=64 * spec.block_bytes, file_bytes=0, shm_dir=str(tmp_path / form))
+        with CascadeStore(cfg, block_spec=spec) as store:
+            blocks = [pair(spec, int(b, 16)) for b in ids]
+            if form == "loop":
+                got = [store.put(k, v, block_id=b) for b, (k, v) in zip(ids, blocks)]
+            else:
+                got = store.put_many(blocks, block_ids=ids)
+            assert got == ids
+            st = store.stats()
+            metas = [store._meta[("default", b)] for b in ids]
+            found.append((st["puts"], st["stored"], st["deduped"], store.tier_counters[0].bytes_written,
+                          store.metrics.put_latency.count, [m.order for m in metas], [m.shares for m in metas]))
+            assert all(np.array_equal(store.get(b)[0], k) for b, (k, _) in zip(ids, blocks))
+    assert found[0] == found[1]
+    assert found[1][:5] == (6, 5, 1, 5 * spec.block_bytes, 5)
+
+
+def test_a_hot_put_batch_that_ends_in_an_interrupt_counts_what_it_stored(store, monkeypatch):
+    calls = []
+    real = ShmTier.store_hot
+
+    def third_interrupted(self, key, parts, nbytes):
+        calls.append(key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, key, parts, nbytes)
+
+    monkeypatch.setattr(ShmTier, "store_hot", third_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.put_many([pair(store.spec, i) for i in range(5)], block_ids=[ident(i) for i in range(5)])
+    st = store.stats()
+    assert (st["puts"], st["stored"], st["rejected"], len(store)) == (3, 2, 1, 2)
+    assert store.metrics.put_latency.count == 2 and store.tier_counters[0].bytes_written == 2 * store.spec.block_bytes
+    monkeypatch.undo()
+    assert store.put_many([pair(store.spec, 4)], block_ids=[ident(4)]) == [ident(4)]  # the lock was given back
+
+
 def test_a_copy_that_raises_in_a_hot_batch_leaves_the_copies_before_it_counted(store, monkeypatch):
     store.put_many([pair(store.spec, i) for i in range(6)], block_ids=[ident(i) for i in range(6)])
     calls = []

@@ -33,6 +33,8 @@ from .pools import Pools
 from .reads import HOT_COPY_MAX
 
 _OVERLAP_MIN_BYTES = 256 << 10  # below this, handing the hash to a thread costs more than it saves
+#: What one hot put did (WritePath._put_hot_locked): stored a new block, settled as a dedup, or refused.
+_STORED, _SETTLED, _REFUSED = object(), object(), object()
 
 
 class WritePath:
@@ -187,8 +189,7 @@ class WritePath:
         It runs per block, so it is one call, denser than :meth:`put`: a store alone (no
         peers) skips the calls that only matter to other ranks (the dedup query, the
         checksum they verify, the publish), an absent id skips the dedup check, and one
-        pair of monotonic clock readings in integer nanoseconds gives the latency, the end
-        one (after the copy) the policy's time of admission."""
+        pair of monotonic clock readings in integer nanoseconds gives the latency."""
         if not self._hot:
             return None
         lock = self._lock
@@ -197,64 +198,87 @@ class WritePath:
             if self._inflight.closing:
                 return None
             started = monotonic_ns()
-            key = (namespace, block_id)
-            if parent is not None:
-                self.index.check_parent(key, parent)
-            peers = self.chain.peers
-            alone = type(peers) is Solo
-            if (not alone or key in self._blocks) and self._settled(key, parts):
-                self.metrics.counters.puts += 1
-                return block_id
-            tier = self._tiers[0]
-            try:
-                if not tier.store_hot(key, parts, self._nbytes):  # no room as it is, or parts it cannot copy
-                    return None
-            except BaseException as exc:  # the copy failed, its room given back: a rejected put, as put() counts it
-                self.metrics.counters.puts += 1
-                full = isinstance(exc, OSError)
-                self.metrics.rejected(0 if full else None)
-                if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
-                    raise TierFull(f"{tier.name}: {exc}") from exc
-                raise
-            now = monotonic_ns()
-            try:  # committed: a failure now is the index's or the directory's (publish), not the tier's
-                meta = BlockMeta(key, self._nbytes, 0, parent)  # (keywords cost here: the rest set if not 0)
-                meta.ttl = self._ttl if ttl is None else ttl
-                if priority:
-                    meta.priority = priority
-                if not alone:
-                    meta.checksum = peers.checksum(parts)
-                admitted = self._admit(meta, now * 1e-9)
-            except BaseException:
-                self.metrics.counters.puts += 1
-                self.metrics.rejected(None)
-                raise
-            if admitted:
-                self.metrics.hot_stored(self._nbytes, now - started)
+            done = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority)
+            if done is _STORED:
+                self.metrics.hot_stored(self._nbytes, monotonic_ns() - started)
                 if self._demoter.enabled:  # (poke() checks it too: one call less per put when off)
                     self._demoter.poke()
-            else:
-                self.metrics.counters.puts += 1  # deduped onto another rank's copy (counted by _admit)
-            return block_id
+            return None if done is _REFUSED else block_id
         finally:
             lock.release()
 
     def put_hot_many(self, items: Sequence[tuple[Sequence[Any], str, str | None]], namespace: str, *,
                      ttl: float | None, priority: int) -> list[str | BaseException | None]:
-        """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step (each
-        put_hot takes the lock again: it is reentrant, and cheap while held); ids checked
-        by the caller. Each entry is the id, None (not such a put), or the error that put
-        raised: the others still run."""
+        """:meth:`put_hot` of each ``(parts, block_id, parent)`` in one locked step, with
+        one counting call and one demoter poke for all (each stored put is timed as an
+        equal share of the step); ids checked by the caller. Each entry is the id, None
+        (not such a put), or the error that put raised: the others still run."""
         done: list[str | BaseException | None] = [None] * len(items)
         if not self._hot:
             return done
         with self._lock:
-            for i, (parts, block_id, parent) in enumerate(items):
-                try:
-                    done[i] = self.put_hot(parts, namespace, block_id, parent, ttl, priority)
-                except Exception as exc:  # this put's own error: the others still run
-                    done[i] = exc
+            if self._inflight.closing:
+                return done
+            stored = 0
+            started = monotonic_ns()
+            try:
+                for i, (parts, block_id, parent) in enumerate(items):
+                    try:
+                        put = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority)
+                    except Exception as exc:  # this put's own error (counted): the others still run
+                        done[i] = exc
+                        continue
+                    if put is not _REFUSED:
+                        done[i] = block_id
+                        stored += put is _STORED
+            finally:  # what was stored is counted, whatever ends the loop
+                if stored:
+                    self.metrics.hot_stored(self._nbytes * stored, (monotonic_ns() - started) // stored, stored)
+                    if self._demoter.enabled:
+                        self._demoter.poke()
         return done
+
+    def _put_hot_locked(self, parts: Sequence[Any], key: BlockKey, parent: str | None, ttl: float | None,
+                        priority: int) -> object:
+        """Under the lock, of an open store: the put of :meth:`put_hot` but for counting a
+        stored block and poking the demoter. :data:`_STORED` (a new block, admitted: not
+        counted yet), :data:`_SETTLED` (a dedup, here or onto another rank's copy:
+        counted) or :data:`_REFUSED` (not such a put: nothing counted or changed). A
+        failed copy, admission or publish is counted as a rejected put and raised."""
+        if parent is not None:
+            self.index.check_parent(key, parent)
+        peers = self.chain.peers
+        alone = type(peers) is Solo
+        if (not alone or key in self._blocks) and self._settled(key, parts):
+            self.metrics.counters.puts += 1
+            return _SETTLED
+        tier = self._tiers[0]
+        try:
+            if not tier.store_hot(key, parts, self._nbytes):  # no room as it is, or parts it cannot copy
+                return _REFUSED
+        except BaseException as exc:  # the copy failed, its room given back: a rejected put, as put() counts it
+            self.metrics.counters.puts += 1
+            full = isinstance(exc, OSError)
+            self.metrics.rejected(0 if full else None)
+            if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
+                raise TierFull(f"{tier.name}: {exc}") from exc
+            raise
+        try:  # committed: a failure now is the index's or the directory's (publish), not the tier's
+            meta = BlockMeta(key, self._nbytes, 0, parent)  # (keywords cost here: the rest set if not 0)
+            meta.ttl = self._ttl if ttl is None else ttl
+            if priority:
+                meta.priority = priority
+            if not alone:
+                meta.checksum = peers.checksum(parts)
+            admitted = self._admit(meta, monotonic_ns() * 1e-9)
+        except BaseException:
+            self.metrics.counters.puts += 1
+            self.metrics.rejected(None)
+            raise
+        if admitted:
+            return _STORED
+        self.metrics.counters.puts += 1  # deduped onto another rank's copy (counted by _admit)
+        return _SETTLED
 
     def _admit(self, meta: BlockMeta, now: float) -> bool:
         """Under the lock, once committed: enter the block in the index (used at ``now``,
