@@ -151,6 +151,11 @@ def enqueued(stream: int, device: int | None) -> None:
     batch.enqueued(stream, device)
 
 
+def batches_open() -> bool:
+    """Whether any thread has a batch open (:func:`one_sync`)."""
+    return bool(_open)
+
+
 def settle_all() -> None:
     """Synchronise every open batch's copies in flight (cheap when there are none)."""
     if not _open:

@@ -170,6 +170,20 @@ class TierContract:
         tier.release(lease)
         assert a.tobytes() + b.tobytes() == data
 
+    def test_a_leased_read_takes_any_host_buffers_and_refuses_other_sizes(self, tier):
+        data = _payload(17, 8192)
+        tier.put(_key(17), [data])
+        lease = tier.lease(_key(17))
+        try:
+            a, b = bytearray(4096), np.empty(4096, np.uint8)
+            tier.read_leased(lease, [a, b])
+            assert bytes(a) + b.tobytes() == data
+            for outs in ([np.empty(4096, np.uint8)], [np.empty(4096, np.uint8), np.empty(8192, np.uint8)]):
+                with pytest.raises(ValueError):
+                    tier.read_leased(lease, outs)
+        finally:
+            tier.release(lease)
+
     def test_a_leased_block_deleted_keeps_its_bytes_until_released(self, tier):
         if not tier.concurrent:
             pytest.skip("a non-concurrent tier is read under the store's lock: nothing is deleted meanwhile")

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..buffers import nbytes as _nbytes
 from ..buffers import synced_once
+from ..buffers.batch import batches_open
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Memory, Tier
@@ -138,6 +139,11 @@ class SlabTier(Tier):
         return slot
 
     def read_leased(self, slot: _Slot, outs: Sequence[Any]) -> None:
+        # host slab, no checksums, numpy outputs, no device batch open in this process (whose
+        # copies in flight the generic copy would settle first): memoryview copies, as read_hot's
+        if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
+                and self._copy_host(slot.offset, slot.offset + slot.length, outs)):
+            return
         sizes = [_nbytes(o) for o in outs]
         if sum(sizes) != slot.length:
             raise ValueError(f"output buffers hold {sum(sizes)} bytes, block has {slot.length}")
@@ -172,10 +178,16 @@ class SlabTier(Tier):
     # view of a buffer and copies it in one pass (ndarray.data: the same buffer as
     # memoryview(buf), at half the cost), so a refusal may come after a first copy.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
-        host, slot = self._hot_host, self._index.get(key)
-        if host is None or slot is None:
+        slot = self._index.get(key)
+        if self._hot_host is None or slot is None:
             return False
-        pos, last = slot.offset, slot.offset + slot.length
+        return self._copy_host(slot.offset, slot.offset + slot.length, outs)
+
+    def _copy_host(self, pos: int, last: int, outs: Sequence[Any]) -> bool:
+        """Slab bytes ``[pos, last)`` into ``outs`` through memoryviews of the host slab:
+        whether they took exactly that (False for outputs without a flat byte view, of
+        other sizes, or read-only; some may have been written)."""
+        host = self._hot_host
         try:
             for out in outs:
                 view = (out.data if type(out) is np.ndarray else memoryview(out)).cast("B")
