@@ -121,6 +121,40 @@ def test_a_put_into_a_tier_of_hinted_blocks_evicts_the_one_needed_last(tmp_path)
         assert store.stats()["hinted_bytes"] == 2 * 4096
 
 
+def _admit_one(policies: list[Policy], metas: list[list[BlockMeta]], live: list[int], tier: int, now: float,
+               hits: int = 0) -> None:
+    """A random run's step: one new block admitted to ``tier`` of every policy."""
+    for p, ms in zip(policies, metas):
+        ms.append(BlockMeta(("ns", f"b{len(ms)}"), 4096, tier, hits=hits))
+        p.admitted(ms[-1], now)
+    live.append(len(metas[0]) - 1)
+
+
+def _delete_one(rng, policies: list[Policy], metas: list[list[BlockMeta]], live: list[int]) -> None:
+    """A random run's step: one live block deleted (not for room) from every policy."""
+    i = rng.choice(live)
+    for p, ms in zip(policies, metas):
+        p.removed(ms[i])
+    live.remove(i)
+
+
+def _take_victims(rng, policies: list[Policy], victims: tuple[list, ...], live: list[int]) -> int:
+    """A random run's step: each policy's victim of a random tier, set aside (another
+    rank keeps it) or evicted, appended to its list in ``victims``; the tier."""
+    tier, keep = rng.randrange(2), rng.random() < 0.2
+    for p, out in zip(policies, victims):
+        meta = p.victim(tier)
+        out.append(None if meta is None else meta.key[1])
+        if meta is not None and keep:
+            p.set_aside(meta)
+        elif meta is not None:
+            p.evicted(meta)
+            p.removed(meta)
+    if victims[0][-1] is not None and not keep:
+        live.remove(int(victims[0][-1][1:]))
+    return tier
+
+
 class _EagerAdmission(Policy):
     """A policy that gives each admitted block its heap entry at once."""
 
@@ -148,10 +182,7 @@ def test_deferred_admission_keeps_the_victim_order_of_pushing_at_once(kind, seed
         op = rng.random()
         if op < 0.3 or len(live) < 4:
             tier, hits = rng.randrange(2), rng.randrange(3)
-            for p, ms in zip(policies, metas):
-                ms.append(BlockMeta(("ns", f"b{len(ms)}"), 4096, tier, hits=hits))
-                p.admitted(ms[-1], now)
-            live.append(len(metas[0]) - 1)
+            _admit_one(policies, metas, live, tier, now, hits=hits)
         elif op < 0.6:  # hits
             i = rng.choice(live)
             for p, ms in zip(policies, metas):
@@ -170,23 +201,10 @@ def test_deferred_admission_keeps_the_victim_order_of_pushing_at_once(kind, seed
             for p, ms in zip(policies, metas):
                 old, ms[i].tier = ms[i].tier, 1 - ms[i].tier
                 p.moved(ms[i], old)
-        elif op < 0.8:  # a delete (not for room)
-            i = rng.choice(live)
-            for p, ms in zip(policies, metas):
-                p.removed(ms[i])
-            live.remove(i)
-        else:  # a victim of a tier: set aside (another rank keeps it) or evicted
-            tier, keep = rng.randrange(2), rng.random() < 0.2
-            for p, out in zip(policies, victims):
-                meta = p.victim(tier)
-                out.append(None if meta is None else meta.key[1])
-                if meta is not None and keep:
-                    p.set_aside(meta)
-                elif meta is not None:
-                    p.evicted(meta)
-                    p.removed(meta)
-            if victims[0][-1] is not None and not keep:
-                live.remove(int(victims[0][-1][1:]))
+        elif op < 0.8:
+            _delete_one(rng, policies, metas, live)
+        else:
+            _take_victims(rng, policies, victims, live)
         assert victims[0] == victims[1], f"step {step}"
     assert sum(v is not None for v in victims[0]) > 300
 
@@ -218,11 +236,7 @@ def test_a_read_pushes_a_block_again_only_when_skipped_and_keeps_the_victim_orde
         now += 1.0
         op = rng.random()
         if op < 0.25 or len(live) < 4:
-            tier = rng.randrange(2)
-            for p, ms in zip(policies, metas):
-                ms.append(BlockMeta(("ns", f"b{len(ms)}"), 4096, tier))
-                p.admitted(ms[-1], now)
-            live.append(len(metas[0]) - 1)
+            _admit_one(policies, metas, live, rng.randrange(2), now)
         elif op < 0.45:  # hits
             i = rng.choice(live)
             for p, ms in zip(policies, metas):
@@ -244,23 +258,10 @@ def test_a_read_pushes_a_block_again_only_when_skipped_and_keeps_the_victim_orde
             for p, ms in zip(policies, metas):
                 ms[i].pins += delta
                 p.changed(ms[i])
-        elif op < 0.75:  # a delete (not for room)
-            i = rng.choice(live)
-            for p, ms in zip(policies, metas):
-                p.removed(ms[i])
-            live.remove(i)
-        else:  # a victim of a tier: set aside (another rank keeps it) or evicted
-            tier, keep = rng.randrange(2), rng.random() < 0.2
-            for p, out in zip(policies, victims):
-                meta = p.victim(tier)
-                out.append(None if meta is None else meta.key[1])
-                if meta is not None and keep:
-                    p.set_aside(meta)
-                elif meta is not None:
-                    p.evicted(meta)
-                    p.removed(meta)
-            if victims[0][-1] is not None and not keep:
-                live.remove(int(victims[0][-1][1:]))
+        elif op < 0.75:
+            _delete_one(rng, policies, metas, live)
+        else:
+            tier = _take_victims(rng, policies, victims, live)
             if victims[0][-1] is None:  # none may go: every block of the tier is pinned, read or set aside
                 held = [metas[0][i] for i in live if metas[0][i].tier == tier]
                 assert all(m.pins or m.readers or m.unlisted for m in held), f"step {step}"
