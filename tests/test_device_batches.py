@@ -71,6 +71,17 @@ def test_single_get_into_still_returns_with_its_bytes_in_place(store, copier):
     assert v.array.tobytes() == arrays[1].tobytes()
 
 
+def test_a_batch_of_one_device_output_pair_is_read_as_one_get_into(store, copier):
+    """A one-block batch takes get_into's path with the caller's arrays (it once got the
+    checked views instead, which get_into refuses: found on an H200 by device_io)."""
+    ids, arrays = _blocks(store)
+    k, v = _out(9), _out(9)
+    synced = len(copier.synced)
+    assert store.get_many_into(ids[:1], [(k, v)]) == [True]
+    assert copier.synced[synced:] == [9]
+    assert k.array.tobytes() == arrays[0].tobytes() and v.array.tobytes() == arrays[1].tobytes()
+
+
 def test_a_copy_that_may_rewrite_batch_sources_settles_the_batch_first(copier):
     """Another thread's put into a slab range a batch read from must wait for that read."""
     out = HostCudaArray(np.zeros(64, np.uint8), stream=0x33)

@@ -121,9 +121,10 @@ class BatchCalls:
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
-        outs = self._checked_out_pairs(outs)  # all checked before anything is read
+        checked = self._checked_out_pairs(outs)  # all checked before anything is read
         if len(block_ids) == 1 and max_workers is None:  # a batch's set-up costs more than one get (2x at 4 KiB)
-            return [self.get_into(block_ids[0], *outs[0], namespace=namespace)]
+            return [self.get_into(block_ids[0], *outs[0], namespace=namespace)]  # the caller's arrays, not views
+        outs = checked
         hits = [False] * len(block_ids)
         rest = range(len(block_ids))
         if type(namespace) is str and {*map(type, block_ids)} <= {str}:
