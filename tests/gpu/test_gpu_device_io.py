@@ -102,9 +102,10 @@ def test_every_kind_in_and_out_of_every_tier(tier, in_kind, out_kind, tmp_path):
 
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("kind", ["cupy", "torch_cuda"])
-def test_batches_on_the_callers_stream(tier, kind, tmp_path):
+@pytest.mark.parametrize("count", [1, 64])  # a batch of one is a get_into of the caller's arrays
+def test_batches_on_the_callers_stream(tier, kind, count, tmp_path):
     cupy = _need(kind)
-    blocks = [_kv(i) for i in range(64)]
+    blocks = [_kv(i) for i in range(count)]
     with _store(tier, tmp_path, nbytes=16 << 20) as store:
         ids = store.put_many([(_make(kind, k), _make(kind, v)) for k, v in blocks])
         outs = [(_empty(kind), _empty(kind)) for _ in ids]
