@@ -6,17 +6,23 @@ Python's own SIGINT handler raises KeyboardInterrupt between any two bytecodes o
 main thread, so such a step could stop half way: e.g. a demotion that freed the block's
 SHM copy but had not yet pointed the index at its new one left the index naming a tier
 without the block (a get or close() then raised ``BlockNotFound``). While a store is
-open (:func:`held`), a handler that does what Python's does replaces it, except inside
-:func:`atomic`, where it only notes the signal: the step's end raises it. Only Python's
-own handler is replaced, and it is put back when the last store closes; a handler of the
-application's stays (its steps are then not shielded). Other threads never get
-KeyboardInterrupt: :func:`atomic` does nothing there. Thread-safe.
+open (:func:`held`), the store's handler sits in front of the one installed before it
+(Python's own, the application's, or the one ``asyncio.run`` installs to cancel its main
+task) and hands each Ctrl-C on to it, except inside :func:`atomic`, where it only notes
+the signal: the step's end hands it on. The handler before it is put back when the last
+store closes. A handler that is SIG_IGN or SIG_DFL (or not Python's) is left alone, and
+so is one installed over the store's (its Ctrl-Cs are then not held). Other threads never
+get KeyboardInterrupt: :func:`atomic` does nothing there. Thread-safe.
 
-Outside :func:`atomic` the handler does not raise while the main thread runs the
+``asyncio.run`` installs its handler only over Python's own: a store opened before
+``asyncio.run`` starts leaves its Ctrl-C as Python's (KeyboardInterrupt inside the event
+loop); a store opened inside the coroutine keeps asyncio's (the main task is cancelled).
+
+Outside :func:`atomic` the handler does not hand a Ctrl-C on while the main thread runs the
 store's own code (:data:`STORE_CODE`: a guard taken but not yet entered in its ``with``,
 a count given back in a ``finally``, a tier written and the index not yet): it sends
-the signal again :data:`RETRY_S` later, and the KeyboardInterrupt is raised at the
-first try that finds the main thread back in its caller's code (found by sweeping a
+the signal again :data:`RETRY_S` later, and hands it on at the first try that finds
+the main thread back in its caller's code (found by sweeping a
 Ctrl-C over every line of a put, a get and a batch get: tests/test_interrupt_sweep.py).
 A call that stays in the store longer than :data:`DEFER_LIMIT_S` (a wait on a stopped
 rank, say), or a second Ctrl-C meanwhile, is interrupted where it is, as Python does.
@@ -25,14 +31,19 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 _MAIN = threading.main_thread().ident
 _guard = threading.Lock()  # guards _stores
 _stores = 0  # open stores that count on the handler
 _depth = 0  # atomic steps the main thread is in
 _pending = False  # a SIGINT came during one
+_installed = False  # the store's handler was put in front of _previous (and not yet taken away)
+_previous: Callable[[int, Any], Any] = signal.default_int_handler  # the handler the store's stands in front of
 _CASCADE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The store's own code, by path: a Ctrl-C is not raised while the main thread runs it.
 STORE_CODE = tuple(os.path.join(_CASCADE, name) for name in (
@@ -76,12 +87,12 @@ def _on_sigint(signum: int, frame: object) -> None:
             timer.start()
             return
     _deferred_since = None  # back in the caller's code, past the limit, or a second Ctrl-C
-    signal.default_int_handler(signum, frame)
+    _previous(signum, frame)
 
 
 class _Atomic:
-    """The ``with`` block runs whole on the main thread; a SIGINT meanwhile raises
-    KeyboardInterrupt at its end."""
+    """The ``with`` block runs whole on the main thread; a SIGINT meanwhile is handed on
+    (Python's own handler: KeyboardInterrupt) at its end."""
 
     __slots__ = ()
 
@@ -99,34 +110,42 @@ class _Atomic:
             pending, _pending = _pending, False
         _depth -= 1
         if pending:
-            raise KeyboardInterrupt
+            _previous(signal.SIGINT, sys._getframe(1))
 
 
 _ATOMIC = _Atomic()
 
 
 def atomic() -> _Atomic:
-    """A context manager: its block is not cut by Ctrl-C (raised at its end instead)."""
+    """A context manager: its block is not cut by Ctrl-C (handed on at its end instead)."""
     return _ATOMIC
 
 
 def held() -> None:
-    """A store opened: install the handler (on the main thread, over Python's own)."""
-    global _stores
+    """A store opened: on the main thread, put the handler in front of the Python
+    handler installed now (see the module's docstring)."""
+    global _stores, _previous, _installed
     with _guard:
         _stores += 1
-        if threading.get_ident() == _MAIN and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if threading.get_ident() != _MAIN or _installed:
+            return  # (once: a handler installed over the store's may hand Ctrl-C back to it)
+        current = signal.getsignal(signal.SIGINT)
+        if current is not _on_sigint and callable(current):
+            _previous, _installed = current, True
             signal.signal(signal.SIGINT, _on_sigint)
 
 
 def released() -> None:
-    """A store closed: with no store open, put Python's own handler back (if ours is
-    still installed and this is the main thread)."""
-    global _stores, _deferred_since
+    """A store closed: with no store open, put back the handler the store's stood in
+    front of (if the store's is still installed and this is the main thread)."""
+    global _stores, _deferred_since, _previous, _installed
     with _guard:
         _stores = max(0, _stores - 1)
-        if not _stores:
-            _deferred_since = None  # a Ctrl-C sent again now meets Python's own handler
-        if (not _stores and threading.get_ident() == _MAIN
-                and signal.getsignal(signal.SIGINT) is _on_sigint):
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _stores:
+            return
+        _deferred_since = None  # a Ctrl-C sent again now meets the handler put back
+        if threading.get_ident() != _MAIN:
+            return  # (signal.signal works on the main thread only: its next close puts it back)
+        if _installed and signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, _previous)
+        _installed, _previous = False, signal.default_int_handler
