@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from cascade.testing.children import CleanupIfKilled
+
 ROOT = Path(__file__).resolve().parents[1]
 START, STOP = ROOT / "slurm/local/start.sh", ROOT / "slurm/local/stop.sh"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -105,6 +107,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env["SLURM_CONF"] = str(state / "slurm.conf")
     pids: dict[int, str] = {}
     t0 = time.monotonic()
+    guard = CleanupIfKilled([str(STOP)], env)  # the daemons detach: a killed test run stops them through this
     try:
         start = subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=600)
         startup = time.monotonic() - t0
@@ -119,6 +122,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         stop = subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=120)
         print(f"\nstop.sh exit {stop.returncode}: {stop.stderr.strip()}")
         _kill_survivors(pids)  # in case stop.sh could not stop them
+        guard.disarm()
 
 
 def _sbatch(cluster: Cluster, args: list[str], out: Path, **env: str) -> tuple[str, float]:
