@@ -7,6 +7,7 @@ import tempfile
 import pytest
 
 from cascade import Config
+from cascade.testing import mpich_segments
 
 
 @pytest.fixture
@@ -32,3 +33,12 @@ def _private_tmpdir(tmp_path_factory):
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = saved_env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stale_mpich_segments():
+    """Remove the MPICH segments that jobs the suite's tests killed left in /dev/shm
+    (a few MiB of memory each, until reboot)."""
+    before = mpich_segments.segments()
+    yield
+    mpich_segments.remove_orphans(before)

@@ -2,7 +2,6 @@
 and a restarted job warm-starts from the file tier (runs mpiexec in a subprocess)."""
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -10,6 +9,8 @@ import sys
 import time
 
 import pytest
+
+from cascade.testing import mpich_segments
 
 pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py) is not installed")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -22,14 +23,13 @@ def test_dead_rank_fails_fast_and_restart_warm_starts(tmp_path):
     file_dir = tmp_path / "agg"
     file_dir.mkdir()
     cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "mpi4py", "-m", "cascade.testing.rank_failure_job", str(file_dir)]
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    before = mpich_segments.segments()
     t0 = time.monotonic()
     crashed = subprocess.run([*cmd, "write"], capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
     # MPICH leaves the killed job's shared-memory segment behind; a later job that drew
     # the same name would attach to it, so remove what this dead job left
-    for path in set(glob.glob("/dev/shm/mpich_shm_*")) - before:
-        os.unlink(path)
+    mpich_segments.remove_orphans(before)
     print(f"job with a killed rank ended in {elapsed:.1f} s with exit code {crashed.returncode}")
     assert crashed.returncode != 0
     assert elapsed < 60

@@ -5,7 +5,6 @@ process group is killed if that is not enough). mpiexec gets SIGTERM when the th
 started the job dies (:func:`~.children.die_with_parent`), and stops its ranks."""
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from . import mpich_segments
 from .children import die_with_parent
 
 _READY = re.compile(r"cascade serve: rank (\d+)/\d+ \(pid (\d+)\) on node (\d+) serves")
@@ -39,7 +39,7 @@ class ServeJob:
         env = {**os.environ, "PYTHONPATH": ROOT}
         if nodes > 1:
             env["MPIR_CVAR_NUM_CLIQUES"] = str(nodes)
-        self._mpich_before = set(glob.glob("/dev/shm/mpich_shm_*"))
+        self._mpich_before = mpich_segments.segments()
         sets = [f"shm_bytes={shm}", "file_bytes=0", f"shm_dir={shm_dir}", f"file_dir={os.path.join(workdir, 'files')}",
                 *settings]
         self.proc = subprocess.Popen(
@@ -87,11 +87,7 @@ class ServeJob:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        for path in set(glob.glob("/dev/shm/mpich_shm_*")) - self._mpich_before:
-            try:
-                os.unlink(path)  # what a killed job left (a later job could draw the same name)
-            except FileNotFoundError:
-                pass
+        mpich_segments.remove_orphans(self._mpich_before)  # what a killed job left
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def __enter__(self) -> "ServeJob":
