@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from cascade.testing.children import CleanupIfKilled
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,3 +45,13 @@ def test_a_disarmed_guard_never_runs_the_command(tmp_path):
     out, _ = starter.communicate(timeout=60)
     assert starter.returncode == 0 and out.split() == ["armed", "disarmed"]
     assert not marker.exists()  # disarm() waited for the watcher: it is gone, the command not run
+
+
+def test_disarming_after_the_watcher_died_is_quiet(tmp_path):
+    marker = tmp_path / "stopped"
+    guard = CleanupIfKilled(["touch", str(marker)])
+    guard._watcher.kill()
+    guard._watcher.wait(timeout=30)
+    guard.disarm()  # no BrokenPipeError
+    guard.disarm()  # idempotent
+    assert not marker.exists()

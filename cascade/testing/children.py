@@ -50,6 +50,8 @@ class CleanupIfKilled:
             return
         try:
             os.write(self._write_end, b"0")
+        except BrokenPipeError:
+            pass  # the watcher is gone already (killed): nothing left to stop
         finally:
             os.close(self._write_end)
             self._write_end = -1
