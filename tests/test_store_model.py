@@ -1,0 +1,247 @@
+"""The whole store against a dict: random sequences of every put and get form (one by
+one, batches of one and of several, non-blocking, views), with numpy, torch CPU and
+device (host memory behind ``__cuda_array_interface__``) buffers, pins and deletes, in a
+store whose SHM tier holds a few blocks and whose file tier holds the rest, in two
+namespaces, with ids given or taken from the content, hints (promotions in the
+background) and, in one variant, the background demoter on. Nothing is ever evicted
+there, so every block put and not deleted must read back byte-exact, and every other id
+must miss. (A batch of one block with device outputs once raised
+InvalidBlock: no test had combined that form with that buffer kind.)"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cascade import CascadeStore, Config, buffers
+from cascade.errors import BlockNotFound, BlockPinned
+from cascade.models import BlockSpec
+from cascade.testing.device_buffers import HostCudaArray, HostMemoryCopier
+
+IDS = 24
+KINDS = ["numpy", "torch", "device"]
+NAMESPACES = ["default", "b"]
+
+
+def _bid(i: int) -> str:
+    return f"{i:032x}"
+
+
+def _content(spec: BlockSpec, i: int, generation: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1000 * generation + i)
+    key = rng.standard_normal(spec.shape).astype(spec.np_dtype)
+    return key, (key * -2).astype(spec.np_dtype)
+
+
+def _as(kind: str, array: np.ndarray):
+    if kind == "torch":
+        return torch.from_numpy(array.copy())
+    if kind == "device":
+        return HostCudaArray(array.copy(), stream=7)
+    return array.copy()
+
+
+def _empty(kind: str, spec: BlockSpec):
+    return _as(kind, np.zeros(spec.shape, spec.np_dtype))
+
+
+def _host(buf) -> np.ndarray:
+    if isinstance(buf, HostCudaArray):
+        return buf.array
+    if isinstance(buf, torch.Tensor):
+        return buf.numpy()
+    return np.asarray(buf)
+
+
+class StoreVersusDict(RuleBasedStateMachine):
+    spec: BlockSpec  # set by subclasses
+    demote_high = 1.0  # 1.0: no background demoter
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="store-model-")
+        block = self.spec.block_bytes
+        self.copier = buffers.use_device_copier(HostMemoryCopier())
+        self.copier.__enter__()
+        self.store = CascadeStore(
+            Config(shm_bytes=6 * (block + 4096), file_bytes=16 * IDS * (block + 8192), file_segment_bytes=1 << 20,
+                   file_dir=f"{self.dir}/files", shm_dir=self.dir, demote_high=self.demote_high,
+                   demote_low=min(self.demote_high, 0.5), remote_bytes=0),
+            block_spec=self.spec)
+        self.model: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (namespace, id) -> block
+        self.content_ids: list[str] = []  # ids a put without block_id returned
+        self.pins: dict[tuple[str, str], int] = {}
+        self.generation = 0
+
+    def teardown(self) -> None:
+        try:
+            self.store.close()
+        finally:
+            self.copier.__exit__(None, None, None)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _fresh(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self.generation += 1
+        return _content(self.spec, i, self.generation)
+
+    def _block(self, ns: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block ``i``'s content: the stored one (a re-put is a dedup), else a new one."""
+        return self.model.get((ns, _bid(i))) or self._fresh(i)
+
+    def _some_id(self, data, ns: str) -> str:
+        """An id to read: mostly one stored in ``ns``, else any fixed id or one a
+        content-addressed put returned."""
+        stored = sorted(b for n, b in self.model if n == ns)
+        if stored and data.draw(st.integers(0, 3)):
+            return data.draw(st.sampled_from(stored))
+        return data.draw(st.sampled_from([_bid(i) for i in range(IDS)] + self.content_ids))
+
+    def _check(self, key: tuple[str, str], hit: bool, key_out, value_out) -> None:
+        if key not in self.model:
+            assert not hit, f"block {key} was never put (or was deleted) but read as a hit"
+            return
+        assert hit, f"block {key} is stored but missed"
+        k, v = self.model[key]
+        assert _host(key_out).tobytes() == k.tobytes(), f"key of block {key} differs"
+        assert _host(value_out).tobytes() == v.tobytes(), f"value of block {key} differs"
+
+    # -- puts --------------------------------------------------------------------------
+    @rule(i=st.integers(0, IDS - 1), kind=st.sampled_from(KINDS), ns=st.sampled_from(NAMESPACES))
+    def put(self, i, kind, ns):
+        key, value = self._block(ns, i)
+        assert self.store.put(_as(kind, key), _as(kind, value), block_id=_bid(i), namespace=ns) == _bid(i)
+        self.model[(ns, _bid(i))] = (key, value)
+
+    @rule(i=st.integers(0, IDS - 1), kind=st.sampled_from(["numpy", "torch"]), ns=st.sampled_from(NAMESPACES))
+    def put_content_addressed(self, i, kind, ns):
+        key, value = _content(self.spec, i, 0)  # the same bytes every time: the same id
+        bid = self.store.put(_as(kind, key), _as(kind, value), namespace=ns)
+        if bid not in self.content_ids:
+            self.content_ids.append(bid)
+        self.model[(ns, bid)] = (key, value)
+
+    @rule(ids=st.lists(st.integers(0, IDS - 1), min_size=1, max_size=4, unique=True),
+          kind=st.sampled_from(KINDS), asynchronous=st.booleans(), ns=st.sampled_from(NAMESPACES))
+    def put_many(self, ids, kind, asynchronous, ns):
+        blocks = [self._block(ns, i) for i in ids]
+        pairs = [(_as(kind, k), _as(kind, v)) for k, v in blocks]
+        bids = [_bid(i) for i in ids]
+        if asynchronous:
+            got = self.store.put_many_async(pairs, block_ids=bids, namespace=ns).result(timeout=60)
+        else:
+            got = self.store.put_many(pairs, block_ids=bids, namespace=ns)
+        assert got == bids
+        self.model.update(((ns, b), block) for b, block in zip(bids, blocks))
+
+    # -- gets --------------------------------------------------------------------------
+    @rule(data=st.data(), kind=st.sampled_from(KINDS), asynchronous=st.booleans(), ns=st.sampled_from(NAMESPACES))
+    def get_into(self, data, kind, asynchronous, ns):
+        bid = self._some_id(data, ns)
+        key_out, value_out = _empty(kind, self.spec), _empty(kind, self.spec)
+        if asynchronous:
+            hit = self.store.get_into_async(bid, key_out, value_out, namespace=ns).result(timeout=60)
+        else:
+            hit = self.store.get_into(bid, key_out, value_out, namespace=ns)
+        self._check((ns, bid), hit, key_out, value_out)
+
+    @rule(data=st.data(), kind=st.sampled_from(KINDS), workers=st.sampled_from([None, 1, 3]),
+          ns=st.sampled_from(NAMESPACES))
+    def get_many_into(self, data, kind, workers, ns):
+        bids = [self._some_id(data, ns) for _ in range(data.draw(st.integers(1, 5)))]
+        outs = [(_empty(kind, self.spec), _empty(kind, self.spec)) for _ in bids]
+        hits = self.store.get_many_into(bids, outs, max_workers=workers, namespace=ns)
+        assert len(hits) == len(bids)
+        for bid, hit, (key_out, value_out) in zip(bids, hits, outs):
+            self._check((ns, bid), hit, key_out, value_out)
+
+    @rule(data=st.data(), like=st.sampled_from(["numpy", "torch"]), ns=st.sampled_from(NAMESPACES))
+    def get(self, data, like, ns):
+        bid = self._some_id(data, ns)
+        if like == "numpy":
+            got = self.store.get(bid, namespace=ns)
+        else:
+            got = self.store.get(bid, namespace=ns, like=torch.zeros(1, dtype=torch.float16))
+        self._check((ns, bid), got is not None, *(got or (None, None)))
+
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
+    def view(self, data, ns):
+        bid = self._some_id(data, ns)
+        with self.store.view(bid, namespace=ns) as block:
+            self._check((ns, bid), block is not None, *((np.array(block[0]), np.array(block[1])) if block else
+                                                          (None, None)))
+
+    # -- hints, pins and deletes -------------------------------------------------------
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), withdraw=st.booleans())
+    def hint(self, data, ns, withdraw):
+        bids = [self._some_id(data, ns) for _ in range(data.draw(st.integers(1, 4)))]
+        taken = self.store.hint(bids, namespace=ns)  # promotions run in the background
+        assert 0 <= taken <= sum((ns, b) in self.model for b in bids)
+        if withdraw:
+            assert 0 <= self.store.unhint(bids, namespace=ns) <= taken
+
+    @rule()
+    def flush(self):
+        self.store.flush()
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def pin(self, data):
+        key = data.draw(st.sampled_from(sorted(self.model)))
+        self.store.pin(key[1], namespace=key[0])
+        self.pins[key] = self.pins.get(key, 0) + 1
+
+    @precondition(lambda self: bool(self.pins))
+    @rule(data=st.data())
+    def unpin(self, data):
+        key = data.draw(st.sampled_from(sorted(self.pins)))
+        self.store.unpin(key[1], namespace=key[0])
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            del self.pins[key]
+
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES))
+    def delete(self, data, ns):
+        key = (ns, self._some_id(data, ns))
+        if key not in self.model:
+            with pytest.raises(BlockNotFound):
+                self.store.delete(key[1], namespace=ns)
+        elif key in self.pins:
+            with pytest.raises(BlockPinned):
+                self.store.delete(key[1], namespace=ns)
+        else:
+            self.store.delete(key[1], namespace=ns)
+            del self.model[key]
+
+    @invariant()
+    def contents_agree(self):
+        for ns in NAMESPACES:
+            bids = [_bid(i) for i in range(IDS)] + self.content_ids
+            held = self.store.contains_many(bids, namespace=ns)
+            assert {b for b, h in zip(bids, held) if h} == {b for n, b in self.model if n == ns}, ns
+
+
+class SmallBlocks(StoreVersusDict):
+    spec = BlockSpec((2, 2, 16, 16), np.float16)  # 4 KiB: the hot paths
+
+
+class LargeBlocks(StoreVersusDict):
+    spec = BlockSpec((2, 4, 64, 64), np.float16)  # 128 KiB: leased and generic paths
+
+
+class SmallBlocksDemoted(SmallBlocks):
+    demote_high = 0.6  # the background demoter moves blocks while the calls run
+
+
+_settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
+TestSmallBlocksVersusDict = SmallBlocks.TestCase
+TestSmallBlocksVersusDict.settings = _settings
+TestLargeBlocksVersusDict = LargeBlocks.TestCase
+TestLargeBlocksVersusDict.settings = _settings
+TestSmallBlocksDemotedVersusDict = SmallBlocksDemoted.TestCase
+TestSmallBlocksDemotedVersusDict.settings = _settings
