@@ -12,7 +12,7 @@ import pytest
 
 from cascade import CascadeStore, Config, buffers
 from cascade.models import BlockSpec
-from cascade.testing.device_buffers import HostCudaArray, HostMemoryCopier
+from cascade.testing.device_buffers import HostCudaArray, HostDeviceModule, HostMemoryCopier
 
 SHAPE = (2, 2, 16, 16)
 N = 8
@@ -135,29 +135,10 @@ def test_a_copy_into_settled_memory_runs_on_the_inputs_stream_alone(copier):
     assert dst.array.tobytes() == src.array.tobytes()
 
 
-class _DeviceSlab(HostCudaArray):
-    """A GPU tier's slab for tests: host memory seen as device memory, sliceable."""
-
-    def __getitem__(self, index: slice) -> "_DeviceSlab":
-        return _DeviceSlab(self.array[index])
-
-
-class _DeviceModule:
-    """The array module of a GPU tier whose slab is :class:`_DeviceSlab` (every copy in
-    and out of it goes through the device copier, as with cupy)."""
-
-    __name__ = "host-device"
-    uint8 = np.uint8
-
-    @staticmethod
-    def empty(n: int, dtype=np.uint8) -> _DeviceSlab:
-        return _DeviceSlab(np.zeros(n, dtype))
-
-
 @pytest.fixture
 def gpu_store(tmp_path, copier):
     cfg = Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, gpu_bytes=1 << 20, file_dir=str(tmp_path / "f"))
-    with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16), array_module=_DeviceModule()) as s:
+    with CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16), array_module=HostDeviceModule()) as s:
         assert s.tiers[0].name == "gpu"
         yield s
 

@@ -1,7 +1,8 @@
 """The whole store against a dict: random sequences of every put and get form (one by
 one, batches of one and of several, non-blocking, views), with numpy, torch CPU and
 device (host memory behind ``__cuda_array_interface__``) buffers, pins and deletes, in a
-store whose SHM tier holds a few blocks and whose file tier holds the rest, in two
+store whose SHM tier (after a GPU tier in one variant) holds a few blocks and whose
+file tier holds the rest, in two
 namespaces, with ids given or taken from the content, hints (promotions in the
 background) and, in one variant, the background demoter on. Nothing is ever evicted
 there, so every block put and not deleted must read back byte-exact, and every other id
@@ -21,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cascade import CascadeStore, Config, buffers
 from cascade.errors import BlockNotFound, BlockPinned
 from cascade.models import BlockSpec
-from cascade.testing.device_buffers import HostCudaArray, HostMemoryCopier
+from cascade.testing.device_buffers import HostCudaArray, HostDeviceModule, HostMemoryCopier
 
 IDS = 24
 KINDS = ["numpy", "torch", "device"]
@@ -61,6 +62,7 @@ def _host(buf) -> np.ndarray:
 class StoreVersusDict(RuleBasedStateMachine):
     spec: BlockSpec  # set by subclasses
     demote_high = 1.0  # 1.0: no background demoter
+    gpu_blocks = 0  # a GPU tier (device memory stood in for by host memory) of this many blocks
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,10 +71,12 @@ class StoreVersusDict(RuleBasedStateMachine):
         self.copier = buffers.use_device_copier(HostMemoryCopier())
         self.copier.__enter__()
         self.store = CascadeStore(
-            Config(shm_bytes=6 * (block + 4096), file_bytes=16 * IDS * (block + 8192), file_segment_bytes=1 << 20,
+            Config(gpu_bytes=self.gpu_blocks * (block + 4096), shm_bytes=6 * (block + 4096),
+                   file_bytes=16 * IDS * (block + 8192), file_segment_bytes=1 << 20,
                    file_dir=f"{self.dir}/files", shm_dir=self.dir, demote_high=self.demote_high,
                    demote_low=min(self.demote_high, 0.5), remote_bytes=0),
-            block_spec=self.spec)
+            block_spec=self.spec, array_module=HostDeviceModule() if self.gpu_blocks else None)
+        assert [t.name for t in self.store.tiers][:2] == (["gpu", "shm"] if self.gpu_blocks else ["shm", "file"])
         self.model: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (namespace, id) -> block
         self.content_ids: list[str] = []  # ids a put without block_id returned
         self.pins: dict[tuple[str, str], int] = {}
@@ -172,7 +176,7 @@ class StoreVersusDict(RuleBasedStateMachine):
     def view(self, data, ns):
         bid = self._some_id(data, ns)
         with self.store.view(bid, namespace=ns) as block:
-            self._check((ns, bid), block is not None, *((np.array(block[0]), np.array(block[1])) if block else
+            self._check((ns, bid), block is not None, *((_host(block[0]), _host(block[1])) if block else
                                                           (None, None)))
 
     # -- hints, pins and deletes -------------------------------------------------------
@@ -237,6 +241,12 @@ class SmallBlocksDemoted(SmallBlocks):
     demote_high = 0.6  # the background demoter moves blocks while the calls run
 
 
+class GpuTierBlocks(StoreVersusDict):
+    spec = BlockSpec((2, 2, 32, 32), np.float16)  # 16 KiB
+    gpu_blocks = 4  # GPU, then SHM, then file: device-tier puts, batches and demotions
+    demote_high = 0.6
+
+
 _settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 TestSmallBlocksVersusDict = SmallBlocks.TestCase
@@ -245,3 +255,5 @@ TestLargeBlocksVersusDict = LargeBlocks.TestCase
 TestLargeBlocksVersusDict.settings = _settings
 TestSmallBlocksDemotedVersusDict = SmallBlocksDemoted.TestCase
 TestSmallBlocksDemotedVersusDict.settings = _settings
+TestGpuTierBlocksVersusDict = GpuTierBlocks.TestCase
+TestGpuTierBlocksVersusDict.settings = _settings

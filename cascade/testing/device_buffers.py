@@ -1,7 +1,8 @@
 """Device-buffer stand-ins that run without a GPU, for tests of the device code paths.
 
 :class:`HostCudaArray` exposes host memory through ``__cuda_array_interface__`` (v3, with
-a stream), so :mod:`cascade.buffers` treats it exactly as a CUDA array;
+a stream), so :mod:`cascade.buffers` treats it exactly as a CUDA array (and
+:class:`HostDeviceModule` makes a GPU tier's slab of it);
 :class:`HostMemoryCopier` is a device copier (the interface :class:`~cascade.buffers.CupyCopier`
 implements) that copies such memory with ``memmove`` and records each call; its "pinned"
 memory is plain host memory it counts, so tests see which copies were staged.
@@ -36,6 +37,33 @@ class HostCudaArray:
         return {"shape": a.shape, "typestr": a.dtype.str,
                 "strides": None if a.flags.c_contiguous else a.strides,
                 "data": (a.ctypes.data, self.readonly), "version": 3, "stream": self.stream}
+
+
+class HostDeviceSlab(HostCudaArray):
+    """A GPU tier's slab in host memory seen as device memory: sliced, viewed and
+    reshaped as a cupy array is (each a new stand-in over the same memory)."""
+
+    def __getitem__(self, index: slice) -> "HostDeviceSlab":
+        return HostDeviceSlab(self.array[index])
+
+    def view(self, dtype: Any) -> "HostDeviceSlab":
+        return HostDeviceSlab(self.array.view(dtype))
+
+    def reshape(self, shape: tuple[int, ...]) -> "HostDeviceSlab":
+        return HostDeviceSlab(self.array.reshape(shape))
+
+
+class HostDeviceModule:
+    """An array module for a GPU tier (``CascadeStore(..., array_module=HostDeviceModule())``)
+    whose slab is a :class:`HostDeviceSlab`: every copy in and out of it goes through the
+    device copier, as with cupy."""
+
+    __name__ = "host-device"
+    uint8 = np.uint8
+
+    @staticmethod
+    def empty(n: int, dtype: Any = np.uint8) -> HostDeviceSlab:
+        return HostDeviceSlab(np.zeros(n, dtype))
 
 
 class HostMemoryCopier:
