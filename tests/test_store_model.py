@@ -29,6 +29,10 @@ KINDS = ["numpy", "torch", "device"]
 NAMESPACES = ["default", "b"]
 
 
+class InjectedFault(Exception):
+    """What the device copier raises when a rule injects a failure."""
+
+
 def _bid(i: int) -> str:
     return f"{i:032x}"
 
@@ -68,8 +72,8 @@ class StoreVersusDict(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="store-model-")
         block = self.spec.block_bytes
-        self.copier = buffers.use_device_copier(HostMemoryCopier())
-        self.copier.__enter__()
+        self.copier_in_use = buffers.use_device_copier(HostMemoryCopier())
+        self.copier = self.copier_in_use.__enter__()
         self.store = CascadeStore(
             Config(gpu_bytes=self.gpu_blocks * (block + 4096), shm_bytes=6 * (block + 4096),
                    file_bytes=16 * IDS * (block + 8192), file_segment_bytes=1 << 20,
@@ -86,7 +90,7 @@ class StoreVersusDict(RuleBasedStateMachine):
         try:
             self.store.close()
         finally:
-            self.copier.__exit__(None, None, None)
+            self.copier_in_use.__exit__(None, None, None)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _fresh(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,13 +101,21 @@ class StoreVersusDict(RuleBasedStateMachine):
         """Block ``i``'s content: the stored one (a re-put is a dedup), else a new one."""
         return self.model.get((ns, _bid(i))) or self._fresh(i)
 
+    @staticmethod
+    def _pick(data, items: list):
+        """One of ``items`` (None if empty). The draw does not depend on them: after an
+        injected fault, whether a block got stored may differ from run to run, and
+        hypothesis replays a failure only if every draw asks for the same range."""
+        n = data.draw(st.integers(0, 1 << 16))
+        return items[n % len(items)] if items else None
+
     def _some_id(self, data, ns: str) -> str:
         """An id to read: mostly one stored in ``ns``, else any fixed id or one a
         content-addressed put returned."""
         stored = sorted(b for n, b in self.model if n == ns)
-        if stored and data.draw(st.integers(0, 3)):
-            return data.draw(st.sampled_from(stored))
-        return data.draw(st.sampled_from([_bid(i) for i in range(IDS)] + self.content_ids))
+        if data.draw(st.integers(0, 3)) and stored:
+            return self._pick(data, stored)
+        return self._pick(data, [_bid(i) for i in range(IDS)] + self.content_ids)
 
     def _check(self, key: tuple[str, str], hit: bool, key_out, value_out) -> None:
         if key not in self.model:
@@ -188,21 +200,68 @@ class StoreVersusDict(RuleBasedStateMachine):
         if withdraw:
             assert 0 <= self.store.unhint(bids, namespace=ns) <= taken
 
+    @precondition(lambda self: self.demote_high >= 1.0)  # (else the demoter's thread may take the fault)
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), fault=st.sampled_from(["copy", "sync"]),
+          op=st.sampled_from(["put", "put_many", "get_into", "get_many_into"]))
+    def a_device_copy_fails(self, data, ns, fault, op):
+        """The next device copy (or stream synchronisation) raises: the call that made it
+        raises that error or completes; either way every block stored is whole and the
+        others are absent, and nothing stays held (close() at the end would time out)."""
+        self.store.flush()  # no hinted promotion may take the fault in the background
+        if fault == "copy":
+            self.copier.fail = InjectedFault("injected copy failure")
+        else:
+            self.copier.fail_sync = InjectedFault("injected synchronisation failure")
+        try:
+            if op in ("put", "put_many"):
+                ids = data.draw(st.lists(st.integers(0, IDS - 1), min_size=1, max_size=1 if op == "put" else 4,
+                                         unique=True))
+                blocks = [self._block(ns, i) for i in ids]
+                pairs = [(_as("device", k), _as("device", v)) for k, v in blocks]
+                try:
+                    if op == "put":
+                        self.store.put(*pairs[0], block_id=_bid(ids[0]), namespace=ns)
+                    else:
+                        self.store.put_many(pairs, block_ids=[_bid(i) for i in ids], namespace=ns)
+                except InjectedFault:
+                    pass
+                for i, block in zip(ids, blocks):  # stored or not, as a whole: reads check the bytes
+                    if self.store.contains(_bid(i), namespace=ns):
+                        self.model[(ns, _bid(i))] = block
+                    else:
+                        assert (ns, _bid(i)) not in self.model, f"block {i} was stored before and is gone"
+            else:
+                bids = [self._some_id(data, ns) for _ in range(1 if op == "get_into" else data.draw(st.integers(1, 4)))]
+                outs = [(_empty("device", self.spec), _empty("device", self.spec)) for _ in bids]
+                try:
+                    if op == "get_into":
+                        hits = [self.store.get_into(bids[0], *outs[0], namespace=ns)]
+                    else:
+                        hits = self.store.get_many_into(bids, outs, namespace=ns)
+                except InjectedFault:
+                    return  # the outputs hold nothing valid
+                for bid, hit, (key_out, value_out) in zip(bids, hits, outs):
+                    self._check((ns, bid), hit, key_out, value_out)
+        finally:
+            self.copier.fail = self.copier.fail_sync = None  # (unused when no device copy ran)
+
     @rule()
     def flush(self):
         self.store.flush()
 
-    @precondition(lambda self: bool(self.model))
     @rule(data=st.data())
     def pin(self, data):
-        key = data.draw(st.sampled_from(sorted(self.model)))
+        key = self._pick(data, sorted(self.model))
+        if key is None:
+            return
         self.store.pin(key[1], namespace=key[0])
         self.pins[key] = self.pins.get(key, 0) + 1
 
-    @precondition(lambda self: bool(self.pins))
     @rule(data=st.data())
     def unpin(self, data):
-        key = data.draw(st.sampled_from(sorted(self.pins)))
+        key = self._pick(data, sorted(self.pins))
+        if key is None:
+            return
         self.store.unpin(key[1], namespace=key[0])
         self.pins[key] -= 1
         if not self.pins[key]:
@@ -244,6 +303,9 @@ class SmallBlocksDemoted(SmallBlocks):
 class GpuTierBlocks(StoreVersusDict):
     spec = BlockSpec((2, 2, 32, 32), np.float16)  # 16 KiB
     gpu_blocks = 4  # GPU, then SHM, then file: device-tier puts, batches and demotions
+
+
+class GpuTierBlocksDemoted(GpuTierBlocks):
     demote_high = 0.6
 
 
@@ -257,3 +319,5 @@ TestSmallBlocksDemotedVersusDict = SmallBlocksDemoted.TestCase
 TestSmallBlocksDemotedVersusDict.settings = _settings
 TestGpuTierBlocksVersusDict = GpuTierBlocks.TestCase
 TestGpuTierBlocksVersusDict.settings = _settings
+TestGpuTierBlocksDemotedVersusDict = GpuTierBlocksDemoted.TestCase
+TestGpuTierBlocksDemotedVersusDict.settings = _settings
