@@ -57,6 +57,36 @@ def test_bit_flips_and_truncation_are_counted_misses(tmp_path):
         assert s.stats()["misses"] == 2
 
 
+def test_a_corrupt_record_that_compaction_drops_is_a_counted_miss(tmp_path):
+    """Compaction verifies what it copies and drops a corrupt record; the store's index
+    must drop it too (before, a get of it raised BlockNotFound: index and tier disagreed)."""
+    cfg = file_only(tmp_path)
+    with CascadeStore(cfg) as s:
+        data = blocks(s.spec, 300)
+        ids = [s.put(k, v) for k, v in data]
+        first = agg_files(cfg)[0]
+        with open(first, "r+b") as f:  # flip a payload byte of the file's first record
+            f.seek(4096 + 100)
+            byte = f.read(1)
+            f.seek(4096 + 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        compactions = s.stats()["tiers"]["file"]["compactions"]
+        for bid in ids[1:]:  # the rest of the first file dies: it is compacted
+            s.delete(bid)
+            if s.stats()["tiers"]["file"]["compactions"] > compactions:
+                break
+        assert s.stats()["tiers"]["file"]["compactions"] > compactions
+        assert not os.path.exists(first)
+        assert not s.contains(ids[0])
+        assert s.get(ids[0]) is None
+        assert s.stats()["tiers"]["file"]["corruptions"] == 1
+        survivors = [(bid, d) for bid, d in zip(ids, data) if s.contains(bid)]
+        assert survivors
+        for bid, (k, v) in survivors:
+            got = s.get(bid)
+            assert got is not None and np.array_equal(got[0], k) and np.array_equal(got[1], v)
+
+
 def test_header_corruption_found_at_restart(tmp_path):
     cfg = file_only(tmp_path)
     with CascadeStore(cfg) as s:

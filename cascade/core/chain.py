@@ -59,6 +59,7 @@ class TierChain:
             if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
                 tier.expiry_of = index.wall_expiry
             tier.on_relocate = functools.partial(self._relocated, t)
+            tier.on_lost = functools.partial(self._lost, t)
 
     # -- claims ----------------------------------------------------------------------------
     def claim(self, t: int, key: BlockKey | None, nbytes: int, *, parent: str | None = None,
@@ -287,6 +288,16 @@ class TierChain:
             meta = self.index.get(key)
             if meta is not None and meta.tier == t:
                 self.peers.relocated(meta)
+
+    def _lost(self, t: int, keys: list[BlockKey]) -> None:
+        """Under the lock (as :meth:`_relocated`): blocks tier ``t`` dropped by itself,
+        their records found corrupt, are dropped from the index too (counted as
+        corruptions), as a read that found them so would."""
+        for key in keys:
+            meta = self.index.get(key)
+            if meta is not None and meta.tier == t:
+                self.metrics.tiers[t].corruptions += 1
+                self.drop_corrupt(meta)
 
     # -- drops -----------------------------------------------------------------------------
     def drop(self, meta: BlockMeta) -> None:

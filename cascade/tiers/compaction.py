@@ -2,7 +2,7 @@
 
 A file whose dead fraction reaches ``compact_dead_fraction`` (the active file only once
 it is ``seal_bytes`` long, or when the disk is full) has its live records (verified on
-the way: a corrupt one is dropped, not copied) and still-needed tombstones copied to the
+the way: a corrupt one is dropped, not copied, and the store told: ``on_lost``) and still-needed tombstones copied to the
 active file, fsynced, and only then is it unlinked. Failure-atomic: on a full disk or
 an I/O error the copies are cut off again, the file stays, the attempt is counted
 (``compactions_deferred``) and retried after 16, 32, ... up to ``RETRY_MAX`` later
@@ -58,6 +58,7 @@ class Compaction:
         f = self._files[file_id]
         moved: list[tuple[BlockKey, Loc, int, int]] = []
         carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
+        lost: list[BlockKey] = []  # corrupt records dropped on the way, whether or not the compaction ends
         self._compacting = True
         mark = (self._active, self._active.size, self._next_id)
         try:
@@ -74,7 +75,9 @@ class Compaction:
                 buf = bytearray(loc.length)
                 try:
                     self.read_parts_into(key, [buf])  # verified; a corrupt one is killed, not copied
-                except CorruptBlock:
+                except CorruptBlock as exc:
+                    log.warning("%s", exc)
+                    lost.append(key)
                     continue
                 header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
                 moved.append((key, loc, *self._append(header, [memoryview(buf)])))
@@ -95,6 +98,8 @@ class Compaction:
             return False
         finally:
             self._compacting = False
+            if lost and self.on_lost is not None:  # the index must not place them here any more
+                self.on_lost(lost)
         relocated = []
         for key, loc, new_file, new_offset in moved:
             if self._index.get(key) is loc:

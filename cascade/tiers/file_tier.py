@@ -129,6 +129,8 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         # Set by the store: told which blocks compaction moved to another file (before
         # the old file goes), so that other ranks' readers learn their new locations.
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
+        # Set by the store: told which blocks compaction found corrupt and dropped.
+        self.on_lost: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         # Buffered reads of big records one at a time, in file order (see record_io), off
