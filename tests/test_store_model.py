@@ -4,9 +4,9 @@ torch CPU and device (host memory behind ``__cuda_array_interface__``) buffers, 
 namespaces, with hints (promotions in the background), pins, deletes, injected device
 copy failures and flipped bytes in file records. The SHM tier (after a GPU tier in two
 variants) holds a few blocks and the file tier the rest; two variants run the background
-demoter. Nothing is ever evicted there, so every block put and not deleted must read
-back byte-exact, every other id must miss, and a block whose record was damaged must
-only ever miss. (A batch of one block with device outputs once raised InvalidBlock: no
+demoter, one reads files O_DIRECT, one checksums SHM reads too. Nothing is ever evicted
+there, so every block put and not deleted must read back byte-exact, every other id
+must miss, and a block whose record was damaged must only ever miss. (A batch of one block with device outputs once raised InvalidBlock: no
 test had combined that form with that buffer kind.)"""
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ class StoreVersusDict(RuleBasedStateMachine):
     spec: BlockSpec  # set by subclasses
     demote_high = 1.0  # 1.0: no background demoter
     gpu_blocks = 0  # a GPU tier (device memory stood in for by host memory) of this many blocks
+    config_settings: dict = {}  # more Config settings
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,9 +81,10 @@ class StoreVersusDict(RuleBasedStateMachine):
             Config(gpu_bytes=self.gpu_blocks * (block + 4096), shm_bytes=6 * (block + 4096),
                    file_bytes=16 * IDS * (block + 8192), file_segment_bytes=1 << 20,
                    file_dir=f"{self.dir}/files", shm_dir=self.dir, demote_high=self.demote_high,
-                   demote_low=min(self.demote_high, 0.5), remote_bytes=0),
+                   demote_low=min(self.demote_high, 0.5), remote_bytes=0, **self.config_settings),
             block_spec=self.spec, array_module=HostDeviceModule() if self.gpu_blocks else None)
         assert [t.name for t in self.store.tiers][:2] == (["gpu", "shm"] if self.gpu_blocks else ["shm", "file"])
+        assert self.store.tiers[-1].read_mode == self.config_settings.get("file_read_mode", "buffered")
         self.model: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}  # (namespace, id) -> block
         self.content_ids: list[str] = []  # ids a put without block_id returned
         self.pins: dict[tuple[str, str], int] = {}
@@ -352,6 +354,14 @@ class SmallBlocksDemoted(SmallBlocks):
     demote_high = 0.6  # the background demoter moves blocks while the calls run
 
 
+class LargeBlocksDirectReads(LargeBlocks):
+    config_settings = {"file_read_mode": "direct"}  # O_DIRECT file reads, as on Lustre
+
+
+class SmallBlocksVerified(SmallBlocks):
+    config_settings = {"verify_dram_reads": True}  # SHM reads checksummed too
+
+
 class GpuTierBlocks(StoreVersusDict):
     spec = BlockSpec((2, 2, 32, 32), np.float16)  # 16 KiB
     gpu_blocks = 4  # GPU, then SHM, then file: device-tier puts, batches and demotions
@@ -369,6 +379,10 @@ TestLargeBlocksVersusDict = LargeBlocks.TestCase
 TestLargeBlocksVersusDict.settings = _settings
 TestSmallBlocksDemotedVersusDict = SmallBlocksDemoted.TestCase
 TestSmallBlocksDemotedVersusDict.settings = _settings
+TestLargeBlocksDirectReadsVersusDict = LargeBlocksDirectReads.TestCase
+TestLargeBlocksDirectReadsVersusDict.settings = _settings
+TestSmallBlocksVerifiedVersusDict = SmallBlocksVerified.TestCase
+TestSmallBlocksVerifiedVersusDict.settings = _settings
 TestGpuTierBlocksVersusDict = GpuTierBlocks.TestCase
 TestGpuTierBlocksVersusDict.settings = _settings
 TestGpuTierBlocksDemotedVersusDict = GpuTierBlocksDemoted.TestCase
