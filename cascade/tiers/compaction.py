@@ -2,8 +2,9 @@
 
 A file whose dead fraction reaches ``compact_dead_fraction`` (the active file only once
 it is ``seal_bytes`` long, or when the disk is full) has its live records (verified on
-the way: a corrupt one is dropped, not copied, and the store told: ``on_lost``) and still-needed tombstones copied to the
-active file, fsynced, and only then is it unlinked. Failure-atomic: on a full disk or
+the way: a corrupt one is dropped, not copied, and the store told through ``on_lost``)
+and still-needed tombstones copied to the active file, fsynced, and only then is it
+unlinked. Failure-atomic: on a full disk or
 an I/O error the copies are cut off again, the file stays, the attempt is counted
 (``compactions_deferred``) and retried after 16, 32, ... up to ``RETRY_MAX`` later
 changes. Files with reads or writes in flight are left alone until they end.
