@@ -371,19 +371,21 @@ class GpuTierBlocksDemoted(GpuTierBlocks):
     demote_high = 0.6
 
 
-_settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
+_SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
-TestSmallBlocksVersusDict = SmallBlocks.TestCase
-TestSmallBlocksVersusDict.settings = _settings
-TestLargeBlocksVersusDict = LargeBlocks.TestCase
-TestLargeBlocksVersusDict.settings = _settings
-TestSmallBlocksDemotedVersusDict = SmallBlocksDemoted.TestCase
-TestSmallBlocksDemotedVersusDict.settings = _settings
-TestLargeBlocksDirectReadsVersusDict = LargeBlocksDirectReads.TestCase
-TestLargeBlocksDirectReadsVersusDict.settings = _settings
-TestSmallBlocksVerifiedVersusDict = SmallBlocksVerified.TestCase
-TestSmallBlocksVerifiedVersusDict.settings = _settings
-TestGpuTierBlocksVersusDict = GpuTierBlocks.TestCase
-TestGpuTierBlocksVersusDict.settings = _settings
-TestGpuTierBlocksDemotedVersusDict = GpuTierBlocksDemoted.TestCase
-TestGpuTierBlocksDemotedVersusDict.settings = _settings
+
+
+def _case(machine: type[StoreVersusDict]) -> type:
+    """``machine``'s pytest case, at the sizes CI runs."""
+    case = machine.TestCase
+    case.settings = _SETTINGS
+    return case
+
+
+TestSmallBlocksVersusDict = _case(SmallBlocks)
+TestLargeBlocksVersusDict = _case(LargeBlocks)
+TestSmallBlocksDemotedVersusDict = _case(SmallBlocksDemoted)
+TestLargeBlocksDirectReadsVersusDict = _case(LargeBlocksDirectReads)
+TestSmallBlocksVerifiedVersusDict = _case(SmallBlocksVerified)
+TestGpuTierBlocksVersusDict = _case(GpuTierBlocks)
+TestGpuTierBlocksDemotedVersusDict = _case(GpuTierBlocksDemoted)
