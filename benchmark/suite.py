@@ -66,7 +66,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "run": ["--ranks", "4", "--blocks", "32", "--requests", "200", "--set", "shm_bytes=256M",
                 "--set", "file_bytes=2G"],  # as `make run`
         "small_blocks": ["--rounds", "3"],
-        "file_read_mode": ["--rounds", "3"],
+        "file_read_mode": ["--rounds", "5"],
         "device_io": ["--rounds", "5"],
         "cluster_serving": [],
         "restart": ["--gib", "1"],  # four cases (1:1, 4:4, 4:1, 1:4) of 1 GiB: about a minute here
