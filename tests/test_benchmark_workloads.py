@@ -336,6 +336,11 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
     assert all(sorted(o) == sorted(passes) for o in orders) and orders[0] != orders[1]  # seeds 0 and 1
     for mode in file_read_mode.MODES:
         for form in file_read_mode.FORMS:
-            assert row[f"{mode}_{form}"]["wrong"] == 0 and row[f"{mode}_{form}"]["gbps"] > 0
+            cell = row[f"{mode}_{form}"]
+            assert cell["wrong"] == 0 and cell["gbps"] > 0
+            assert cell["fastest_gbps"] == max(s[f"{mode}_{form}_gbps"] for s in row["samples"]) >= cell["gbps"]
+            fastest_raw = max(row[f"raw_{how}_{form}_fastest_gbps"] for how in file_read_mode.RAW_HOWS)
+            assert cell["fastest_vs_best_raw"] == pytest.approx(cell["fastest_gbps"] / fastest_raw)
+            assert all(s[f"{mode}_{form}_sys_s_per_gb"] >= 0 for s in row["samples"])
     for form in file_read_mode.FORMS:
         assert row[f"raw_odirect_{form}_gbps"] > 0 and row[f"raw_buffered_cold_{form}_gbps"] > 0
