@@ -45,7 +45,39 @@ def machine_facts() -> dict[str, Any]:
     except OSError:
         pass
     return {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "cpu_model": cpu,
-            "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version()}
+            "memory_bytes": mem, "kernel": platform.release(), "python": platform.python_version(),
+            **memory_giveback()}
+
+
+def _read_sys(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def memory_giveback() -> dict[str, Any]:
+    """How this (virtual) machine hands memory back on its own, which makes the first use
+    of fresh pages (a cold read's page cache) cost more at times: the free page reporting
+    order (``page_reporting_order``: free blocks of 2^order pages go back to the host;
+    None when the kernel does not report) and the actions of running DAMON schemes
+    (``damon_actions``, e.g. ``pageout``: cold pages reclaimed in the background)."""
+    actions = []
+    root = "/sys/kernel/mm/damon/admin/kdamonds"
+    try:
+        kdamonds = [d for d in os.listdir(root) if d.isdigit()]
+    except OSError:
+        kdamonds = []
+    for k in kdamonds:
+        if _read_sys(f"{root}/{k}/state") != "on":
+            continue
+        contexts = f"{root}/{k}/contexts"
+        for c in (d for d in os.listdir(contexts) if d.isdigit()):
+            schemes = f"{contexts}/{c}/schemes"
+            actions += [a for d in os.listdir(schemes) if d.isdigit() and (a := _read_sys(f"{schemes}/{d}/action"))]
+    order = _read_sys("/sys/module/page_reporting/parameters/page_reporting_order")
+    return {"page_reporting_order": int(order) if order and order.isdigit() else None, "damon_actions": actions}
 
 
 def llc_bytes() -> int:

@@ -50,8 +50,12 @@ Raw and Cascade passes are treated alike:
   alike: under ``perf record -g`` of six raw buffered passes at 2 MiB (four of them slow,
   0.44-0.49 GB/s at 1.6-2.0 kernel CPU s/GB), 22 % of all samples sat in
   ``_copy_to_iter`` (``filemap_read`` <- ``preadv``), about 8x what the same bytes take at
-  memory speed; ``/proc/stat`` showed no steal time, and the pages' free-page-reporting
-  counter (``/sys/module/page_reporting``) did not move during any pass. So each row also
+  memory speed; ``/proc/stat`` showed no steal time, and the free-page-reporting
+  counter (``/sys/module/page_reporting``) did not move during any pass. This VM both
+  pages out cold memory in the background (a DAMON ``pageout`` scheme) and reports free
+  memory to its host (:func:`~benchmark.machine.memory_giveback`, in every result's
+  machine facts): the likeliest cause is the first guest use of page-cache pages that the
+  host backs anew, not proven here. So each row also
   gives every read's fastest pass over the rounds (``fastest_gbps``) and
   ``fastest_vs_best_raw``: the fastest Cascade pass over the fastest raw pass of either
   way, every pass timed the same way: what each side reaches when the VM does not stall
