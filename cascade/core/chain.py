@@ -59,7 +59,7 @@ class TierChain:
             if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
                 tier.expiry_of = index.wall_expiry
             tier.on_relocate = functools.partial(self._relocated, t)
-            tier.on_lost = functools.partial(self._lost, t)
+            tier.on_corrupt = functools.partial(self._found_corrupt, t)
 
     # -- claims ----------------------------------------------------------------------------
     def claim(self, t: int, key: BlockKey | None, nbytes: int, *, parent: str | None = None,
@@ -289,10 +289,10 @@ class TierChain:
             if meta is not None and meta.tier == t:
                 self.peers.relocated(meta)
 
-    def _lost(self, t: int, keys: list[BlockKey]) -> None:
-        """Under the lock (as :meth:`_relocated`): blocks tier ``t`` dropped by itself,
-        their records found corrupt, are dropped from the index too (counted as
-        corruptions), as a read that found them so would."""
+    def _found_corrupt(self, t: int, keys: list[BlockKey]) -> None:
+        """Under the lock (as :meth:`_relocated`): blocks whose bytes tier ``t`` found
+        corrupt by itself are counted as corruptions and dropped as a read that found
+        them so would drop them (:meth:`drop_corrupt`: kept while another rank pins them)."""
         for key in keys:
             meta = self.index.get(key)
             if meta is not None and meta.tier == t:

@@ -80,9 +80,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # Set by the store: called (under its lock) with the keys of blocks the tier moved
     # within itself (file-tier compaction), so the directory follows them.
     on_relocate: Callable[[list[BlockKey]], None] | None = None
-    # Set by the store: called (under its lock) with the keys of blocks the tier dropped
-    # by itself (file-tier compaction found their records corrupt), so the index forgets them.
-    on_lost: Callable[[list[BlockKey]], None] | None = None
+    # Set by the store: called (under its lock) with the keys of blocks whose bytes the
+    # tier found corrupt by itself (file-tier compaction; it keeps them), so the store
+    # drops them as a read that found them so would.
+    on_corrupt: Callable[[list[BlockKey]], None] | None = None
 
     def leased_view(self, lease: Any) -> Any:
         """A read-only, one-dimensional uint8 view of a leased block's bytes, valid until

@@ -1,10 +1,12 @@
 """Compaction of the file tier: reclaiming the space of dead records.
 
 A file whose dead fraction reaches ``compact_dead_fraction`` (the active file only once
-it is ``seal_bytes`` long, or when the disk is full) has its live records (verified on
-the way: a corrupt one is dropped, not copied, and the store told through ``on_lost``)
-and still-needed tombstones copied to the active file, fsynced, and only then is it
-unlinked. Failure-atomic: on a full disk or
+it is ``seal_bytes`` long, or when the disk is full) has its live records and
+still-needed tombstones copied to the active file, fsynced, and only then is it
+unlinked. Records are verified on the way: a corrupt one is copied as it is (it still
+fails its checksum) and the store told through ``on_corrupt``, which drops it unless
+another rank pins it; then it stays, as a corrupt block in any tier does, until a later
+read can drop it (the tier never drops a block the store still maps). Failure-atomic: on a full disk or
 an I/O error the copies are cut off again, the file stays, the attempt is counted
 (``compactions_deferred``) and retried after 16, 32, ... up to ``RETRY_MAX`` later
 changes. Files with reads or writes in flight are left alone until they end.
@@ -59,7 +61,7 @@ class Compaction:
         f = self._files[file_id]
         moved: list[tuple[BlockKey, Loc, int, int]] = []
         carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
-        lost: list[BlockKey] = []  # corrupt records dropped on the way, whether or not the compaction ends
+        lost: list[BlockKey] = []  # corrupt records found on the way: reported whether or not the compaction ends
         self._compacting = True
         mark = (self._active, self._active.size, self._next_id)
         try:
@@ -74,12 +76,14 @@ class Compaction:
                 return False
             for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
                 buf = bytearray(loc.length)
+                lease = self.lease(key)
                 try:
-                    self.read_parts_into(key, [buf])  # verified; a corrupt one is killed, not copied
-                except CorruptBlock as exc:
+                    self.read_leased(lease, [buf])  # verified
+                except CorruptBlock as exc:  # copied as it is: it still fails its checksum
                     log.warning("%s", exc)
                     lost.append(key)
-                    continue
+                finally:
+                    self.release(lease)
                 header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
                 moved.append((key, loc, *self._append(header, [memoryview(buf)])))
             for tomb in self._needed_tombstones(f):
@@ -98,9 +102,11 @@ class Compaction:
                             self.name, f.path, exc)
             return False
         finally:
-            self._compacting = False
-            if lost and self.on_lost is not None:  # the index must not place them here any more
-                self.on_lost(lost)
+            try:  # the store drops them (the kill of a dropped one's copy follows below); still
+                if lost and self.on_corrupt is not None:  # compacting: its deletes compact nothing now
+                    self.on_corrupt(lost)
+            finally:
+                self._compacting = False
         relocated = []
         for key, loc, new_file, new_offset in moved:
             if self._index.get(key) is loc:

@@ -130,7 +130,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         # the old file goes), so that other ranks' readers learn their new locations.
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         # Set by the store: told which blocks compaction found corrupt and dropped.
-        self.on_lost: Callable[[list[BlockKey]], None] | None = None
+        self.on_corrupt: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         # Buffered reads of big records one at a time, in file order (see record_io), off
