@@ -6,7 +6,7 @@ from benchmark.workloads import small_blocks
 
 
 def test_small_blocks_reports_costs_and_ratios(tmp_path):
-    result = small_blocks.run({"sizes": [4096, 65536], "rounds": 1, "blocks": 32, "file_dir": str(tmp_path)})
+    result = small_blocks.run({"sizes": [4096, 65536], "rounds": 2, "blocks": 32, "file_dir": str(tmp_path)})
     assert [r["size"] for r in result["rows"]] == [4096, 65536]
     for row in result["rows"]:
         assert row["wrong"] == 0  # every read pass compared with its source
@@ -15,5 +15,6 @@ def test_small_blocks_reports_costs_and_ratios(tmp_path):
             assert row[figure] > 0, figure
         assert row["get_vs_dict"] > 0 and row["cold_get_batch_vs_loop"] > 0
         assert set(row["targets"]) == {"get_vs_dict_le_3", "put_vs_dict_le_3", "batch_never_slower"}
+        assert [p["loop_first"] for p in row["samples"]] == [1.0, 0.0]  # loop and batch take turns going first
     assert result["rows"][1]["targets"]["get_vs_dict_le_3"] is None  # the 3x targets are set at 4 KiB only
     assert "4 KiB" in small_blocks.table(result)
