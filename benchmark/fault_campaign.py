@@ -30,7 +30,7 @@ import numpy as np
 
 from cascade import CascadeStore, Config, block_id
 from cascade.errors import BlockNotFound, TierFull
-from cascade.testing import interrupted_reader
+from cascade.testing import interrupted_reader, mpich_segments
 from cascade.testing.pids import invisible_pid
 from cascade.tiers.shm import ShmPeerSlabs
 
@@ -366,14 +366,23 @@ def ctrl_c_mid_get(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]
             "recover_s": (time.perf_counter() - started) / rounds}
 
 
+def _mpi_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+    """Run an mpiexec job; None when it hangs past ``timeout``. The MPICH segments a rank
+    it killed left in ``/dev/shm`` are removed (2 per suite repetition were left before)."""
+    before = mpich_segments.segments()
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        mpich_segments.remove_orphans(before)
+
+
 def _rank_job(d: str, module: str, phase: str) -> tuple[subprocess.CompletedProcess | None, float]:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", module, d, phase]
     t0 = time.perf_counter()
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=_JOB_LIMIT_S), time.perf_counter() - t0
-    except subprocess.TimeoutExpired:  # a hang
-        return None, time.perf_counter() - t0
+    return _mpi_job(cmd, _JOB_LIMIT_S), time.perf_counter() - t0  # (None: a hang)
 
 
 def rank_open_failure(rounds: int) -> dict[str, Any]:
@@ -437,22 +446,19 @@ def dead_rank(rounds: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="fault-rank-") as d:
             cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", "cascade.testing.rank_failure_job", d]
             t0 = time.perf_counter()
-            try:
-                crashed = subprocess.run([*cmd, "write"], capture_output=True, text=True, timeout=120)
-                codes.append(crashed.returncode)
-                detected += crashed.returncode != 0
-            except subprocess.TimeoutExpired:  # a hang is an undetected failure
-                codes.append(None)
+            crashed = _mpi_job([*cmd, "write"], 120)
+            codes.append(None if crashed is None else crashed.returncode)  # None: a hang, an undetected failure
+            detected += crashed is not None and crashed.returncode != 0
             fail_s.append(time.perf_counter() - t0)
             ids_path = Path(d) / "ids.json"
             saved = json.loads(ids_path.read_text()) if ids_path.exists() else []
             acked += sum(len(ids) for ids in saved)
             t0 = time.perf_counter()
-            out = subprocess.run([*cmd, "read"], capture_output=True, text=True, timeout=120)
+            out = _mpi_job([*cmd, "read"], 120)
             restart_s.append(time.perf_counter() - t0)
-            lines = out.stdout.strip().splitlines()
-            if out.returncode != 0 or not lines:
-                raise RuntimeError(f"restart job failed ({out.returncode}): {out.stderr[-800:]}")
+            lines = out.stdout.strip().splitlines() if out is not None else []
+            if out is None or out.returncode != 0 or not lines:
+                raise RuntimeError(f"restart job failed: {out.stderr[-800:] if out else 'hung'}")
             report = json.loads(lines[-1])
         wrong += report["wrong"]
         missing += report["missing"]

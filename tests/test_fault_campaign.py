@@ -6,14 +6,16 @@ import json
 import pytest
 
 from benchmark import fault_campaign
-from cascade.testing import rank_failure_job
+from cascade.testing import mpich_segments, rank_failure_job
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_campaign_counts_observations() -> None:
     rounds = 1
+    segments = mpich_segments.segments()
     rows = fault_campaign.campaign(rounds, ("byte_flips", "header", "shm_flips", "dead_rank"), seed=7)
+    assert mpich_segments.segments() <= segments  # the killed rank's job left nothing in /dev/shm
     flips = next(r for r in rows if r["fault"].startswith("bit flip in an aggregated"))
     # campaign(): byte flips run 4x rounds, a dead rank rounds // 5 (at least once)
     assert flips["injected"] == 4 * rounds and flips["acked_blocks"] == fault_campaign.FLIP_BLOCKS
@@ -52,7 +54,9 @@ def test_campaign_covers_full_disks_foreign_slabs_and_collective_steps() -> None
     from cascade.testing.rank_failure_job import BLOCKS_PER_RANK
 
     faults = ("full_disk_churn", "foreign_slab", "ctrl_c", "rank_open_failure", "rank_close_death")
+    segments = mpich_segments.segments()
     rows = {r["fault"]: r for r in fault_campaign.campaign(1, faults, seed=11)}
+    assert mpich_segments.segments() <= segments  # the failed ranks' jobs left nothing in /dev/shm
     churn = next(r for name, r in rows.items() if name.startswith("full disk"))
     if "skipped" not in churn:  # mounting a tmpfs needs root
         assert churn["detected"] == churn["injected"] == 1 and churn["operations"] == 600
