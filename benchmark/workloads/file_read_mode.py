@@ -153,6 +153,7 @@ def batch_depth() -> int:
 
 def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
     spec = BlockSpec.flat(nbytes)
+    gb = count * nbytes / 1e9  # read per pass
     rng = np.random.default_rng(seed)
     blocks = [(rng.integers(0, 255, spec.shape, dtype=np.uint8), rng.integers(0, 255, spec.shape, dtype=np.uint8))
               for _ in range(count)]
@@ -180,8 +181,8 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 cpu, sys_cpu = time.process_time(), _kernel_seconds()
                 depth = 1 if form == "loop" else batch_depth()
                 row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, depth, how)["gbps"]
-                row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
-                row[f"raw_{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / (count * nbytes / 1e9)
+                row[f"raw_{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
+                row[f"raw_{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
                 row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
@@ -193,9 +194,9 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                     hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
                 else:
                     hits = store.get_many_into(ids, outs)  # the store's own depth (see the module docstring)
-                row[f"{how}_{form}_gbps"] = count * nbytes / (time.perf_counter() - started) / 1e9
-                row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / (count * nbytes / 1e9)
-                row[f"{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / (count * nbytes / 1e9)
+                row[f"{how}_{form}_gbps"] = gb / (time.perf_counter() - started)
+                row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
+                row[f"{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
             row[f"{how}_{form}_wrong"] = sum(
                 not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                 for h, o, b in zip(hits, outs, blocks))

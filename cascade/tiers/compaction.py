@@ -6,10 +6,10 @@ still-needed tombstones copied to the active file, fsynced, and only then is it
 unlinked. Records are verified on the way: a corrupt one is copied as it is (it still
 fails its checksum) and the store told through ``on_corrupt``, which drops it unless
 another rank pins it; then it stays, as a corrupt block in any tier does, until a later
-read can drop it (the tier never drops a block the store still maps). Failure-atomic: on a full disk or
-an I/O error the copies are cut off again, the file stays, the attempt is counted
-(``compactions_deferred``) and retried after 16, 32, ... up to ``RETRY_MAX`` later
-changes. Files with reads or writes in flight are left alone until they end.
+read can drop it (the tier never drops a block the store still maps). Failure-atomic:
+on a full disk or an I/O error the copies are cut off again, the file stays, the
+attempt is counted (``compactions_deferred``) and retried after 16, 32, ... up to
+``RETRY_MAX`` later changes. Files with reads or writes in flight are left alone until they end.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Compaction:
         f = self._files[file_id]
         moved: list[tuple[BlockKey, Loc, int, int]] = []
         carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
-        lost: list[BlockKey] = []  # corrupt records found on the way: reported whether or not the compaction ends
+        corrupt: list[BlockKey] = []  # found on the way: reported whether or not the compaction ends
         self._compacting = True
         mark = (self._active, self._active.size, self._next_id)
         try:
@@ -81,7 +81,7 @@ class Compaction:
                     self.read_leased(lease, [buf])  # verified
                 except CorruptBlock as exc:  # copied as it is: it still fails its checksum
                     log.warning("%s", exc)
-                    lost.append(key)
+                    corrupt.append(key)
                 finally:
                     self.release(lease)
                 header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
@@ -103,8 +103,8 @@ class Compaction:
             return False
         finally:
             try:  # the store drops them (the kill of a dropped one's copy follows below); still
-                if lost and self.on_corrupt is not None:  # compacting: its deletes compact nothing now
-                    self.on_corrupt(lost)
+                if corrupt and self.on_corrupt is not None:  # compacting: its deletes compact nothing now
+                    self.on_corrupt(corrupt)
             finally:
                 self._compacting = False
         relocated = []

@@ -129,7 +129,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         # Set by the store: told which blocks compaction moved to another file (before
         # the old file goes), so that other ranks' readers learn their new locations.
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
-        # Set by the store: told which blocks compaction found corrupt and dropped.
+        # Set by the store: told which blocks compaction found corrupt (kept: the store drops them).
         self.on_corrupt: Callable[[list[BlockKey]], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
