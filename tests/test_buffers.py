@@ -171,6 +171,41 @@ def test_copy_refuses_size_mismatch_and_read_only_device_output(copier):
     assert copier.calls == []
 
 
+def test_copy_each_synchronises_each_stream_once_after_all_its_copies(copier):
+    srcs = [HostCudaArray(np.full(32, i, np.uint8)) for i in range(3)]  # device memory with nothing pending
+    outs = [HostCudaArray(np.zeros(32, np.uint8), stream=s) for s in (0x51, 0x52, 0x51)]
+    buffers.copy_each(list(zip(outs, srcs)))
+    assert copier.calls == [("d2d", 32, 0x51), ("d2d", 32, 0x52), ("d2d", 32, 0x51)]
+    assert copier.synced == [0x51, 0x52]  # not once per copy
+    assert [o.array.tobytes() for o in outs] == [s.array.tobytes() for s in srcs]
+
+
+def test_copy_each_that_fails_midway_synchronises_what_it_enqueued_and_raises(copier):
+    class FailsSecond(HostMemoryCopier):
+        def memcpy_async(self, *args):
+            if len(self.calls) == 1 and not self.synced:
+                raise RuntimeError("cudaErrorIllegalAddress (injected)")
+            super().memcpy_async(*args)
+
+    with buffers.use_device_copier(FailsSecond()) as failing:
+        pairs = [(HostCudaArray(np.zeros(8, np.uint8), stream=s), HostCudaArray(np.ones(8, np.uint8)))
+                 for s in (0x61, 0x62)]
+        with pytest.raises(RuntimeError, match="injected"):
+            buffers.copy_each(pairs)
+        assert failing.synced == [0x61]  # the first copy is done before the error leaves
+        failing.fail_sync = RuntimeError("cudaErrorLaunchFailure (injected)")
+        with pytest.raises(RuntimeError, match="LaunchFailure"):
+            buffers.copy_each(pairs)
+        assert failing.synced == [0x61, 0x62]  # the stream after the failed one is synchronised too
+
+
+def test_a_batch_covers_any_range_inside_the_union_of_its_outputs():
+    batch = buffers.SyncBatch([(30, 40), (0, 10), (5, 20)])
+    assert batch.covers(0, 20) and batch.covers(12, 8) and batch.covers(30, 10)
+    assert not batch.covers(18, 5) and not batch.covers(29, 2) and not batch.covers(40, 1)
+    assert not buffers.SyncBatch([]).covers(0, 1)
+
+
 def test_host_bytes_copies_device_memory_and_views_host_memory(copier):
     a = np.arange(16, dtype=np.uint8)
     assert np.shares_memory(buffers.host_bytes(a), a)

@@ -804,7 +804,7 @@ def file_read_hold(monkeypatch, parties: int = 1) -> Hold:
 
 def shm_read_hold(monkeypatch) -> Hold:
     from cascade.tiers.shm import ShmTier
-    return Hold(monkeypatch, ShmTier, ("_copy_out", "read_hot"))  # read_hot: a small block's copy under the lock
+    return Hold(monkeypatch, ShmTier, ("_region", "read_hot"))  # read_hot: a small block's copy under the lock
 
 
 @pytest.mark.parametrize("how", ["delete", "evict"])

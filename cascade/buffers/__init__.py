@@ -4,14 +4,14 @@ Whatever a caller hands in (numpy arrays, torch tensors on CPU or CUDA, cupy arr
 anything with the buffer protocol, ``__cuda_array_interface__`` or ``__dlpack__``) becomes
 a host byte view (a flat ``uint8`` numpy array over the caller's memory) or a
 :class:`DeviceView`, with one error type, :class:`~cascade.errors.InvalidBlock`, naming
-the fix. :func:`copy` moves bytes between any two of them, host ends through pinned
+the fix. :func:`copy` moves bytes between any two of them (:func:`copy_each` several, synchronised once), host ends through pinned
 memory (:mod:`.staging`); :func:`one_sync` synchronises a batch once per stream;
 :func:`empty_like_kind` makes arrays of a caller's kind. torch and cupy are imported only when the
 caller's object is one of theirs (or a device copy needs cupy).
 """
 from .alloc import empty_like_kind
 from .batch import SyncBatch, one_sync, synced_once
-from .copy import (CupyCopier, DeviceCopier, copy, device_copier, forget_pinnable, host_bytes, host_outputs,
+from .copy import (CupyCopier, DeviceCopier, copy, copy_each, device_copier, forget_pinnable, host_bytes, host_outputs,
                    host_views, register_pinnable, set_staging_bytes, staging_arena, staging_buffer,
                    use_device_copier)
 from .dtypes import as_dtype, dtype_name
@@ -21,7 +21,7 @@ from .views import (ByteView, DeviceView, as_byte_view, check_layout, host_view,
 
 __all__ = [
     "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "StagingArena", "SyncBatch", "as_byte_view",
-    "as_dtype", "check_layout", "copy", "device_copier", "dtype_name", "empty_like_kind", "forget_pinnable",
+    "as_dtype", "check_layout", "copy", "copy_each", "device_copier", "dtype_name", "empty_like_kind", "forget_pinnable",
     "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "synced_once", "register_pinnable",
     "set_staging_bytes", "settled", "shape_and_dtype", "staging_arena", "staging_buffer", "use_device_copier",
     "view",

@@ -19,6 +19,7 @@ Copies with a host destination are never deferred either (their reader needs the
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +37,7 @@ class SyncBatch:
     """Device outputs whose copies are synchronised once per stream. Thread-safe."""
 
     def __init__(self, ranges: list[tuple[int, int]], *, sources: bool = False) -> None:
-        self._ranges = sorted(ranges)
+        self._starts, self._ends = _disjoint(ranges)
         self.sources = sources  # the ranges are the copies' sources, not their destinations
         self._lock = threading.Lock()
         self._pending: dict[tuple[int, int | None], None] = {}
@@ -54,7 +55,8 @@ class SyncBatch:
         return run
 
     def covers(self, ptr: int, nbytes: int) -> bool:
-        return any(start <= ptr and ptr + nbytes <= end for start, end in self._ranges)
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        return i >= 0 and ptr + nbytes <= self._ends[i]
 
     def enqueued(self, stream: int, device: int | None) -> None:
         with self._lock:
@@ -84,6 +86,19 @@ class SyncBatch:
     @property
     def pending(self) -> bool:
         return bool(self._pending)
+
+
+def _disjoint(ranges: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The union of ``[start, end)`` ranges as sorted disjoint runs: their starts, their ends."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for start, end in sorted(ranges):
+        if ends and start <= ends[-1]:
+            ends[-1] = max(ends[-1], end)
+        else:
+            starts.append(start)
+            ends.append(end)
+    return starts, ends
 
 
 @contextlib.contextmanager

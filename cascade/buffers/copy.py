@@ -80,12 +80,20 @@ class CupyCopier:
 
     def memcpy_async(self, dst: int, src: int, nbytes: int, direction: Direction, stream: int,
                      device: int | None) -> None:
-        with self._device(device):  # a stream, the default one included, belongs to a device
-            self._runtime.memcpyAsync(dst, src, nbytes, self._runtime.memcpyDefault, stream)
+        runtime = self._runtime
+        if device is None or device == runtime.getDevice():  # a stream belongs to a device
+            runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream)
+            return
+        with self._device(device):
+            runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDefault, stream)
 
     def synchronize(self, stream: int, device: int | None) -> None:
+        runtime = self._runtime
+        if device is None or device == runtime.getDevice():
+            runtime.streamSynchronize(stream)
+            return
         with self._device(device):
-            self._runtime.streamSynchronize(stream)
+            runtime.streamSynchronize(stream)
 
     def record_event(self, stream: int, device: int | None) -> Any:
         with self._device(device):
@@ -199,7 +207,58 @@ def copy(dst: Any, src: Any, *, what: str = "output buffer") -> int:
     return _device_copy(d, s, defer=deferred)
 
 
-def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False) -> int:
+def copy_each(pairs: Sequence[tuple[Any, Any]], *, what: str = "output buffer") -> None:
+    """:func:`copy` of each ``(dst, src)`` of ``pairs``, returning once all are in place
+    with one synchronisation per stream for the set (the parts of one block): the
+    copies with a device end are enqueued first, then each stream they went on is
+    synchronised, also when one of them raised. Inside :func:`one_sync`, copies into
+    its device outputs are only enqueued, as :func:`copy`'s. Local; thread-safe for
+    distinct destinations."""
+    views = []
+    for dst, src in pairs:
+        d, s = view(dst, what, writable=True), view(src, "input")
+        if d.nbytes != s.nbytes:
+            raise InvalidBlock(f"{what} holds {d.nbytes} bytes, the data {s.nbytes}")
+        views.append((d, s))
+    settled = False
+    pending: dict[tuple[int, int | None], None] = {}
+    try:
+        for d, s in views:
+            deferred = _batch.defers(d, s)
+            if not (deferred or settled):
+                _batch.settle_all()  # memory a batch still reads from may be rewritten by these copies
+                settled = True
+            if isinstance(d, np.ndarray) and isinstance(s, np.ndarray):
+                np.copyto(d, s)
+            else:
+                _device_copy(d, s, defer=deferred, pending=pending)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the copy's error is the one to report
+            _synchronize_each(pending)
+        raise
+    _synchronize_each(pending)
+
+
+def _synchronize_each(streams: dict[tuple[int, int | None], None]) -> None:
+    """Synchronise every ``(stream, device)`` of ``streams``, all of them even when one
+    fails; the first error is raised."""
+    if not streams:
+        return
+    copier, error = _state()[0], None
+    for stream, device in streams:
+        try:
+            copier.synchronize(stream, device)
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False,
+                 pending: dict[tuple[int, int | None], None] | None = None) -> int:
+    """Copy ``s`` into ``d`` (at least one in device memory). Returns once the bytes are
+    in place, except with ``defer`` (recorded in the calling thread's batch) or with
+    ``pending`` (its stream is added there for the caller to synchronise)."""
     n = int(d.nbytes)
     if not n:
         return 0
@@ -229,6 +288,8 @@ def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False) -> int:
         copier.memcpy_async(dst, s.ptr, n, "d2h", stream, device)
     if defer:
         _batch.enqueued(stream, device)
+    elif pending is not None:
+        pending[(stream, device)] = None
     else:
         copier.synchronize(stream, device)
     return n

@@ -174,16 +174,17 @@ class ReadPath:
             return hit
 
     def read_leased(self, key: BlockKey, outs: Sequence[Any]) -> bool | None:
-        """:meth:`read` of a block cached in a tier read outside the lock into host memory
-        (the file tier; SHM blocks above :data:`HOT_COPY_MAX`) into numpy ``outs``, in two
-        locked steps and no other guard: one looks the block up, leases it and counts the
-        get in flight; the copy runs outside the lock; one counts the hit (or drops a
+        """:meth:`read` of a block cached in a tier read outside the lock (the file tier
+        into numpy ``outs``; the SHM and GPU tiers into any outputs, host or device), in
+        two locked steps and no other guard: one looks the block up, leases it and counts
+        the get in flight; the copy runs outside the lock; one counts the hit (or drops a
         corrupt block) and ends the lease and the in-flight count. None, with nothing
-        counted or changed, for every other get (a miss here, an output that is no numpy
-        array of a :data:`_BUFFER_KINDS` dtype, a promotion due, another tier, a closing
-        store): the caller then takes :meth:`read`. An error of the copy that is not a
-        corrupt copy ends both, is counted as a missed get and is raised. This saves the generic path's guards
-        (about a third of a warm 64 KiB file-tier get on this project's VM)."""
+        counted or changed, for every other get (a miss here, a file-tier block and an
+        output that is no numpy array of a :data:`_BUFFER_KINDS` dtype, a promotion due,
+        another tier, a closing store): the caller then takes :meth:`read`. An error of
+        the copy that is not a corrupt copy ends both, is counted as a missed get and is
+        raised. This saves the generic path's guards (about a third of a warm 64 KiB
+        file-tier get, and of a GPU-tier get into device memory, on this project's VM)."""
         started = time.perf_counter()
         lock = self._lock
         with lock:
@@ -191,7 +192,7 @@ class ReadPath:
             if meta is None or (meta.tier and self._promote_on_hit) or self._inflight.closing:
                 return None
             tier = self._tiers[meta.tier]
-            if not tier.concurrent or tier.memory is Memory.DEVICE or not _buffer_arrays(outs):
+            if not tier.concurrent or not (tier.reads_into_device or _buffer_arrays(outs)):
                 return None
             lease = Lease(lock, self.index, meta, meta.tier, tier)
             token = self._inflight.enter(Op(f"a get of {key[1]} holding a lease in {tier.name}"))  # open: no raise

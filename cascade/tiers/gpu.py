@@ -49,29 +49,23 @@ class GpuTier(SlabTier):
         super().__init__(capacity, verify=verify)
         self.xp = xp
         self.device = device
-        self._on_gpu = xp.__name__ == "cupy"
-        if self._on_gpu:
+        if xp.__name__ == "cupy":
             with xp.cuda.Device(device):
                 self._slab = xp.empty(capacity, dtype=xp.uint8)
-            self._base = int(self._slab.data.ptr)
         else:
             self._slab = xp.empty(capacity, dtype=np.uint8)
+        slab = buffers.view(self._slab, "GPU tier slab")
+        # where the slab is device memory (or stands in for it: __cuda_array_interface__)
+        self._base: int | None = slab.ptr if isinstance(slab, buffers.DeviceView) else None
 
-    # Every copy goes through cascade.buffers: device <-> device, host <-> device (cupy slab)
-    # or host <-> host (numpy slab), whatever the caller's buffer is.
-    def _copy_in(self, offset: int, part: Any) -> int:
-        # free slab room has nothing pending: the copy runs on the part's own stream
-        return buffers.copy(self._settled(offset, buffers.nbytes(part, "block part")), part)
-
-    def _copy_out(self, offset: int, out: Any) -> None:
-        # the slab's writes were synchronised: a batch's copies out wait for no slab stream
-        buffers.copy(out, self._settled(offset, buffers.nbytes(out, "output buffer")))
-
-    def _settled(self, offset: int, length: int) -> Any:
-        """Slab bytes ``[offset, offset + length)`` as a view no copy needs to wait for:
-        on a GPU made straight from the slab's address (slicing a cupy array and reading
-        its interface cost about 10 us a copy, more than a small copy itself)."""
-        if self._on_gpu:
+    # Every copy goes through cascade.buffers: device <-> device, host <-> device (device
+    # slab) or host <-> host (numpy slab), whatever the caller's buffer is. Free room and
+    # committed blocks have nothing pending: a copy in runs on the part's own stream, a
+    # copy out on the output's.
+    def _region(self, offset: int, length: int) -> Any:
+        # on a device slab made straight from its address: slicing a cupy array and
+        # reading its interface cost about 10 us a copy, more than a small copy itself
+        if self._base is not None:
             return buffers.DeviceView(self._base + offset, length, self.device, None, False, self._slab)
         return self._slab[offset:offset + length]
 

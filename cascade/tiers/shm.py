@@ -217,11 +217,8 @@ class ShmTier(SlabTier):
 
     # numpy copies release the GIL (memoryview slice assignment does not), so a put's
     # copy overlaps the content hashing running in another thread.
-    def _copy_in(self, offset: int, part: Any) -> int:
-        return buffers.copy(self._bytes[offset:offset + buffers.nbytes(part, "block part")], part)
-
-    def _copy_out(self, offset: int, out: Any) -> None:
-        buffers.copy(out, self._bytes[offset:offset + buffers.nbytes(out, "output buffer")])
+    def _region(self, offset: int, length: int) -> Any:
+        return self._bytes[offset:offset + length]
 
     def _slab_view(self, offset: int, length: int) -> Any:
         return self._view[offset:offset + length]

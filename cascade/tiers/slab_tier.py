@@ -1,19 +1,18 @@
 """A tier that keeps blocks in one preallocated slab: the shared core of GPU and SHM.
 
-Subclasses provide the slab and two copies (``_copy_in``, ``_copy_out``); this class
-does the index, allocation, accounting and optional checksums.
+Subclasses provide the slab (``_region``: its bytes as a buffer to copy to or from); this
+class does the copies, the index, allocation, accounting and optional checksums.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..buffers import copy, copy_each
 from ..buffers import nbytes as _nbytes
-from ..buffers import synced_once
 from ..buffers.batch import batches_open
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
@@ -59,12 +58,9 @@ class SlabTier(Tier):
         self._hot_host: memoryview | None = None
 
     # -- subclass hooks ---------------------------------------------------------------
-    def _copy_in(self, offset: int, part: Any) -> int:
-        """Copy buffer ``part`` to slab ``offset``; return its byte length."""
-        raise NotImplementedError
-
-    def _copy_out(self, offset: int, out: Any) -> None:
-        """Copy ``len(out)`` slab bytes from ``offset`` into the buffer ``out``."""
+    def _region(self, offset: int, length: int) -> Any:
+        """Slab bytes ``[offset, offset + length)`` as a buffer to copy to or from, with
+        nothing pending on it (copies into the slab are synchronised before a commit)."""
         raise NotImplementedError
 
     def _slab_view(self, offset: int, length: int) -> Any:
@@ -116,11 +112,12 @@ class SlabTier(Tier):
         only that space: safe beside any other call."""
         if sum(_nbytes(p) for p in parts) != slot.length:
             raise ValueError(f"{self.name}: parts hold {sum(_nbytes(p) for p in parts)} bytes, reserved {slot.length}")
-        pos = slot.offset
-        # into device room (unread until its commit): one synchronisation per stream for the block
-        with synced_once(parts, sources=True) if self.memory is Memory.DEVICE else nullcontext():
-            for part in parts:
-                pos += self._copy_in(pos, part)
+        copies, pos = [], slot.offset
+        for part in parts:
+            n = _nbytes(part)
+            copies.append((self._region(pos, n), part))
+            pos += n
+        copy_each(copies, what="slab room")  # device parts: one synchronisation per stream for the block
         if self._verify:
             slot.checksum = checksum([self._slab_view(slot.offset, slot.length)])
 
@@ -150,11 +147,11 @@ class SlabTier(Tier):
         if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
             # The bytes stay allocated: the store withdraws every reference first.
             raise CorruptBlock(f"{self.name}: block at offset {slot.offset} failed its checksum")
-        pos = slot.offset
-        with synced_once(outs):  # device outputs: one synchronisation per stream for the block
-            for out, size in zip(outs, sizes):
-                self._copy_out(pos, out)
-                pos += size
+        copies, pos = [], slot.offset
+        for out, size in zip(outs, sizes):
+            copies.append((out, self._region(pos, size)))
+            pos += size
+        copy_each(copies)  # device outputs: one synchronisation per stream for the block
 
     def leased_view(self, slot: _Slot) -> Any:
         if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
@@ -261,7 +258,7 @@ class SlabTier(Tier):
             raise ValueError(f"read of {n} bytes at {offset} outside a block of {slot.length}")
         if self._verify and offset == 0 and n == slot.length:
             self._check(key, slot)
-        self._copy_out(slot.offset + offset, out)
+        copy(out, self._region(slot.offset + offset, n))
 
     def read_parts_into(self, key: BlockKey, outs: Sequence[Any]) -> None:
         self.read_leased(self._slot(key), outs)

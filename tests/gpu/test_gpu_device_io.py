@@ -123,6 +123,17 @@ def test_batches_on_the_callers_stream(tier, kind, count, tmp_path):
             assert _host(ko) == k.tobytes() and _host(vo) == v.tobytes()
 
 
+def test_a_cuda_tensor_is_viewed_on_torchs_current_stream():
+    """The stream a view names is torch's current one (its raw-stream query agrees with
+    the public call), in and out of a stream context."""
+    _need("torch_cuda")
+    t = torch.empty(16, device="cuda")
+    assert buffers.view(t).stream == (torch.cuda.current_stream().cuda_stream or 1)  # 0: the legacy default, 1
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert buffers.view(t).stream == side.cuda_stream != 1
+
+
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
 def test_torch_cuda_low_precision_blocks_and_get_like(tier, dtype, tmp_path):
