@@ -208,3 +208,49 @@ def _copy_catching(errors: list) -> None:
         buffers.copy(np.zeros(8, np.uint8), np.ones(8, np.uint8))  # any copy settles open batches first
     except RuntimeError as exc:
         errors.append(exc)
+
+
+class _FailsAt(HostMemoryCopier):
+    """Fails the copy number ``at`` (counted from 0) once."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.tried = at, 0
+
+    def memcpy_async(self, *args) -> None:
+        self.tried += 1
+        if self.tried - 1 == self.at:
+            raise RuntimeError("cudaErrorIllegalAddress (injected)")
+        super().memcpy_async(*args)
+
+
+@pytest.mark.parametrize("tier", ["gpu", "shm"])
+def test_a_copy_failing_inside_a_device_batch_ends_every_lease_and_count(tier, tmp_path):
+    """A device batch reads its SHM and GPU blocks through leases taken in one locked
+    step: a copy failing midway raises, leaves no lease, reader or in-flight count held
+    (deletes pass, close() returns), counts every get, and the store keeps serving."""
+    failing = _FailsAt(-1)
+    with buffers.use_device_copier(failing):
+        cfg = Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, gpu_bytes=(1 << 20) if tier == "gpu" else 0,
+                     file_dir=str(tmp_path / "f"))
+        store = CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16),
+                             array_module=HostDeviceModule() if tier == "gpu" else None)
+        rng = np.random.default_rng(11)
+        arrays = [rng.standard_normal(SHAPE).astype(np.float16) for _ in range(2 * N)]
+        ids = [store.put(arrays[2 * i], arrays[2 * i + 1]) for i in range(N)]  # host inputs: no device copy
+        assert {t: s["blocks"] for t, s in store.stats()["tiers"].items() if s["blocks"]} == {tier: N}
+        outs = [(_out(0x21), _out(0x21)) for _ in range(N)]
+        failing.at = failing.tried + 5  # the third block's value
+        with pytest.raises(RuntimeError, match="injected"):
+            store.get_many_into(ids, outs)
+        c = store.counters
+        assert c.gets == c.misses == N and c.hits == 0, c  # the call raised: no get of it counts as a hit
+        assert store.get_many_into(ids, outs) == [True] * N
+        assert [o[1].array.tobytes() for o in outs] == [arrays[2 * i + 1].tobytes() for i in range(N)]
+        for b in ids:
+            store.delete(b)
+        assert len(store) == 0 and store.tiers[0].stats()["allocated"] == 0  # a lease left held keeps its room
+        closing = threading.Thread(target=store.close, daemon=True)
+        closing.start()
+        closing.join(3)
+        assert not closing.is_alive(), "close() is still waiting after a failed device batch"

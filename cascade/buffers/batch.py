@@ -54,6 +54,11 @@ class SyncBatch:
                 _current.reset(token)
         return run
 
+    @property
+    def device(self) -> bool:
+        """Whether any of its buffers is in device memory."""
+        return bool(self._starts)
+
     def covers(self, ptr: int, nbytes: int) -> bool:
         i = bisect.bisect_right(self._starts, ptr) - 1
         return i >= 0 and ptr + nbytes <= self._ends[i]

@@ -117,7 +117,8 @@ class BatchCalls:
         at the end (:func:`cascade.buffers.one_sync`). Hot small blocks are copied in one
         locked step (:meth:`~cascade.core.reads.ReadPath.read_hot_many`), blocks in the file
         tier leased in one and counted in another
-        (:meth:`~cascade.core.reads.ReadPath.read_leased_many`). Local."""
+        (:meth:`~cascade.core.reads.ReadPath.read_leased_many`), and so are the SHM and GPU
+        blocks of a batch with device outputs, whose copies this thread only enqueues. Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
@@ -127,6 +128,7 @@ class BatchCalls:
         outs = checked
         hits = [False] * len(block_ids)
         rest = range(len(block_ids))
+        keys = None
         if type(namespace) is str and {*map(type, block_ids)} <= {str}:
             keys = [(namespace, b) for b in block_ids]
             self._async.wait_for_puts(keys)  # a get after a put_async of an id sees it
@@ -143,6 +145,14 @@ class BatchCalls:
                 self._tick()
         if rest:
             with one_sync([o for i in rest for o in outs[i]]) as batch:  # device outputs: one sync per stream
+                if batch.device and keys is not None:  # SHM and GPU blocks: copies enqueued in this thread
+                    leased = self._reads.read_leased_many(
+                        [keys[i] for i in rest], [outs[i] for i in rest],
+                        lambda fn, items: [batch.bind(fn)(j) for j in items], any_outputs=True)
+                    for i, hit in zip(rest, leased):
+                        if hit is not None:
+                            hits[i] = hit
+                    rest = [i for i, hit in zip(rest, leased) if hit is None]
                 read = batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i])))
                 for i, hit in zip(rest, self._pools.parallel(read, rest, max_workers, item_bytes=self.spec.block_bytes)):
                     hits[i] = hit

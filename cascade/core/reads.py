@@ -221,10 +221,14 @@ class ReadPath:
         return hit
 
     def read_leased_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
-                         parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]]) -> list[bool | None]:
+                         parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]], *,
+                         any_outputs: bool = False) -> list[bool | None]:
         """:meth:`read` of each block of ``keys`` cached in a tier read outside the lock
         into host memory (the file tier) whose outputs are numpy arrays (of a
-        :data:`_BUFFER_KINDS` dtype), in steps of :data:`LEASED_STEP_BYTES`: one locked
+        :data:`_BUFFER_KINDS` dtype), or with ``any_outputs`` of each block in a tier
+        that reads into any buffer (SHM, GPU), host or device, whatever its outputs
+        (device copies are only enqueued inside a batch: no worker threads needed), in
+        steps of :data:`LEASED_STEP_BYTES`: one locked
         step leases a step's blocks, ``parallel(fn, items)`` runs their copies (the
         store's I/O workers), one locked step counts them; each hit is timed from the
         start to the end of its own copy. None for every other block (a miss here, a
@@ -238,12 +242,13 @@ class ReadPath:
         step = max(1, LEASED_STEP_BYTES // max(1, self._nbytes))
         with self._inflight.hold(f"a batch get of {len(keys)} blocks") as op:
             for lo in range(0, len(keys), step):
-                self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op)
+                self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op,
+                                       any_outputs)
         return results
 
     def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
                           parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]],
-                          results: list[bool | None], op: Any) -> None:
+                          results: list[bool | None], op: Any, any_outputs: bool) -> None:
         """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``."""
         leased: list[tuple[int, Lease]] = []
         counted = 0
@@ -254,7 +259,8 @@ class ReadPath:
                     if meta is None or (meta.tier and self._promote_on_hit):
                         continue
                     tier = self._tiers[meta.tier]
-                    if not tier.concurrent or tier.memory is Memory.DEVICE or not _buffer_arrays(outs[i]):
+                    if not tier.concurrent or not (tier.reads_into_device if any_outputs else
+                                                   tier.memory is not Memory.DEVICE and _buffer_arrays(outs[i])):
                         continue
                     leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                     self.metrics.counters.gets += 1
