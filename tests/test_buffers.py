@@ -180,20 +180,6 @@ def test_copy_each_synchronises_each_stream_once_after_all_its_copies(copier):
     assert [o.array.tobytes() for o in outs] == [s.array.tobytes() for s in srcs]
 
 
-def test_copy_each_joins_device_copies_that_continue_each_other(copier):
-    """The key and value halves of one device buffer, to or from adjacent device memory,
-    go as one copy; halves that are not adjacent at both ends go as two."""
-    block, slab = HostCudaArray(np.zeros(64, np.uint8), stream=0x71), HostCudaArray(np.arange(64, dtype=np.uint8))
-    out, src = buffers.view(block, writable=True), buffers.view(slab)
-    halves = [(buffers.DeviceView(out.ptr + i * 32, 32, None, 0x71, False, block),
-               buffers.DeviceView(src.ptr + i * 32, 32, None, None, False, slab)) for i in (0, 1)]
-    buffers.copy_each(halves)
-    assert copier.calls == [("d2d", 64, 0x71)] and block.array.tobytes() == slab.array.tobytes()
-    block.array[:] = 0
-    buffers.copy_each(halves[::-1])  # the second half first: not a continuation
-    assert copier.calls[1:] == [("d2d", 32, 0x71), ("d2d", 32, 0x71)] and block.array.tobytes() == slab.array.tobytes()
-
-
 def test_copy_each_that_fails_midway_synchronises_what_it_enqueued_and_raises(copier):
     class FailsSecond(HostMemoryCopier):
         def memcpy_async(self, *args):

@@ -254,16 +254,3 @@ def test_a_copy_failing_inside_a_device_batch_ends_every_lease_and_count(tier, t
         closing.start()
         closing.join(3)
         assert not closing.is_alive(), "close() is still waiting after a failed device batch"
-
-
-def test_a_block_whose_halves_share_one_device_buffer_moves_in_one_copy(gpu_store, copier):
-    """What the LMCache backend hands in (key and value as the two halves of one buffer)
-    goes in and out of the GPU tier as one device copy per block, not two."""
-    rng = np.random.default_rng(8)
-    buf = rng.standard_normal((2, *SHAPE)).astype(np.float16)
-    calls = len(copier.calls)
-    bid = gpu_store.put(HostCudaArray(buf[0], stream=0x31), HostCudaArray(buf[1], stream=0x31), block_id="c" * 32)
-    out = np.zeros_like(buf)
-    assert gpu_store.get_into(bid, HostCudaArray(out[0], stream=0x32), HostCudaArray(out[1], stream=0x32))
-    assert [c[:2] for c in copier.calls[calls:]] == [("d2d", buf.nbytes)] * 2
-    assert out.tobytes() == buf.tobytes()

@@ -211,19 +211,15 @@ def copy_each(pairs: Sequence[tuple[Any, Any]], *, what: str = "output buffer") 
     """:func:`copy` of each ``(dst, src)`` of ``pairs``, returning once all are in place
     with one synchronisation per stream for the set (the parts of one block): the
     copies with a device end are enqueued first, then each stream they went on is
-    synchronised, also when one of them raised. Device-to-device copies that continue
-    the previous one at both ends (a block's key and value halves of one buffer) go as
-    one. Inside :func:`one_sync`, copies into its device outputs are only enqueued, as
-    :func:`copy`'s. Local; thread-safe for distinct destinations."""
-    views: list[tuple[ByteView, ByteView]] = []
+    synchronised, also when one of them raised. Inside :func:`one_sync`, copies into
+    its device outputs are only enqueued, as :func:`copy`'s. Local; thread-safe for
+    distinct destinations."""
+    views = []
     for dst, src in pairs:
         d, s = view(dst, what, writable=True), view(src, "input")
         if d.nbytes != s.nbytes:
             raise InvalidBlock(f"{what} holds {d.nbytes} bytes, the data {s.nbytes}")
-        if views and _continues(views[-1], d, s):
-            views[-1] = _joined(views[-1][0], d), _joined(views[-1][1], s)
-        else:
-            views.append((d, s))
+        views.append((d, s))
     settled = False
     pending: dict[tuple[int, int | None], None] = {}
     try:
@@ -241,21 +237,6 @@ def copy_each(pairs: Sequence[tuple[Any, Any]], *, what: str = "output buffer") 
             _synchronize_each(pending)
         raise
     _synchronize_each(pending)
-
-
-def _continues(last: tuple[ByteView, ByteView], d: ByteView, s: ByteView) -> bool:
-    """Whether the device-to-device copy ``s`` -> ``d`` starts where ``last`` ended, at
-    both ends, on the same streams and devices."""
-    ld, ls = last
-    return (type(d) is DeviceView and type(s) is DeviceView and type(ld) is DeviceView and type(ls) is DeviceView
-            and ld.ptr + ld.nbytes == d.ptr and ls.ptr + ls.nbytes == s.ptr
-            and (ld.stream, ld.device, ls.stream, ls.device) == (d.stream, d.device, s.stream, s.device))
-
-
-def _joined(first: DeviceView, then: DeviceView) -> DeviceView:
-    """One view of two adjacent runs of device memory (keeping both owners)."""
-    return DeviceView(first.ptr, first.nbytes + then.nbytes, first.device, first.stream,
-                      first.readonly or then.readonly, (first.owner, then.owner))
 
 
 def _synchronize_each(streams: dict[tuple[int, int | None], None]) -> None:
