@@ -10,7 +10,7 @@ memory (:mod:`.staging`); :func:`one_sync` synchronises a batch once per stream;
 caller's object is one of theirs (or a device copy needs cupy).
 """
 from .alloc import empty_like_kind
-from .batch import SyncBatch, one_sync, synced_once
+from .batch import SyncBatch, one_sync
 from .copy import (CupyCopier, DeviceCopier, copy, copy_each, device_copier, forget_pinnable, host_bytes, host_outputs,
                    host_views, register_pinnable, set_staging_bytes, staging_arena, staging_buffer,
                    use_device_copier)
@@ -22,7 +22,7 @@ from .views import (ByteView, DeviceView, as_byte_view, check_layout, host_view,
 __all__ = [
     "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "StagingArena", "SyncBatch", "as_byte_view",
     "as_dtype", "check_layout", "copy", "copy_each", "device_copier", "dtype_name", "empty_like_kind", "forget_pinnable",
-    "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "synced_once", "register_pinnable",
+    "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "register_pinnable",
     "set_staging_bytes", "settled", "shape_and_dtype", "staging_arena", "staging_buffer", "use_device_copier",
     "view",
 ]

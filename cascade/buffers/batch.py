@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-import numpy as np
 
 _current: ContextVar["SyncBatch | None"] = ContextVar("cascade_sync_batch", default=None)
 _open: set["SyncBatch"] = set()
@@ -132,23 +131,6 @@ def one_sync(outputs: Sequence[Any], *, sources: bool = False) -> Iterator[SyncB
     finally:
         with _open_lock:
             _open.discard(batch)
-
-
-@contextlib.contextmanager
-def synced_once(buffers: Sequence[Any], *, sources: bool = False) -> Iterator[None]:
-    """The calling thread's copies in the block into the device buffers among
-    ``buffers`` (with ``sources``: out of them into device memory) synchronised once per
-    stream at its end, as :func:`one_sync` does; nothing is added when every buffer is a
-    numpy array, or inside a batch (whose end synchronises them). Local."""
-    if _current.get() is not None or all(isinstance(b, np.ndarray) for b in buffers):
-        yield
-        return
-    with one_sync(buffers, sources=sources) as batch:
-        token = _current.set(batch)
-        try:
-            yield
-        finally:
-            _current.reset(token)
 
 
 def defers(dst: Any, src: Any) -> bool:

@@ -295,11 +295,6 @@ def _device_copy(d: ByteView, s: ByteView, *, defer: bool = False,
     return n
 
 
-def _pinned(host: np.ndarray, copier: DeviceCopier, arena: StagingArena) -> bool:
-    ptr, n = int(host.ctypes.data), int(host.nbytes)
-    return arena.contains(ptr, n) or _pinnable.pinned(ptr, n, copier)
-
-
 def _staged(copier: DeviceCopier, arena: StagingArena, dev: DeviceView, host: np.ndarray, *,
             to_device: bool) -> None:
     """Copy between ``dev`` and pageable ``host`` through a pinned arena slice: whole when
@@ -394,19 +389,8 @@ def host_outputs(outs: Sequence[Any], what: str = "output buffer") -> Iterator[l
         return
     with _stand_ins(views) as hosts:
         yield hosts
-        pairs = [(v, h) for v, h in zip(views, hosts) if v is not h]
-        copier, arena = _state()
-        if any(not _pinned(h, copier, arena) for _, h in pairs):  # pageable stand-ins: staged one by one
-            for v, h in pairs:
-                _device_copy(v, h)
-            return
-        streams = {}
-        for v, h in pairs:
-            stream = (_handle(v.stream), v.device)
-            copier.memcpy_async(v.ptr, _ptr(h), int(v.nbytes), "h2d", *stream)
-            streams[stream] = None
-        for stream in streams:  # before the stand-ins go back to the arena
-            copier.synchronize(*stream)
+        # synchronised before the stand-ins go back to the arena (an arena copy is never deferred)
+        copy_each([(v, h) for v, h in zip(views, hosts) if v is not h], what=what)
 
 
 @contextlib.contextmanager

@@ -180,8 +180,6 @@ def _check_numpy(arr: np.ndarray, what: str, writable: bool) -> bool:
     return False
 
 
-
-
 def _torch(t: Any, what: str, writable: bool) -> ByteView:
     import torch  # the caller's object is a torch one: torch is imported already
 

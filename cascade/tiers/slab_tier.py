@@ -16,7 +16,7 @@ from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
-from .base import BlockKey, Memory, Tier
+from .base import BlockKey, Tier
 from .slab import SlabAllocator
 
 
@@ -110,11 +110,11 @@ class SlabTier(Tier):
     def fill(self, slot: _Slot, parts: Sequence[Any]) -> None:
         """Copy ``parts`` into reserved space (and checksum it when verifying). Touches
         only that space: safe beside any other call."""
-        if sum(_nbytes(p) for p in parts) != slot.length:
-            raise ValueError(f"{self.name}: parts hold {sum(_nbytes(p) for p in parts)} bytes, reserved {slot.length}")
+        sizes = [_nbytes(p) for p in parts]
+        if sum(sizes) != slot.length:
+            raise ValueError(f"{self.name}: parts hold {sum(sizes)} bytes, reserved {slot.length}")
         copies, pos = [], slot.offset
-        for part in parts:
-            n = _nbytes(part)
+        for part, n in zip(parts, sizes):
             copies.append((self._region(pos, n), part))
             pos += n
         copy_each(copies, what="slab room")  # device parts: one synchronisation per stream for the block
