@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config, InvalidBlock
-from cascade.errors import CloseTimeout, StoreClosed
+from cascade.errors import CloseTimeout, StoreClosed, TierFull
+from cascade.tiers import slab_tier
 from cascade.tiers.base import Memory
 from test_concurrency import BLOCK, SPEC, bid, check_block, check_quiescent, config, parts, put
 
@@ -114,6 +115,50 @@ def test_a_tier_operation_raising_leaves_nothing_held(tmp_path, monkeypatch, set
 
     # raised before the tier does anything
     with_each_tier_faulty(tmp_path, monkeypatch, setup, lambda tier: monkeypatch.setattr(tier, op, boom))
+
+
+@pytest.mark.parametrize("setup", ["shm", "shm+file"])
+@pytest.mark.parametrize("exc_kind", ["io", "bug", "interrupt"])
+def test_a_slab_copy_out_raising_midway_leaves_nothing_held(tmp_path, monkeypatch, setup, exc_kind):
+    """The copy of a hot get or a leased read raises after taking its buffers (under the
+    lock, or with the block leased)."""
+    make = fault(exc_kind)
+    calls = []
+
+    def boom(*args):
+        calls.append(args)
+        raise make()
+
+    with_each_tier_faulty(tmp_path, monkeypatch, setup, lambda tier: monkeypatch.setattr(slab_tier, "copy_out", boom))
+    assert calls  # the workload reached the copy
+
+
+@pytest.mark.parametrize("setup", ["shm", "shm+file"])
+@pytest.mark.parametrize("exc_kind", ["io", "bug", "interrupt"])
+def test_a_slab_copy_in_raising_midway_leaves_nothing_held(tmp_path, monkeypatch, setup, exc_kind):
+    """The copy of a hot put (a small block with room free in the SHM tier) raises after
+    its room was allocated: the put fails, its room is given back, nothing is stored."""
+    make = fault(exc_kind)
+    calls = []
+
+    def boom(*args):
+        calls.append(args)
+        raise make()
+
+    store = open_setup(tmp_path, setup)
+    for n in range(4):  # the SHM tier holds 8: room left for hot puts
+        put(store, n)
+    shm = store.tiers[0]
+    free = shm.free
+    monkeypatch.setattr(slab_tier, "copy_in", boom)
+    for n in range(4, 8):
+        with pytest.raises({"io": TierFull, "bug": RuntimeError, "interrupt": KeyboardInterrupt}[exc_kind]):
+            put(store, n)
+        assert not store.contains(bid(n))
+    monkeypatch.undo()
+    assert len(calls) == 4 and shm.free == free
+    check_quiescent(store)
+    check_serves_and_closes(store)
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))

@@ -18,6 +18,7 @@ from cascade.identity import check_namespace
 from cascade.models import BlockSpec
 from cascade.policy import BlockMeta, Policy
 from cascade.stats import StoreMetrics
+from cascade.tiers import slab_tier
 from cascade.tiers.shm import ShmTier
 from cascade.validate import check_priority
 
@@ -367,19 +368,18 @@ def test_the_hot_put_leaves_the_state_of_the_full_put(tmp_path, monkeypatch):
     assert states[0] == states[1]
 
 
-def test_store_hot_gives_the_room_back_when_the_copy_fails_or_is_refused(tmp_path):
+def test_store_hot_gives_the_room_back_when_the_copy_fails_or_is_refused(tmp_path, monkeypatch):
     tier = ShmTier(1 << 20, str(tmp_path))
     try:
         part = np.arange(2048, dtype=np.uint8)
 
-        class Failing:
-            def __setitem__(self, where, what):
-                raise OSError(5, "injected EIO")
+        def failing(*args):
+            raise OSError(5, "injected EIO")
 
-        real, tier._hot_host = tier._hot_host, Failing()
-        with pytest.raises(OSError, match="EIO"):
-            tier.store_hot(("default", ident(1)), [part, part], 4096)
-        tier._hot_host = real
+        with monkeypatch.context() as m:
+            m.setattr(slab_tier, "copy_in", failing)
+            with pytest.raises(OSError, match="EIO"):
+                tier.store_hot(("default", ident(1)), [part, part], 4096)
         assert tier.free == tier.capacity and ("default", ident(1)) not in tier
         assert not tier.store_hot(("default", ident(2)), [part, object()], 4096)  # no buffer: refused
         assert not tier.store_hot(("default", ident(3)), [part, part], 8192)  # parts of another size

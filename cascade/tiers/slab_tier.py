@@ -18,11 +18,7 @@ from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Tier
 from .slab import SlabAllocator
-
-
-#: What taking a flat byte view of a buffer raises when it has none (no buffer protocol,
-#: strided, a format memoryview cannot cast).
-_NO_BYTE_VIEW = (TypeError, ValueError, BufferError, NotImplementedError)
+from .slab_copy import copy_in, copy_out
 
 
 @dataclass(slots=True, eq=False)
@@ -54,7 +50,7 @@ class SlabTier(Tier):
         self._backed = capacity  # bytes from the slab's start backed by memory (SHM: see _back)
         # The slab as a writable host memoryview, set by a subclass whose slab lives in host
         # memory, unless it verifies checksums: what read_hot() and store_hot() copy through
-        # (memoryview copies of a few KiB cost a tenth of a numpy copy's call overhead).
+        # (slab_copy: one call per block; a numpy copy's call overhead is 10x a 4 KiB block's).
         self._hot_host: memoryview | None = None
 
     # -- subclass hooks ---------------------------------------------------------------
@@ -137,9 +133,10 @@ class SlabTier(Tier):
 
     def read_leased(self, slot: _Slot, outs: Sequence[Any]) -> None:
         # host slab, no checksums, numpy outputs, no device batch open in this process (whose
-        # copies in flight the generic copy would settle first): memoryview copies, as read_hot's
+        # copies in flight the generic copy would settle first): slab_copy, as read_hot's (from
+        # 256 KiB without the interpreter lock where compiled)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
-                and self._copy_host(slot.offset, slot.offset + slot.length, outs)):
+                and copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs)):
             return
         sizes = [_nbytes(o) for o in outs]
         if sum(sizes) != slot.length:
@@ -171,31 +168,13 @@ class SlabTier(Tier):
         """The whole slab as a uint8 array (numpy or cupy)."""
         raise NotImplementedError
 
-    # read_hot() and store_hot() run per block under the store's lock: each makes the byte
-    # view of a buffer and copies it in one pass (ndarray.data: the same buffer as
-    # memoryview(buf), at half the cost), so a refusal may come after a first copy.
+    # read_hot() and store_hot() run per block under the store's lock: one call copies the
+    # block's buffers (slab_copy: compiled where built), or refuses them having written nothing.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         slot = self._index.get(key)
         if self._hot_host is None or slot is None:
             return False
-        return self._copy_host(slot.offset, slot.offset + slot.length, outs)
-
-    def _copy_host(self, pos: int, last: int, outs: Sequence[Any]) -> bool:
-        """Slab bytes ``[pos, last)`` into ``outs`` through memoryviews of the host slab:
-        whether they took exactly that (False for outputs without a flat byte view, of
-        other sizes, or read-only; some may have been written)."""
-        host = self._hot_host
-        try:
-            for out in outs:
-                view = (out.data if type(out) is np.ndarray else memoryview(out)).cast("B")
-                end = pos + view.nbytes
-                if end > last:
-                    return False
-                view[:] = host[pos:end]  # (TypeError for a read-only output: refused below)
-                pos = end
-        except _NO_BYTE_VIEW:
-            return False
-        return pos == last
+        return copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs)
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         # reserve() and commit() written out: this runs per put.
@@ -207,33 +186,22 @@ class SlabTier(Tier):
             pos = alloc.alloc(nbytes)
         except TierFull:
             return False
-        start, last = pos, pos + nbytes
         try:  # the room is this call's own until its commit: given back on every other way out
-            if last > self._backed:
-                self._back(last)
-            try:
-                for part in parts:
-                    view = (part.data if type(part) is np.ndarray else memoryview(part)).cast("B")
-                    end = pos + view.nbytes
-                    if end > last:
-                        break
-                    host[pos:end] = view
-                    pos = end
-            except _NO_BYTE_VIEW:
-                pos = -1
-            if pos == last:
+            if pos + nbytes > self._backed:
+                self._back(pos + nbytes)
+            if copy_in(host, pos, pos + nbytes, parts):
                 index = self._index
                 if key in index:
                     self._release(key)
-                index[key] = _Slot(start, nbytes)
+                index[key] = _Slot(pos, nbytes)
                 self._used += nbytes
                 return True
         except TierFull:  # the room could not be backed
             pass
         except BaseException:
-            alloc.free(start, nbytes)
+            alloc.free(pos, nbytes)
             raise
-        alloc.free(start, nbytes)
+        alloc.free(pos, nbytes)
         return False
 
     def release(self, slot: _Slot) -> None:

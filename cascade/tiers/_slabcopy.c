@@ -1,0 +1,146 @@
+/* Copies between a host slab and a block's buffers in one call (cascade.tiers.slab_copy).
+ *
+ * copy_out(slab, pos, last, outs) and copy_in(slab, pos, last, parts) do what the
+ * pure-Python versions in slab_copy.py do with memoryview slices, without a Python-level
+ * view and slice per buffer: every buffer is taken (C-contiguous; the outputs writable)
+ * and its size checked before a byte moves, so a refusal (False) writes nothing. Copies
+ * of BIG_COPY bytes or more run with the interpreter lock released: the buffers stay
+ * exported meanwhile, so none of them can be resized or freed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_PARTS 8
+#define BIG_COPY (256 * 1024)
+
+/* Take the buffers of ``seq`` (at most MAX_PARTS). 1 when all were taken; 0 when one has
+ * no such buffer (the error cleared: a refusal), -1 on another error (set). */
+static int
+take_buffers(PyObject *seq, Py_buffer *views, Py_ssize_t *count, int flags)
+{
+    PyObject *fast = PySequence_Fast(seq, "outs/parts must be a sequence");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_PARTS) {
+        Py_DECREF(fast);
+        *count = 0;
+        return 0;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(items[i], &views[i], flags) < 0) {
+            for (Py_ssize_t j = 0; j < i; j++)
+                PyBuffer_Release(&views[j]);
+            Py_DECREF(fast);
+            *count = 0;
+            if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)
+                || PyErr_ExceptionMatches(PyExc_ValueError)) {
+                PyErr_Clear();
+                return 0;
+            }
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    *count = n;
+    return 1;
+}
+
+static void
+release_all(Py_buffer *views, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyBuffer_Release(&views[i]);
+}
+
+static void
+move(Py_buffer *views, Py_ssize_t n, char *base, int out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (out)
+            memcpy(views[i].buf, base, (size_t)views[i].len);
+        else
+            memcpy(base, views[i].buf, (size_t)views[i].len);
+        base += views[i].len;
+    }
+}
+
+/* Shared body: out != 0 copies slab -> buffers, else buffers -> slab. */
+static PyObject *
+slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "expected (slab, pos, last, buffers)");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]), last = PyLong_AsSsize_t(args[2]);
+    if ((pos == -1 || last == -1) && PyErr_Occurred())
+        return NULL;
+    Py_buffer slab;
+    if (PyObject_GetBuffer(args[0], &slab, out ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (pos < 0 || last < pos || last > slab.len) {
+        PyErr_Format(PyExc_ValueError, "slab range [%zd, %zd) outside a slab of %zd bytes", pos, last, slab.len);
+        goto done;
+    }
+    Py_buffer views[MAX_PARTS];
+    Py_ssize_t n = 0;
+    int taken = take_buffers(args[3], views, &n, out ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS);
+    if (taken < 0)
+        goto done;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += views[i].len;
+    if (taken && total == last - pos) {
+        char *base = (char *)slab.buf + pos;
+        if (total >= BIG_COPY) {
+            Py_BEGIN_ALLOW_THREADS
+            move(views, n, base, out);
+            Py_END_ALLOW_THREADS
+        }
+        else {
+            move(views, n, base, out);
+        }
+        result = Py_NewRef(Py_True);
+    }
+    else {
+        result = Py_NewRef(Py_False);
+    }
+    release_all(views, n);
+done:
+    PyBuffer_Release(&slab);
+    return result;
+}
+
+static PyObject *
+copy_out(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return slab_copy(args, nargs, 1);
+}
+
+static PyObject *
+copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return slab_copy(args, nargs, 0);
+}
+
+static PyMethodDef methods[] = {
+    {"copy_out", (PyCFunction)(void (*)(void))copy_out, METH_FASTCALL,
+     "copy_out(slab, pos, last, outs) -> bool: slab bytes [pos, last) into the outputs, in order."},
+    {"copy_in", (PyCFunction)(void (*)(void))copy_in, METH_FASTCALL,
+     "copy_in(slab, pos, last, parts) -> bool: the parts, in order, into slab bytes [pos, last)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_slabcopy", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__slabcopy(void)
+{
+    return PyModule_Create(&module);
+}
