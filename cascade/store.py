@@ -26,6 +26,7 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
+from .buffers import host_array
 from .buffers.alloc import empty_like_kind
 from .config import Config
 from .core.batch import BatchCalls
@@ -222,7 +223,10 @@ class CascadeStore(BatchCalls):
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
         priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        if block_id is not None and not verify and _plain_pair(key, value, self._shape, self._dtype):
+        plain = _plain_pair(key, value, self._shape, self._dtype)
+        if not plain and (arrays := self._host_arrays(key, value, writable=False)) is not None:
+            (key, value), plain = arrays, True  # CPU torch tensors: numpy arrays over their memory
+        if block_id is not None and not verify and plain:
             stored = self._writes.put_hot((key, value), namespace, check_id(block_id), parent, ttl, priority)
             if stored is not None:
                 if self._stats_dir:
@@ -256,8 +260,12 @@ class CascadeStore(BatchCalls):
         spec (nothing is then held). Local; the copy runs outside the store's lock,
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
-        if (type(block_id) is str and type(namespace) is str
-                and _plain_pair(key_out, value_out, self._shape, self._dtype)):
+        if type(block_id) is str and type(namespace) is str:
+            if not _plain_pair(key_out, value_out, self._shape, self._dtype):
+                arrays = self._host_arrays(key_out, value_out, writable=True)
+                if arrays is None:
+                    return self._read(block_id, namespace, self._check_outs(key_out, value_out))
+                key_out, value_out = arrays  # CPU torch tensors: numpy arrays over their memory
             # A block cached here is what a pending put_async of its id would store (or
             # dedup onto): the wait for such puts (a get after one sees it) is _read's.
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
@@ -268,12 +276,30 @@ class CascadeStore(BatchCalls):
                 return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
-    def _plain_pairs(self, pairs: Sequence[tuple[Any, Any]]) -> list[int]:
+    def _host_arrays(self, key: Any, value: Any, *, writable: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """``key`` and ``value`` as numpy arrays of the spec over their own memory when both
+        are CPU torch tensors of the spec (:func:`cascade.buffers.host_array`), else None."""
+        k = host_array(key, self._shape, self._dtype, writable=writable)
+        if k is None:
+            return None
+        v = host_array(value, self._shape, self._dtype, writable=writable)
+        return None if v is None else (k, v)
+
+    def _plain_pairs(self, pairs: list[tuple[Any, Any]]) -> list[int]:
         """Indices of the ``(key, value)`` of ``pairs`` that are both numpy arrays of the
         spec's shape and dtype (:func:`_plain_pair`: candidates for the hot path, which
-        still checks their layout)."""
+        still checks their layout). A pair of CPU torch tensors of the spec is replaced in
+        ``pairs`` by numpy arrays over their memory (:meth:`_host_arrays`) and counted."""
         shape, dtype = self.spec.shape, self.spec.np_dtype
-        return [i for i, (k, v) in enumerate(pairs) if _plain_pair(k, v, shape, dtype)]
+        plain = []
+        for i, (k, v) in enumerate(pairs):
+            if not _plain_pair(k, v, shape, dtype):
+                arrays = self._host_arrays(k, v, writable=False)
+                if arrays is None:
+                    continue
+                pairs[i] = arrays
+            plain.append(i)
+        return plain
 
     def _checked_out_pairs(self, outs: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
         """Each ``(key_out, value_out)`` of ``outs`` checked as :meth:`_check_outs` checks
@@ -283,7 +309,7 @@ class CascadeStore(BatchCalls):
         shape, dtype = self.spec.shape, self.spec.np_dtype
         return [pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
                          and k.flags.num & _WRITABLE_C == _WRITABLE_C and v.flags.num & _WRITABLE_C == _WRITABLE_C)
-                else tuple(self._check_outs(*pair)) for pair in outs]
+                else self._host_arrays(k, v, writable=True) or tuple(self._check_outs(*pair)) for pair in outs]
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

@@ -13,6 +13,10 @@ process and one run, alternating:
   ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
   ``get_many_into`` of the same ids into the same outputs; ``view`` (a zero-copy lease
   taken and given back: its cost should not grow with the block size).
+* The same store, CPU torch tensors over the same bytes (``torch.from_numpy``, when torch
+  is installed): ``put`` and ``get_into`` one by one (``torch_put_us``, ``torch_get_us``;
+  the store reads them through numpy arrays over their memory,
+  :func:`cascade.buffers.host_array`).
 * Cascade, SHM tier not prefaulted: the same loop of puts into pages never touched
   (``put_fresh_pages``: each put also backs its pages, a first fill's cost).
 * Cascade, file tier only (``cold``: the files dropped from the page cache before each
@@ -52,6 +56,11 @@ import numpy as np
 from cascade import CascadeStore, Config
 from cascade.models import BlockSpec
 
+try:
+    import torch
+except ImportError:  # no torch rows
+    torch = None
+
 from ..machine import drop_page_cache, files_under
 from .blockio import size_label
 
@@ -87,6 +96,27 @@ def _in_turn(forms, rnd: int) -> list:
 
 def _batched(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _torch_passes(store: CascadeStore, blocks: list, outs: list, ids: list[str]) -> dict[str, float]:
+    """Puts and hot gets of CPU torch tensors over the bytes of ``blocks`` and ``outs``."""
+    tensors = [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in blocks]
+    touts = [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in outs]
+    for key_out, value_out in outs:
+        key_out.fill(0)
+        value_out.fill(0)
+    row = {"torch_put_us": _per_block_us(lambda: [store.put(k, v, block_id=b) for b, (k, v) in zip(ids, tensors)],
+                                          len(ids))}
+
+    def get_loop() -> None:
+        for b, (ko, vo) in zip(ids, touts):
+            store.get_into(b, ko, vo)
+
+    get_loop()
+    row["torch_get_us"] = _per_block_us(get_loop, len(ids))
+    row["torch_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                             for o, b in zip(outs, blocks))
+    return row
 
 
 def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, float]:
@@ -154,6 +184,8 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
         row["view_us"] = _per_block_us(view_loop, count)
         row["hot_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                                for o, b in zip(outs, blocks))
+        if torch is not None:
+            row.update(_torch_passes(store, blocks, outs, _ids(count, 2 * rnd + 2 * 10**6)))
 
     file_dir = tempfile.mkdtemp(prefix="small-", dir=workdir)
     try:
@@ -191,7 +223,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         row = {"size": nbytes, "size_label": size_label(nbytes), "blocks": count, "rounds": rounds,
                "batch": BATCH, **{k: round(v, 3) for k, v in med.items()},
                "cold_read_mode": passes[0]["cold_read_mode"],
-               "wrong": sum(p["hot_wrong"] + p["cold_wrong"] for p in passes),
+               "wrong": sum(p["hot_wrong"] + p["cold_wrong"] + p.get("torch_wrong", 0) for p in passes),
                "get_vs_dict": med["get_loop_us"] / med["dict_get_us"],
                "put_vs_dict": med["put_loop_us"] / med["dict_put_us"],
                "put_fresh_pages_vs_dict": med["put_fresh_pages_us"] / med["dict_put_us"],
@@ -209,13 +241,16 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["size     dict get/put us   cascade get/put us (x dict)     batch/loop hot get, put, cold get   put, fresh pages",
-             "-------  ---------------   -----------------------------   ---------------------------------   ----------------"]
+    lines = ["size     dict get/put us   cascade get/put us (x dict)     batch/loop hot get, put, cold get   "
+             "put, fresh pages   CPU torch get/put us",
+             "-------  ---------------   -----------------------------   ---------------------------------   "
+             "----------------   --------------------"]
     for r in result["rows"]:
+        torch_us = f"{r['torch_get_us']:7.1f} /{r['torch_put_us']:7.1f}" if "torch_get_us" in r else "    (no torch)"
         lines.append(
             f"{r['size_label']:<8} {r['dict_get_us']:6.1f} /{r['dict_put_us']:6.1f}   "
             f"{r['get_loop_us']:7.1f} ({r['get_vs_dict']:4.1f}x) /{r['put_loop_us']:7.1f} ({r['put_vs_dict']:4.1f}x)   "
             f"{r['hot_get_batch_vs_loop']:.2f}, {r['put_batch_vs_loop']:.2f}, {r['cold_get_batch_vs_loop']:.2f}"
-            f"{'':21}{r['put_fresh_pages_us']:7.1f} ({r['put_fresh_pages_vs_dict']:4.1f}x)"
+            f"{'':21}{r['put_fresh_pages_us']:7.1f} ({r['put_fresh_pages_vs_dict']:4.1f}x)   {torch_us}"
             f"{'' if not r['wrong'] else '  WRONG BYTES: ' + str(r['wrong'])}")
     return "\n".join(lines)

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 
 from ..buffers import copy, copy_each
+from ..buffers.hostcopy import copy_in, copy_out
 from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Tier
 from .slab import SlabAllocator
-from .slab_copy import copy_in, copy_out
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +50,7 @@ class SlabTier(Tier):
         self._backed = capacity  # bytes from the slab's start backed by memory (SHM: see _back)
         # The slab as a writable host memoryview, set by a subclass whose slab lives in host
         # memory, unless it verifies checksums: what read_hot() and store_hot() copy through
-        # (slab_copy: one call per block; a numpy copy's call overhead is 10x a 4 KiB block's).
+        # (buffers.hostcopy: one call per block; a numpy copy's call overhead is 10x a 4 KiB block's).
         self._hot_host: memoryview | None = None
 
     # -- subclass hooks ---------------------------------------------------------------
@@ -133,7 +133,7 @@ class SlabTier(Tier):
 
     def read_leased(self, slot: _Slot, outs: Sequence[Any]) -> None:
         # host slab, no checksums, numpy outputs, no device batch open in this process (whose
-        # copies in flight the generic copy would settle first): slab_copy, as read_hot's (from
+        # copies in flight the generic copy would settle first): hostcopy, as read_hot's (from
         # 256 KiB without the interpreter lock where compiled)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
                 and copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs)):
@@ -169,7 +169,7 @@ class SlabTier(Tier):
         raise NotImplementedError
 
     # read_hot() and store_hot() run per block under the store's lock: one call copies the
-    # block's buffers (slab_copy: compiled where built), or refuses them having written nothing.
+    # block's buffers (buffers.hostcopy: compiled where built), or refuses them having written nothing.
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         slot = self._index.get(key)
         if self._hot_host is None or slot is None:

@@ -1,11 +1,16 @@
-/* Copies between a host slab and a block's buffers in one call (cascade.tiers.slab_copy).
+/* Host-memory primitives of cascade.buffers.hostcopy, each one call instead of several
+ * Python-level views and slices.
  *
  * copy_out(slab, pos, last, outs) and copy_in(slab, pos, last, parts) do what the
- * pure-Python versions in slab_copy.py do with memoryview slices, without a Python-level
- * view and slice per buffer: every buffer is taken (C-contiguous; the outputs writable)
- * and its size checked before a byte moves, so a refusal (False) writes nothing. Copies
- * of BIG_COPY bytes or more run with the interpreter lock released: the buffers stay
- * exported meanwhile, so none of them can be resized or freed.
+ * pure-Python versions in hostcopy.py do with memoryview slices: every buffer is taken
+ * (C-contiguous; the outputs writable) and its size checked before a byte moves, so a
+ * refusal (False) writes nothing. Copies of BIG_COPY bytes or more run with the
+ * interpreter lock released: the buffers stay exported meanwhile, so none of them can be
+ * resized or freed.
+ *
+ * memory_at(address, nbytes, writable, owner) is a flat byte buffer over memory that
+ * ``owner`` holds (a CPU tensor's data_ptr()): it keeps ``owner`` alive, and with it the
+ * memory, as long as it or anything made over it (a numpy array) lives.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -127,20 +132,89 @@ copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return slab_copy(args, nargs, 0);
 }
 
+/* Memory: a buffer over memory at an address, holding the object that owns it (a CPU
+ * tensor) for as long as the Memory, or anything made over it, lives. */
+typedef struct {
+    PyObject_HEAD
+    void *buf;
+    Py_ssize_t len;
+    int readonly;
+    PyObject *owner;
+} MemoryObject;
+
+static int
+memory_getbuffer(MemoryObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->buf, self->len, self->readonly, flags);
+}
+
+static void
+memory_dealloc(MemoryObject *self)
+{
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyBufferProcs memory_as_buffer = {(getbufferproc)memory_getbuffer, NULL};
+
+static PyTypeObject MemoryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cascade.buffers._hostcopy.Memory",
+    .tp_basicsize = sizeof(MemoryObject),
+    .tp_dealloc = (destructor)memory_dealloc,
+    .tp_as_buffer = &memory_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A flat byte buffer over memory at an address, keeping its owner alive (memory_at).",
+};
+
+static PyObject *
+memory_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "expected (address, nbytes, writable, owner)");
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(args[0]);
+    if (address == NULL && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[1]);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    int writable = PyObject_IsTrue(args[2]);
+    if (writable < 0)
+        return NULL;
+    if (nbytes < 0 || (address == NULL && nbytes > 0)) {
+        PyErr_Format(PyExc_ValueError, "no memory of %zd bytes at address %p", nbytes, address);
+        return NULL;
+    }
+    MemoryObject *memory = PyObject_New(MemoryObject, &MemoryType);
+    if (memory == NULL)
+        return NULL;
+    memory->buf = address;
+    memory->len = nbytes;
+    memory->readonly = !writable;
+    memory->owner = Py_NewRef(args[3]);
+    return (PyObject *)memory;
+}
+
 static PyMethodDef methods[] = {
     {"copy_out", (PyCFunction)(void (*)(void))copy_out, METH_FASTCALL,
      "copy_out(slab, pos, last, outs) -> bool: slab bytes [pos, last) into the outputs, in order."},
     {"copy_in", (PyCFunction)(void (*)(void))copy_in, METH_FASTCALL,
      "copy_in(slab, pos, last, parts) -> bool: the parts, in order, into slab bytes [pos, last)."},
+    {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,
+     "memory_at(address, nbytes, writable, owner) -> Memory: a flat byte buffer over memory that owner keeps."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, .m_name = "_slabcopy", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+    PyModuleDef_HEAD_INIT, .m_name = "_hostcopy", .m_doc = NULL, .m_size = -1, .m_methods = methods,
 };
 
 PyMODINIT_FUNC
-PyInit__slabcopy(void)
+PyInit__hostcopy(void)
 {
+    if (PyType_Ready(&MemoryType) < 0)
+        return NULL;
     return PyModule_Create(&module);
 }
