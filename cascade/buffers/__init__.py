@@ -21,8 +21,8 @@ from .views import (ByteView, DeviceView, as_byte_view, check_layout, host_array
 
 __all__ = [
     "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "StagingArena", "SyncBatch", "as_byte_view",
-    "as_dtype", "check_layout", "copy", "copy_each", "host_array", "device_copier", "dtype_name", "empty_like_kind", "forget_pinnable",
-    "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "register_pinnable",
+    "as_dtype", "check_layout", "copy", "copy_each", "device_copier", "dtype_name", "empty_like_kind", "forget_pinnable",
+    "host_array", "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "register_pinnable",
     "set_staging_bytes", "settled", "shape_and_dtype", "staging_arena", "staging_buffer", "use_device_copier",
     "view",
 ]

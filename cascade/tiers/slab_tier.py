@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..buffers import copy, copy_each
-from ..buffers.hostcopy import copy_in, copy_out
 from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
+from ..buffers.hostcopy import copy_in, copy_out
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Tier
