@@ -282,6 +282,51 @@ def test_a_batch_capped_at_one_core_runs_in_the_callers_thread():
         free.shutdown()
 
 
+def test_a_batch_of_memory_copies_uses_every_core_and_the_callers_thread():
+    """in_memory: the cap is every core (the caller's included), not the spare ones."""
+    import threading
+
+    from cascade.core.pools import BYTES_PER_WORKER, Pools
+
+    capped = Pools(4, lambda: None, cores=1)
+    capped._memory_cores = 2  # this machine kind
+    try:
+        gate = threading.Barrier(2, timeout=30)  # two workers must meet here
+        ran = capped.parallel(lambda i: (gate.wait() if i < 2 else None, threading.get_ident())[1], range(8), None,
+                              item_bytes=BYTES_PER_WORKER, in_memory=True)
+        assert len(set(ran)) == 2 and threading.get_ident() in ran
+    finally:
+        capped.shutdown()
+
+
+def test_a_batch_raises_only_once_every_worker_ended():
+    """An item failing in the caller's thread: the error leaves only after the items
+    already running on the other workers ended (nothing writes into the caller's buffers
+    after the call returned)."""
+    import threading
+    import time
+
+    from cascade.core.pools import BYTES_PER_WORKER, Pools
+
+    pools, me, ended = Pools(2, lambda: None), threading.get_ident(), []
+    started = threading.Event()
+
+    def item(i: int) -> None:
+        if threading.get_ident() == me:
+            started.wait(30)  # a helper holds an item now
+            raise RuntimeError("injected")
+        started.set()
+        time.sleep(0.3)
+        ended.append(i)
+
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            pools.parallel(item, range(2), None, item_bytes=BYTES_PER_WORKER)
+        assert len(ended) == 1
+    finally:
+        pools.shutdown()
+
+
 def test_hot_gets_and_puts_fill_the_latency_histograms(store):
     """Each hot put stored and each hot hit is timed (integer nanoseconds on the hot path)."""
     blocks = [pair(store.spec, i) for i in range(6)]

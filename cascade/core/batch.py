@@ -85,7 +85,9 @@ class BatchCalls:
                 rest = [i for i in rest if results[i] is None]
         errors = [r for r in results if isinstance(r, BaseException)]
         try:
-            for i, got in zip(rest, self._pools.parallel(put_one, rest, max_workers, item_bytes=self.spec.block_bytes)):
+            in_memory = self._chain.tiers[0].copies_without_gil  # into the SHM tier, unless it is full
+            for i, got in zip(rest, self._pools.parallel(put_one, rest, max_workers, item_bytes=self.spec.block_bytes,
+                                                         in_memory=in_memory)):
                 results[i] = got
         except BaseException as exc:
             errors.append(exc)
@@ -137,7 +139,8 @@ class BatchCalls:
             if rest:  # blocks in the file tier: leased in one locked step, counted in another
                 leased = self._reads.read_leased_many(
                     [keys[i] for i in rest], [outs[i] for i in rest],
-                    lambda fn, items: self._pools.parallel(fn, items, max_workers, item_bytes=self.spec.block_bytes))
+                    lambda fn, items, in_memory=False: self._pools.parallel(
+                        fn, items, max_workers, item_bytes=self.spec.block_bytes, in_memory=in_memory))
                 for i, hit in zip(rest, leased):
                     if hit is not None:
                         hits[i] = hit
@@ -148,7 +151,7 @@ class BatchCalls:
                 if batch.device and keys is not None:  # SHM and GPU blocks: copies enqueued in this thread
                     leased = self._reads.read_leased_many(
                         [keys[i] for i in rest], [outs[i] for i in rest],
-                        lambda fn, items: [batch.bind(fn)(j) for j in items], any_outputs=True)
+                        lambda fn, items, in_memory=False: [batch.bind(fn)(j) for j in items], any_outputs=True)
                     for i, hit in zip(rest, leased):
                         if hit is not None:
                             hits[i] = hit

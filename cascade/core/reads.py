@@ -221,16 +221,17 @@ class ReadPath:
         return hit
 
     def read_leased_many(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
-                         parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]], *,
-                         any_outputs: bool = False) -> list[bool | None]:
+                         parallel: Callable[..., list[Any]], *, any_outputs: bool = False) -> list[bool | None]:
         """:meth:`read` of each block of ``keys`` cached in a tier read outside the lock
         into host memory (the file tier) whose outputs are numpy arrays (of a
         :data:`_BUFFER_KINDS` dtype), or with ``any_outputs`` of each block in a tier
         that reads into any buffer (SHM, GPU), host or device, whatever its outputs
         (device copies are only enqueued inside a batch: no worker threads needed), in
         steps of :data:`LEASED_STEP_BYTES`: one locked
-        step leases a step's blocks, ``parallel(fn, items)`` runs their copies (the
-        store's I/O workers), one locked step counts them; each hit is timed from the
+        step leases a step's blocks, ``parallel(fn, items, in_memory=)`` runs their copies
+        (the store's I/O workers; ``in_memory`` when every copy of the step releases the
+        interpreter lock: :attr:`~cascade.tiers.base.Tier.copies_without_gil`), one
+        locked step counts them; each hit is timed from the
         start to the end of its own copy. None for every other block (a miss here, a
         device output, a promotion due, another tier): the caller reads those one by
         one. Per block this saves the get's own locked steps and guards (65 of 90 us of
@@ -247,8 +248,8 @@ class ReadPath:
         return results
 
     def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
-                          parallel: Callable[[Callable[[int], Any], Sequence[int]], list[Any]],
-                          results: list[bool | None], op: Any, any_outputs: bool) -> None:
+                          parallel: Callable[..., list[Any]], results: list[bool | None], op: Any,
+                          any_outputs: bool) -> None:
         """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``."""
         leased: list[tuple[int, Lease]] = []
         counted = 0
@@ -275,7 +276,8 @@ class ReadPath:
                     return exc, time.perf_counter() - started
                 return None, time.perf_counter() - started
 
-            copied = parallel(copy, range(len(leased)))
+            copied = parallel(copy, range(len(leased)),
+                              in_memory=bool(leased) and all(lease.tier.copies_without_gil for _, lease in leased))
             with self._lock:
                 for (i, lease), (error, took) in zip(leased, copied):
                     results[i] = self._count(lease, error, time.perf_counter() - took, release=True)

@@ -68,6 +68,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     memory: Memory = Memory.HOST
     concurrent: bool = False  # read_leased / fill may run outside the store's lock
     reads_into_device: bool = False  # read_leased also fills device arrays (not only host memory)
+    # Its leased reads into numpy arrays and fills from them are memory copies that
+    # release the interpreter lock: a batch spreads them over every core
+    # (Pools.parallel's in_memory).
+    copies_without_gil: bool = False
     # leased_view() gives a read-only view of a leased block's bytes in place (no copy)
     zero_copy: bool = False
     # Its blocks outlive the process: a store opened on the same place adopts them (warm

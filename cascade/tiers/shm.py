@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import buffers
+from ..buffers.hostcopy import COMPILED
 from ..config import default_shm_dir
 from ..errors import BlockNotFound, TierFull
 from .base import TierKind
@@ -162,6 +163,7 @@ class ShmTier(SlabTier):
             raise
         self._view = memoryview(self._mmap)
         self._hot_host = None if verify else self._view
+        self.copies_without_gil = self._hot_host is not None and COMPILED  # (read_leased)
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy
         if prefault:
