@@ -139,6 +139,7 @@ def _split_in_a_child(queue) -> None:
     queue.put(bytes(slab) == part.tobytes())
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the point here
 def test_a_forked_child_splits_with_a_helper_of_its_own(copies):
     copy_out, _ = copies
     slab = memoryview(bytearray(BIG))
