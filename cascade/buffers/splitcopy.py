@@ -3,7 +3,8 @@
 one on a helper thread, when the compiled copies release the interpreter lock and the
 process may run on two cores. One core's copy does not reach the memory system's rate
 on this project's 2-core VM: a 16 MiB block out of a ``/dev/shm`` mapping ran at
-8.8-9.1 GB/s on one thread and 11.5-12.5 GB/s as two halves (a numpy copy: 8.4-9.3),
+8.8-9.1 GB/s on one thread and 9.3-12.5 GB/s as two halves (11.5-12.5 in two of three
+passes; a numpy copy: 8.4-9.3),
 while a 2 MiB one gained nothing (9.1-9.7 either way), hence the threshold. Threads
 that already share a batch's copies among the cores copy whole inside :func:`unsplit`
 (16 MiB batch gets on two workers, 6 alternated passes: 9.3 GB/s splitting, 10.8 not).

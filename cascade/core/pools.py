@@ -48,8 +48,8 @@ class Pools:
     three rounds; a loaded machine, so only the direction is firm). Batches of copies
     between memory buffers that release the interpreter lock (``in_memory``) use every
     core instead: they break no readahead, and the caller's core is idle while it waits
-    (16 MiB SHM gets on this project's 2-core VM: 8.5-9.5 GB/s on one thread, 12-14 GB/s
-    on two)."""
+    (16 MiB blocks copied out of a ``/dev/shm`` mapping on this project's 2-core VM,
+    later passes: 9.4 GB/s on one thread, 12.6-13.6 GB/s on two)."""
 
     def __init__(self, io_threads: int, check_open: Callable[[], None], *, cores: int | None = None) -> None:
         self._io_threads = io_threads
