@@ -32,7 +32,8 @@ _helper_lock = threading.Lock()
 _local = threading.local()  # .unsplit: this thread copies whole (see unsplit())
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -40,7 +41,7 @@ def _cores() -> int:
 
 
 #: Whether this process splits big copies at all (compiled copies, two cores or more).
-ENABLED = COMPILED and _cores() >= 2
+ENABLED = COMPILED and usable_cores() >= 2
 
 
 def _forget_helper() -> None:

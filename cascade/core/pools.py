@@ -3,25 +3,16 @@ the I/O pool that runs batch calls (get_many, put_many). Created on first use, s
 down by :meth:`Pools.shutdown`. Thread-safe."""
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from ..buffers.splitcopy import unsplit
+from ..buffers.splitcopy import unsplit, usable_cores
 
 
 #: Data a batch call hands each worker thread at least (below it the batch runs inline).
 BYTES_PER_WORKER = 8 << 20
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def spare_cores() -> int:
