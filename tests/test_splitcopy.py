@@ -257,3 +257,31 @@ def test_a_batch_of_memory_copies_runs_on_every_core_and_file_reads_do_not(tmp_p
         assert set(reads) == {threading.current_thread().name}
         for b, (key, value) in zip(in_files, outs):
             assert np.array_equal(key, block(ids.index(b))[0])
+
+
+@pytest.mark.parametrize("split_copies", [True, False])
+def test_split_copies_false_keeps_a_stores_big_copies_on_the_calling_thread(tmp_path, monkeypatch, split_copies):
+    monkeypatch.setattr(splitcopy, "ENABLED", True)
+    threads: dict[str, list[str]] = {"copy_in": [], "copy_out": []}
+    for name, seen in threads.items():
+        real = getattr(slab_tier, name)
+        monkeypatch.setattr(slab_tier, name, lambda *a, real=real, seen=seen: (
+            seen.append(threading.current_thread().name), real(*a))[1])
+    config = Config(shm_bytes=4 * (BIG + 4096), file_bytes=0, remote_bytes=0, promote_on_hit=False,
+                    split_copies=split_copies)
+    with CascadeStore(config, block_spec=SPEC) as store:
+        store.put(*block(0), block_id=bid(0))
+        key, value = SPEC.empty()
+        assert store.get_into(bid(0), key, value)
+        assert np.array_equal(key, block(0)[0]) and np.array_equal(value, block(0)[1])
+    caller = threading.current_thread().name
+    for seen in threads.values():
+        if split_copies:
+            assert sorted(seen) == sorted([caller, next(n for n in seen if n.startswith("cascade-copy"))])
+        else:
+            assert seen == [caller]
+
+
+def test_split_copies_is_a_config_key_with_an_environment_form():
+    assert Config().split_copies is True
+    assert Config.load(env={"CASCADE_SPLIT_COPIES": "false"}).split_copies is False

@@ -104,13 +104,14 @@ def halves(pos: int, last: int, buffers: Sequence[Any], *, writable: bool) -> tu
 
 
 def split_copy(copy: Callable[[memoryview, int, int, Sequence[Any]], bool], slab: memoryview, pos: int, last: int,
-               buffers: Sequence[Any], *, writable: bool) -> bool:
+               buffers: Sequence[Any], *, writable: bool, allowed: bool = True) -> bool:
     """``copy(slab, pos, last, buffers)`` (:func:`~.hostcopy.copy_out` with ``writable``
     outputs, or :func:`~.hostcopy.copy_in`), as two halves at once where :func:`halves`
-    splits it; what the copy returns. Returns only once both halves have ended, whatever
-    either raised (the caller's lease on the slab outlasts every byte moved); the
-    caller's half's error wins, else the helper's is raised."""
-    split = halves(pos, last, buffers, writable=writable)
+    splits it and ``allowed`` (the store's ``split_copies``); what the copy returns.
+    Returns only once both halves have ended, whatever either raised (the caller's lease
+    on the slab outlasts every byte moved); the caller's half's error wins, else the
+    helper's is raised."""
+    split = halves(pos, last, buffers, writable=writable) if allowed else None
     if split is None:
         return copy(slab, pos, last, buffers)
     (p0, m0, first), (p1, m1, second) = split

@@ -35,15 +35,17 @@ class SlabTier(Tier):
     """Blocks in ``[0, capacity)`` of a slab, placed by a first-fit allocator.
 
     ``verify=True`` stores an XXH3 checksum per block and checks it on every read
-    (costs about one extra pass over the data).
+    (costs about one extra pass over the data). ``split_copies=False`` keeps a big host
+    copy on the calling thread (:func:`~cascade.buffers.splitcopy.split_copy`).
     """
 
     concurrent = True
     zero_copy = True
     reads_into_device = True  # a slab copy goes between any two buffers (cascade.buffers.copy)
 
-    def __init__(self, capacity: int, *, verify: bool = False) -> None:
+    def __init__(self, capacity: int, *, verify: bool = False, split_copies: bool = True) -> None:
         self._capacity = capacity
+        self._split_copies = split_copies
         self._alloc = SlabAllocator(capacity)
         self._index: dict[BlockKey, _Slot] = {}
         self._used = 0
@@ -110,7 +112,8 @@ class SlabTier(Tier):
         # host slab, no checksums, numpy parts, no device batch open (as read_leased):
         # one hostcopy call (as read_leased's)
         if (self._hot_host is not None and not batches_open() and all(type(p) is np.ndarray for p in parts)
-                and split_copy(copy_in, self._hot_host, slot.offset, slot.offset + slot.length, parts, writable=False)):
+                and split_copy(copy_in, self._hot_host, slot.offset, slot.offset + slot.length, parts,
+                               writable=False, allowed=self._split_copies)):
             return
         sizes = [_nbytes(p) for p in parts]
         if sum(sizes) != slot.length:
@@ -142,7 +145,8 @@ class SlabTier(Tier):
         # copies in flight the generic copy would settle first): hostcopy, as read_hot's (from
         # 256 KiB without the interpreter lock where compiled; from 8 MiB on two cores: splitcopy)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
-                and split_copy(copy_out, self._hot_host, slot.offset, slot.offset + slot.length, outs, writable=True)):
+                and split_copy(copy_out, self._hot_host, slot.offset, slot.offset + slot.length, outs,
+                               writable=True, allowed=self._split_copies)):
             return
         sizes = [_nbytes(o) for o in outs]
         if sum(sizes) != slot.length:
