@@ -4,6 +4,7 @@ it runs and produces the fields ``benchmark/README.md`` documents."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from benchmark import data, machine, run_benchmark
 from benchmark.workloads import read_latency, read_throughput, scaling, thread_scaling, trace_replay, write_throughput
 from benchmark.workloads.common import aligned_pair
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
 
 SIZE = 64 << 10
 pytestmark = pytest.mark.timeout(120)
@@ -331,7 +334,7 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
     result = file_read_mode.run({"sizes": [SIZE], "blocks": 16, "rounds": 2, "file_dir": str(tmp_path)})
     [row] = result["rows"]
     passes = {f"{side} {how} {form}" for side, how, form in file_read_mode._passes(0)}
-    assert len(passes) == 8
+    assert len(passes) == 9 and "records buffered loop" in passes
     orders = [s["order"] for s in row["samples"]]
     assert all(sorted(o) == sorted(passes) for o in orders) and orders[0] != orders[1]  # seeds 0 and 1
     for mode in file_read_mode.MODES:
@@ -344,3 +347,34 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
             assert all(s[f"{mode}_{form}_sys_s_per_gb"] >= 0 for s in row["samples"])
     for form in file_read_mode.FORMS:
         assert row[f"raw_odirect_{form}_gbps"] > 0 and row[f"raw_buffered_cold_{form}_gbps"] > 0
+    records = row["records_loop"]  # the tier's own reads without the store: every record read and verified
+    assert records["wrong"] == 0 and records["gbps"] > 0
+    assert records["buffered_loop_vs_records"] == pytest.approx(statistics.median(
+        s["buffered_loop_gbps"] / s["records_loop_gbps"] for s in row["samples"]))
+    assert "without the store" in file_read_mode.table(result)
+
+
+def test_the_records_pass_refuses_a_record_whose_bytes_changed(tmp_path) -> None:
+    """A flipped payload byte fails the pass's digest check, as it fails the tier's."""
+    from benchmark.workloads.file_read_mode import _read_records
+    from cascade.identity import DEFAULT_NAMESPACE
+    from cascade.tiers.records import key_seed
+
+    spec = BlockSpec.flat(SIZE)
+    blocks = [spec.empty() for _ in range(2)]
+    for n, (key, value) in enumerate(blocks):
+        key.fill(n + 1)
+        value.fill(n + 3)
+    ids = [f"{n + 1:032x}" for n in range(2)]
+    with CascadeStore(Config(shm_bytes=0, remote_bytes=0, file_bytes=64 << 20, file_dir=str(tmp_path)),
+                      block_spec=spec) as store:
+        store.put_many(blocks, block_ids=ids)
+        store.flush()
+        spans = [store.tiers[0].record_span((DEFAULT_NAMESPACE, b)) for b in ids]
+    path, offset, _, _ = spans[1]
+    with open(path, "r+b") as f:
+        f.seek(offset + 5)
+        f.write(bytes([f.read(1)[0] ^ 0xFF]))
+    outs = [spec.empty() for _ in range(2)]
+    assert _read_records(spans, [key_seed(DEFAULT_NAMESPACE, b) for b in ids], outs) == [True, False]
+    assert np.array_equal(outs[0][0], blocks[0][0]) and np.array_equal(outs[0][1], blocks[0][1])

@@ -3,7 +3,8 @@ the measurement behind the file tier's ``auto`` mode off Lustre.
 
 Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB) and round: one file tier is
 written (``blocks`` blocks, flushed) and the same bytes in one plain file (the raw
-file), then eight timed passes read them cold: the tier in each mode (``buffered``,
+file), then nine timed passes read them cold: one of the tier's records without the
+store (below), and the tier in each mode (``buffered``,
 ``direct``; a store opened for the pass) and the raw file in each raw way, each in two
 forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
 (``get_many_into`` at the store's default depth, ``batch_workers`` in each row: up to
@@ -15,6 +16,15 @@ forced 4 workers on both sides: on 2 cores four threads of Cascade's per-block P
 work fought over the interpreter lock and the cores (a depth the store never picks
 here), and its 64 KiB batch ran at half its loop's rate (18 rounds at load 7-10: 0.20
 vs 0.39 of the best raw read), while raw threads spend their time in ``preadv``.
+
+The ninth pass reads the tier's own records without the store (``records loop``): the
+tier's read function (:func:`~cascade.tiers.record_io.read_hashed`, header page and
+payload in one stream, hashed as they land, checked against each record's checksum)
+record by record into the same outputs, from the paths and offsets the tier gives
+(:meth:`~cascade.tiers.file_tier.FileTier.record_span`). ``records_loop.vs_best_raw``
+is then what the format and its syscalls reach, and ``buffered_loop_vs_records`` what
+the store's per-get path (lookup, lease, in-flight count, hit counting, each a Python
+call) keeps of it: two separate causes of a gap to the raw reads.
 
 The layouts differ only by Cascade's own format: the raw file holds the blocks back to
 back in the order they are read; the tier's files hold them as records in the order
@@ -61,7 +71,7 @@ Raw and Cascade passes are treated alike:
   way, every pass timed the same way: what each side reaches when the VM does not stall
   it. The medians stay the figures of record; the kernel CPU of each pass is kept
   (``sys_s_per_gb`` in each sample).
-- The eight passes run in an order shuffled per round (``order`` in each sample), so
+- The nine passes run in an order shuffled per round (``order`` in each sample), so
   neither side always runs in the same stretch of time or beside the same neighbours.
 - The settling read is not what slowed the 16 MiB buffered batch of the suite at
   ccf2a27 (0.88-1.33 s/GB in 8 of 9 rounds, bisected to the change that added it): 18
@@ -89,7 +99,10 @@ import numpy as np
 
 from cascade import CascadeStore, Config
 from cascade.core.pools import spare_cores
+from cascade.identity import DEFAULT_NAMESPACE
 from cascade.models import BlockSpec
+from cascade.tiers.record_io import output_views, read_hashed
+from cascade.tiers.records import HEADER_BYTES, key_seed
 
 from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, write_file
 from .blockio import size_label
@@ -131,6 +144,12 @@ def _settle(paths: list[str]) -> None:
             os.close(fd)
 
 
+def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Blocks a pass missed or read other bytes of."""
+    return sum(not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+               for h, o, b in zip(hits, outs, blocks))
+
+
 def _kernel_seconds() -> float:
     """CPU seconds this process (all its threads) has spent in the kernel."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
@@ -142,8 +161,30 @@ def _passes(seed: int) -> list[tuple[str, str, str]]:
     neighbours (see the module docstring)."""
     passes = [(side, how, form) for form in FORMS
               for side, hows in (("cascade", MODES), ("raw", RAW_HOWS)) for how in hows]
+    passes.append(("records", "buffered", "loop"))
     random.Random(seed).shuffle(passes)
     return passes
+
+
+def _read_records(spans: list[tuple[str, int, int, int]], seeds: list[int],
+                  outs: list[tuple[np.ndarray, np.ndarray]]) -> list[bool]:
+    """The tier's own buffered read of each record (:func:`~cascade.tiers.record_io.read_hashed`:
+    header page, payload, XXH3 as it lands) into ``outs``, one by one, without the store
+    or the tier around it; whether each digest matched its record's checksum."""
+    lead = memoryview(bytearray(HEADER_BYTES))
+    fds: dict[str, int] = {}
+    try:
+        matched = []
+        for (path, offset, length, digest), seed, pair in zip(spans, seeds, outs):
+            if path not in fds:
+                fds[path] = os.open(path, os.O_RDONLY)
+            views, _ = output_views(pair)
+            ok, got = read_hashed(fds[path], offset, length, views, seed, lead)
+            matched.append(ok and got == digest)
+        return matched
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def batch_depth() -> int:
@@ -168,12 +209,25 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         with CascadeStore(Config(**base), block_spec=spec) as store:
             store.put_many(blocks, block_ids=ids)
             store.flush()
+            spans = [store.tiers[0].record_span((DEFAULT_NAMESPACE, b)) for b in ids]
+        seeds = [key_seed(DEFAULT_NAMESPACE, b) for b in ids]
         raw = os.path.join(work, "raw.bin")
         write_file(raw, (part for pair in blocks for part in pair))
         os.sync()
         order = _passes(seed)
         row["order"] = [f"{side} {how} {form}" for side, how, form in order]
         for side, how, form in order:
+            if side == "records":
+                _clear(outs)
+                _settle(files_under(file_dir))
+                drop_page_cache(files_under(file_dir))
+                started, cpu, sys_cpu = time.perf_counter(), time.process_time(), _kernel_seconds()
+                hits = _read_records(spans, seeds, outs)
+                row["records_loop_gbps"] = gb / (time.perf_counter() - started)
+                row["records_loop_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
+                row["records_loop_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
+                row["records_loop_wrong"] = _wrong(hits, outs, blocks)
+                continue
             if side == "raw":
                 _clear(outs)
                 _settle([raw])
@@ -197,9 +251,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 row[f"{how}_{form}_gbps"] = gb / (time.perf_counter() - started)
                 row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
                 row[f"{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
-            row[f"{how}_{form}_wrong"] = sum(
-                not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
-                for h, o, b in zip(hits, outs, blocks))
+            row[f"{how}_{form}_wrong"] = _wrong(hits, outs, blocks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return row
@@ -235,6 +287,15 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 row[f"raw_{how}_{form}_cpu_s_per_gb"] = statistics.median(
                     s[f"raw_{how}_{form}_cpu_s_per_gb"] for s in samples)
                 row[f"raw_{how}_{form}_fastest_gbps"] = max(s[f"raw_{how}_{form}_gbps"] for s in samples)
+        records = [s["records_loop_gbps"] for s in samples]
+        row["records_loop"] = {
+            "gbps": statistics.median(records),
+            "vs_best_raw": statistics.median(r / max(s["raw_odirect_loop_gbps"], s["raw_buffered_cold_loop_gbps"])
+                                             for r, s in zip(records, samples)),
+            "buffered_loop_vs_records": statistics.median(s["buffered_loop_gbps"] / r for r, s in zip(records, samples)),
+            "fastest_gbps": max(records),
+            "cpu_s_per_gb": statistics.median(s["records_loop_cpu_s_per_gb"] for s in samples),
+            "wrong": sum(s["records_loop_wrong"] for s in samples)}
         row["odirect_available"] = all(s["direct_odirect_used"] for s in samples)
         row["batch_workers"] = batch_depth()
         rows.append(row)
@@ -245,6 +306,10 @@ def table(result: dict[str, Any]) -> str:
     lines = ["size     form   raw odirect / buffered cold GB/s   buffered (x best raw)   direct (x best raw)"
              "   fastest passes, buffered / direct (x fastest raw)   CPU s/GB raw buffered / buffered / direct"]
     for r in result["rows"]:
+        rec = r["records_loop"]
+        lines.append(f"{r['size_label']:<8} the tier's records read without the store, loop: {rec['gbps']:.2f} GB/s "
+                     f"({rec['vs_best_raw']:.2f}x best raw; buffered loop {rec['buffered_loop_vs_records']:.2f}x of it), "
+                     f"CPU {rec['cpu_s_per_gb']:.3f} s/GB")
         for form in FORMS:
             b, d = r[f"buffered_{form}"], r[f"direct_{form}"]
             lines.append(f"{r['size_label']:<8} {form:<6} {r[f'raw_odirect_{form}_gbps']:8.2f} / "

@@ -272,6 +272,13 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         loc = self._loc(key)
         return encode_location(loc.file_id, loc.offset)
 
+    def record_span(self, key: BlockKey) -> tuple[str, int, int, int]:
+        """Where the block's record lies and what it must hash to: (file path, offset of
+        its payload, payload bytes, XXH3 checksum seeded with :func:`~.records.key_seed`).
+        For tools that read the tier's files without the store (benchmark ``file_read_mode``)."""
+        loc = self._loc(key)
+        return self._files[loc.file_id].path, loc.offset + HEADER_BYTES, loc.length, loc.checksum
+
     def parent_of(self, key: BlockKey) -> str | None:
         """The parent id recorded with ``key`` (survives restarts)."""
         return self._loc(key).parent
