@@ -515,6 +515,21 @@ def test_file_read_mode_quotes_the_mode_auto_chose_and_judges_it(built):
     assert defined["FrmTarget"] == f"{sig(frm['target_vs_best_raw'], 2)}$\\times$"
 
 
+def test_file_read_mode_takes_the_records_pass_for_no_read_mode(tmp_path):
+    """The tier's records read without the store (``records_loop``) is a reference, not
+    a read mode: the table neither gains a column for it nor asks for a batch form."""
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "file_read_mode", rep)
+        doc = json.loads(path.read_text())
+        for row in doc["rows"]:
+            row["records_loop"] = {"gbps": 2.0, "vs_best_raw": 1.0, "buffered_loop_vs_records": 0.5}
+        path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["file_read_mode"])
+    assert not report.errors and not report.skipped
+    assert "records" not in (tmp_path / "out" / "Tables" / "file_read_mode.tex").read_text()
+
+
 def test_cluster_serving_renders_a_further_cache_when_the_results_have_one(tmp_path):
     """LMCache's own CPU+disk backends (or any other cache the workload replays beside the
     shared and private ones) become a row and a number, named by the results."""

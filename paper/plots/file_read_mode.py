@@ -37,7 +37,10 @@ FORMS = ("loop", "batch")
 
 
 def _modes(row: dict[str, Any]) -> list[str]:
-    found = {m.group("mode") for k, v in row.items() if (m := _CELL.match(k)) and isinstance(v, dict)}
+    """The read modes measured in ``row`` (``records_loop``, the tier's records read
+    without the store, is no read mode: left out)."""
+    found = {m.group("mode") for k, v in row.items()
+             if (m := _CELL.match(k)) and isinstance(v, dict) and m.group("mode") != "records"}
     order = ("auto", "buffered", "direct")
     return sorted(found, key=lambda m: (order.index(m) if m in order else len(order), m))
 
