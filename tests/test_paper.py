@@ -530,6 +530,13 @@ def test_file_read_mode_takes_the_records_pass_for_no_read_mode(tmp_path):
     assert "records" not in (tmp_path / "out" / "Tables" / "file_read_mode.tex").read_text()
 
 
+def test_the_file_read_mode_table_knows_every_read_mode_of_the_file_tier():
+    from cascade.tiers.file_reads import READ_MODES
+    from paper.plots import file_read_mode
+
+    assert sorted(file_read_mode.MODES) == sorted(READ_MODES)
+
+
 def test_cluster_serving_renders_a_further_cache_when_the_results_have_one(tmp_path):
     """LMCache's own CPU+disk backends (or any other cache the workload replays beside the
     shared and private ones) become a row and a number, named by the results."""

@@ -93,6 +93,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,22 @@ def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: 
     """Blocks a pass missed or read other bytes of."""
     return sum(not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                for h, o, b in zip(hits, outs, blocks))
+
+
+def _tier_pass(row: dict[str, Any], name: str, gb: float, file_dir: str,
+               outs: list[tuple[np.ndarray, np.ndarray]], read: Callable[[], list[bool]]) -> list[bool]:
+    """One cold timed pass over the tier's files: outputs zeroed, the files settled and
+    dropped from the page cache, then ``read()`` timed; its GB/s and CPU and kernel
+    seconds per GB go into ``row`` as ``<name>_gbps`` and so on. What ``read`` returned."""
+    _clear(outs)
+    _settle(files_under(file_dir))
+    drop_page_cache(files_under(file_dir))
+    started, cpu, sys_cpu = time.perf_counter(), time.process_time(), _kernel_seconds()
+    hits = read()
+    row[f"{name}_gbps"] = gb / (time.perf_counter() - started)
+    row[f"{name}_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
+    row[f"{name}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
+    return hits
 
 
 def _kernel_seconds() -> float:
@@ -218,14 +235,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         row["order"] = [f"{side} {how} {form}" for side, how, form in order]
         for side, how, form in order:
             if side == "records":
-                _clear(outs)
-                _settle(files_under(file_dir))
-                drop_page_cache(files_under(file_dir))
-                started, cpu, sys_cpu = time.perf_counter(), time.process_time(), _kernel_seconds()
-                hits = _read_records(spans, seeds, outs)
-                row["records_loop_gbps"] = gb / (time.perf_counter() - started)
-                row["records_loop_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
-                row["records_loop_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
+                hits = _tier_pass(row, "records_loop", gb, file_dir, outs, lambda: _read_records(spans, seeds, outs))
                 row["records_loop_wrong"] = _wrong(hits, outs, blocks)
                 continue
             if side == "raw":
@@ -240,17 +250,9 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
                 row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
-                _clear(outs)
-                _settle(files_under(file_dir))
-                drop_page_cache(files_under(file_dir))
-                started, cpu, sys_cpu = time.perf_counter(), time.process_time(), _kernel_seconds()
-                if form == "loop":
-                    hits = [store.get_into(b, *o) for b, o in zip(ids, outs)]
-                else:
-                    hits = store.get_many_into(ids, outs)  # the store's own depth (see the module docstring)
-                row[f"{how}_{form}_gbps"] = gb / (time.perf_counter() - started)
-                row[f"{how}_{form}_cpu_s_per_gb"] = (time.process_time() - cpu) / gb
-                row[f"{how}_{form}_sys_s_per_gb"] = (_kernel_seconds() - sys_cpu) / gb
+                hits = _tier_pass(row, f"{how}_{form}", gb, file_dir, outs,
+                                  (lambda: [store.get_into(b, *o) for b, o in zip(ids, outs)]) if form == "loop"
+                                  else lambda: store.get_many_into(ids, outs))  # batch: the store's own depth
             row[f"{how}_{form}_wrong"] = _wrong(hits, outs, blocks)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -32,17 +32,18 @@ TABLE_CAPTION = (
 MACROS = ("FrmSizes", "FrmTarget", "FrmAutoMode", "FrmAutoSource", "FrmAutoLoop", "FrmAutoBatch", "FrmAutoMet",
           "FrmBetterMode", "FrmAutoAgrees")
 
-_CELL = re.compile(r"^(?P<mode>[a-z]+)_(?P<form>loop|batch)$")
+#: The file tier's read modes (``cascade.tiers.file_reads.READ_MODES``), in table order.
+MODES = ("auto", "buffered", "direct")
+#: A ``<mode>_<form>`` cell (other cells of a row, such as ``records_loop``, the tier's
+#: records read without the store, are not read modes).
+_CELL = re.compile(rf"^(?P<mode>{'|'.join(MODES)})_(?P<form>loop|batch)$")
 FORMS = ("loop", "batch")
 
 
 def _modes(row: dict[str, Any]) -> list[str]:
-    """The read modes measured in ``row`` (``records_loop``, the tier's records read
-    without the store, is no read mode: left out)."""
-    found = {m.group("mode") for k, v in row.items()
-             if (m := _CELL.match(k)) and isinstance(v, dict) and m.group("mode") != "records"}
-    order = ("auto", "buffered", "direct")
-    return sorted(found, key=lambda m: (order.index(m) if m in order else len(order), m))
+    """The read modes measured in ``row``."""
+    found = {m.group("mode") for k, v in row.items() if (m := _CELL.match(k)) and isinstance(v, dict)}
+    return sorted(found, key=MODES.index)
 
 
 def _rows(rf: ResultsFile) -> list[tuple[int, dict[str, Any]]]:
