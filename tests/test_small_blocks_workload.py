@@ -18,3 +18,16 @@ def test_small_blocks_reports_costs_and_ratios(tmp_path):
         assert [p["loop_first"] for p in row["samples"]] == [1.0, 0.0]  # loop and batch take turns going first
     assert result["rows"][1]["targets"]["get_vs_dict_le_3"] is None  # the 3x targets are set at 4 KiB only
     assert "4 KiB" in small_blocks.table(result)
+
+
+def test_views_are_timed_over_enough_passes(tmp_path, monkeypatch):
+    """A size with few blocks times its views over several passes (VIEWS_TIMED views at
+    least), not one pass of a handful: each round takes one untimed pass, then the timed ones."""
+    from cascade import CascadeStore
+
+    views = []
+    real_view = CascadeStore.view
+    monkeypatch.setattr(CascadeStore, "view", lambda self, *a, **k: views.append(1) or real_view(self, *a, **k))
+    monkeypatch.setattr(small_blocks, "VIEWS_TIMED", 128)
+    small_blocks.run({"sizes": [4096], "rounds": 2, "blocks": 16, "file_dir": str(tmp_path)})
+    assert len(views) == 2 * (1 + 128 // 16) * 16
