@@ -12,8 +12,8 @@ process and one run, alternating:
   ``put(k, v, block_id=)`` one by one (``loop``) and
   ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
   ``get_many_into`` of the same ids into the same outputs; ``view`` (a zero-copy lease
-  taken and given back: its cost should not grow with the block size), timed over
-  passes of at least :data:`VIEWS_TIMED` views in all at every size, their median.
+  taken and given back: its cost should not grow with the block size), at least
+  :data:`VIEWS_TIMED` views timed in one go at every size (passes over the blocks).
 * The same store, CPU torch tensors over the same bytes (``torch.from_numpy``, when torch
   is installed): ``put`` and ``get_into`` one by one (``torch_put_us``, ``torch_get_us``;
   the store reads them through numpy arrays over their memory,
@@ -81,11 +81,13 @@ def _ids(count: int, salt: int) -> list[str]:
     return [f"{salt:08x}{i:024x}" for i in range(count)]
 
 
-#: Views timed per round at least (passes over the blocks; their median per view is
-#: ``view_us``). One pass over the 16 or 32 blocks of the big sizes timed a handful of views,
-#: each paying the first-pass costs: the suite at fc49516 gave 20.2 us at 4 KiB (4096 views)
-#: but 35.7 us at 16 MiB (16). 300 passes of 16 views, medians per size, ad hoc:
-#: 21.8, 22.2, 22.5, 21.8 us from 4 KiB to 16 MiB, the first pass 30-47 us.
+#: Views timed per round at least, in one timing (passes over the blocks). One pass over
+#: the 16 or 32 blocks of the big sizes timed a handful of views right after the
+#: ``gc.collect()`` before every timing, each paying the costs of a cold start: the suite
+#: at fc49516 gave 20.2 us at 4 KiB (4096 views) but 35.7 us at 16 MiB (16). Timing each
+#: pass on its own keeps that cost per pass (the suite at b797029, medians of passes: 32.5
+#: us at 2 MiB, 42.6 at 16 MiB); ad hoc, the same passes timed in one go gave 27.3, 24.0
+#: and 27.8 us at 4 KiB, 2 MiB and 16 MiB.
 VIEWS_TIMED = 1024
 
 
@@ -190,8 +192,8 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
         gets = {"get_loop_us": get_loop, "get_batch_us": get_batch}
         for name in _in_turn(gets, rnd):
             row[name] = _per_block_us(gets[name], count)
-        row["view_us"] = statistics.median(_per_block_us(view_loop, count)
-                                           for _ in range(max(1, VIEWS_TIMED // count)))
+        passes = max(1, VIEWS_TIMED // count)
+        row["view_us"] = _per_block_us(lambda: [view_loop() for _ in range(passes)], count * passes)
         row["hot_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                                for o, b in zip(outs, blocks))
         if torch is not None:
