@@ -81,13 +81,10 @@ def _ids(count: int, salt: int) -> list[str]:
     return [f"{salt:08x}{i:024x}" for i in range(count)]
 
 
-#: Views timed per round at least, in one timing (passes over the blocks). One pass over
-#: the 16 or 32 blocks of the big sizes timed a handful of views right after the
-#: ``gc.collect()`` before every timing, each paying the costs of a cold start: the suite
-#: at fc49516 gave 20.2 us at 4 KiB (4096 views) but 35.7 us at 16 MiB (16). Timing each
-#: pass on its own keeps that cost per pass (the suite at b797029, medians of passes: 32.5
-#: us at 2 MiB, 42.6 at 16 MiB); ad hoc, the same passes timed in one go gave 27.3, 24.0
-#: and 27.8 us at 4 KiB, 2 MiB and 16 MiB.
+#: Views timed per round at least, in one timing (passes over the blocks). Timed a
+#: pass at a time, the 16 or 32 views of a big size each paid the cold start after the
+#: ``gc.collect()`` before every timing (suite at b797029: 32.5 us at 2 MiB, 42.6 at
+#: 16 MiB, against 20.5 at 4 KiB); timed in one go, ad hoc: 24.0 and 27.8 (27.3 at 4 KiB).
 VIEWS_TIMED = 1024
 
 
