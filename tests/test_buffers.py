@@ -119,6 +119,13 @@ def test_blockspec_refuses_unknown_dtype():
         BlockSpec(SHAPE, torch.qint8)  # numpy has no name for it
 
 
+@pytest.mark.parametrize("name, device", [("float16", "float16"), ("float32", "float32"), ("int8", "int8"),
+                                          ("bfloat16", "uint16"), ("float8_e4m3fn", "uint8"), ("float8_e5m2", "uint8")])
+def test_device_arrays_hold_low_precision_blocks_as_unsigned_integers_of_their_width(name, device):
+    """cupy has no bfloat16 or float8: a GPU-tier view gives their bytes as uint16 / uint8."""
+    assert buffers.device_dtype(buffers.as_dtype(name)) == np.dtype(device)
+
+
 def test_presets_name_bfloat16_and_fp8():
     bf16, fp16 = MODEL_PRESETS["llama3-8b-bf16"], MODEL_PRESETS["llama3-8b"]
     assert bf16.bytes_per_token == fp16.bytes_per_token

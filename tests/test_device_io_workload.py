@@ -26,3 +26,4 @@ def test_on_a_gpu_every_row_is_measured_byte_exact(tmp_path):
     for row in result["rows"]:
         assert row["cascade"]["wrong_blocks"]["count"] == 0
         assert all(v["gbps"] > 0 for v in row["limits"].values())
+        assert row["cascade"]["gpu_view"]["us"] > 0 and row["cascade"]["shm_view"]["us"] > 0

@@ -10,7 +10,10 @@ Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB), single calls and ba
   raw_d2d), a hit in the SHM tier read into GPU memory (``shm_get_into_gpu``; vs
   raw_pinned_h2d), a put from GPU memory into the SHM tier (``shm_put_from_gpu``; vs
   raw_pinned_d2h), and the batch forms (``put_many`` / ``get_many_into`` of 64 blocks)
-  with their CPU time per block (``cpu_us_per_block``: process time, target <= 20 us).
+  with their CPU time per block (``cpu_us_per_block``: process time, target <= 20 us);
+  the zero-copy ``view`` of a block in the GPU tier and in the SHM tier (``gpu_view``,
+  ``shm_view``: microseconds per view taken and given back, over at least
+  :data:`VIEWS_TIMED` views timed in one go; issue 20: it should not grow with the size).
 
 Targets (issue 24): GPU tier put/get >= 0.8x raw_d2d; SHM hit into GPU >= 0.8x pinned
 H2D; put from GPU into SHM >= 0.8x pinned D2H. The result names the GPU, its driver and
@@ -31,6 +34,8 @@ from cascade.models import BlockSpec
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
 BATCH = 64
 TARGET = 0.8
+#: Views timed per row and tier, in one timing (as small_blocks times them on the host).
+VIEWS_TIMED = 1024
 
 
 def gpu_or_reason() -> tuple[Any, str | None]:
@@ -74,6 +79,22 @@ def _timed(cp: Any, fn, nbytes: int, rounds: int, reset=None) -> dict[str, float
     return {"gbps": statistics.median(rates), "cpu_us": statistics.median(cpu)}
 
 
+def _view_us(store: CascadeStore, ids: list[str]) -> tuple[float, int]:
+    """Microseconds per view (taken and given back) of the blocks ``ids``, over at least
+    :data:`VIEWS_TIMED` views after an untimed pass, and how many views missed."""
+    passes = max(1, VIEWS_TIMED // len(ids))
+    missed = 0
+    for b in ids:
+        with store.view(b) as block:
+            missed += block is None
+    started = time.perf_counter()
+    for _ in range(passes):
+        for b in ids:
+            with store.view(b) as block:
+                missed += block is None
+    return (time.perf_counter() - started) / (passes * len(ids)) * 1e6, missed
+
+
 def _limits(cp: Any, nbytes: int, count: int, rounds: int) -> dict[str, dict[str, float]]:
     dev_a = [cp.empty(nbytes, dtype=cp.uint8) for _ in range(count)]
     dev_b = [cp.empty(nbytes, dtype=cp.uint8) for _ in range(count)]
@@ -106,6 +127,7 @@ def _cascade(cp: Any, nbytes: int, count: int, rounds: int) -> dict[str, dict[st
     total = nbytes * count
     room = 2 * count * (nbytes + 4096) + (16 << 20)
     rows: dict[str, dict[str, float]] = {}
+    views: dict[str, dict[str, float]] = {}
     wrong = 0
     # The SHM slab in its default place, /dev/shm, as deployed: on the H200 machine the CUDA
     # driver refused (cudaErrorInvalidValue) to register a slab mapped from a file in /tmp,
@@ -128,9 +150,13 @@ def _cascade(cp: Any, nbytes: int, count: int, rounds: int) -> dict[str, dict[st
             rows[put + "_batch"] = _timed(cp, lambda: store.put_many(list(zip(keys, values)), block_ids=ids),
                                           total, rounds, absent)
             rows[get + "_batch"] = _timed(cp, lambda: store.get_many_into(ids, outs), total, rounds)
+            us, missed = _view_us(store, ids)
+            views[f"{tier}_view"] = {"us": us}
+            wrong += missed
         wrong += sum(not (bool((o[0] == k).all()) and bool((o[1] == v).all())) for o, k, v in zip(outs, keys, values))
     for row in rows.values():
         row["cpu_us_per_block"] = row.pop("cpu_us") / count
+    rows.update(views)
     rows["wrong_blocks"] = {"count": float(wrong)}
     return rows
 
@@ -165,11 +191,13 @@ def table(result: dict[str, Any]) -> str:
     if "skipped" in result:
         return f"device_io skipped: {result['skipped']}"
     lines = [f"{result['gpu']} (driver {result['driver_version']})",
-             "size       blocks  d2d GB/s  gpu put/get x d2d   pinned h2d/d2h   shm->gpu x h2d   gpu->shm x d2h"]
+             "size       blocks  d2d GB/s  gpu put/get x d2d   pinned h2d/d2h   shm->gpu x h2d   gpu->shm x d2h"
+             "   view us gpu/shm"]
     for r in result["rows"]:
         lim, rat = r["limits"], r["ratios"]
         lines.append(f"{r['size']:>9}  {r['blocks']:>6}  {lim['raw_d2d']['gbps']:8.1f}  "
                      f"{rat['gpu_put_vs_d2d']:.2f} / {rat['gpu_get_vs_d2d']:.2f}       "
                      f"{lim['raw_pinned_h2d']['gbps']:.1f} / {lim['raw_pinned_d2h']['gbps']:.1f}      "
-                     f"{rat['shm_get_into_gpu_vs_pinned_h2d']:.2f}             {rat['shm_put_from_gpu_vs_pinned_d2h']:.2f}")
+                     f"{rat['shm_get_into_gpu_vs_pinned_h2d']:.2f}             {rat['shm_put_from_gpu_vs_pinned_d2h']:.2f}"
+                     f"           {r['cascade']['gpu_view']['us']:.1f} / {r['cascade']['shm_view']['us']:.1f}")
     return "\n".join(lines)

@@ -30,6 +30,14 @@ def as_dtype(dtype: Any) -> np.dtype:
                            "such as 'float16', 'bfloat16' or 'float8_e4m3fn'") from None
 
 
+def device_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a cupy array of ``dtype``'s elements is given: ``dtype`` itself when it is
+    one of numpy's own (cupy has those that fit a GPU), else (a type ml_dtypes registers:
+    bfloat16, the float8 types) the unsigned integer of the same width, whose bytes a
+    caller reinterprets, e.g. ``torch.as_tensor(a, device="cuda").view(torch.bfloat16)``."""
+    return dtype if dtype.isbuiltin == 1 else np.dtype(f"u{dtype.itemsize}")
+
+
 def dtype_name(dtype: Any) -> str:
     """The canonical name of ``dtype`` (``"float16"``, ``"bfloat16"``...)."""
     return as_dtype(dtype).name

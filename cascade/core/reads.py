@@ -14,14 +14,14 @@ import logging
 import threading
 import time
 from time import monotonic_ns
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
 
-from ..buffers import host_outputs, staging_buffer
+from ..buffers import device_dtype, host_outputs, staging_buffer
 from ..errors import CorruptBlock
 from ..identity import BlockKey
 from ..models import BlockSpec
@@ -489,10 +489,12 @@ def _buffer_arrays(outs: Sequence[Any]) -> bool:
 
 
 def _split(data: Any, spec: BlockSpec) -> list[Any]:
-    """A block's flat bytes ``data`` as its key and value arrays of ``spec`` (views, no copy)."""
+    """A block's flat bytes ``data`` as its key and value arrays of ``spec`` (views, no
+    copy); device (cupy) arrays of a dtype cupy lacks come as unsigned integers of its
+    width (:func:`cascade.buffers.device_dtype`)."""
     half = spec.half_bytes
-    return [data[:half].view(spec.np_dtype).reshape(spec.shape),
-            data[half:2 * half].view(spec.np_dtype).reshape(spec.shape)]
+    dtype = spec.np_dtype if isinstance(data, np.ndarray) else device_dtype(spec.np_dtype)
+    return [data[:half].view(dtype).reshape(spec.shape), data[half:2 * half].view(dtype).reshape(spec.shape)]
 
 
 class BlockView:

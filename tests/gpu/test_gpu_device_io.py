@@ -178,3 +178,29 @@ def test_demotion_of_gpu_blocks_to_shm_on_a_real_gpu(tmp_path):
         for bid, (k, v) in zip(ids, blocks):
             k_out, v_out = _empty("torch_cpu"), _empty("torch_cpu")
             assert store.get_into(bid, k_out, v_out) and _host(v_out) == v.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn"])
+def test_a_view_of_a_gpu_tier_block_is_the_device_slab_in_place(dtype, tmp_path):
+    """``store.view`` of a GPU-tier block: cupy arrays over the slab's bytes (the dtype cupy
+    has, else unsigned integers of its width), held while the ``with`` block runs."""
+    cupy = _cupy()
+    np_dtype = buffers.as_dtype(dtype)
+    nbytes = int(np.prod(SHAPE)) * np_dtype.itemsize
+    raw = np.random.default_rng(3).integers(0, 256, (2, nbytes), dtype=np.uint8)
+    key, value = (r.view(np_dtype).reshape(SHAPE) for r in raw)
+    with _store("gpu", tmp_path, dtype=dtype, verify_dram_reads=True) as store:
+        bid = store.put(cupy.asarray(key), cupy.asarray(value))
+        slab = store.tiers[0]._slab_array()
+        start, end = slab.data.ptr, slab.data.ptr + slab.nbytes
+        with store.view(bid) as (k, v):
+            assert isinstance(k, cupy.ndarray) and k.shape == v.shape == SHAPE
+            assert k.dtype == v.dtype == buffers.device_dtype(np_dtype)
+            assert start <= k.data.ptr < end and start <= v.data.ptr < end  # no copy
+            store.delete(bid)
+            store.put(cupy.asarray(value), cupy.asarray(key))  # the freed room may be reused meanwhile
+            assert _host(k) == key.tobytes() and _host(v) == value.tobytes()
+            if torch.cuda.is_available():  # what an engine does with it: its own dtype, same bytes
+                t = torch.as_tensor(v, device="cuda").view(getattr(torch, dtype))
+                assert t.dtype == getattr(torch, dtype) and _host(t) == value.tobytes()
+        assert store.get(bid) is None and store.stats()["tiers"]["gpu"]["blocks"] == 1
