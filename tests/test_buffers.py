@@ -122,7 +122,8 @@ def test_blockspec_refuses_unknown_dtype():
 @pytest.mark.parametrize("name, device", [("float16", "float16"), ("float32", "float32"), ("int8", "int8"),
                                           ("bfloat16", "uint16"), ("float8_e4m3fn", "uint8"), ("float8_e5m2", "uint8")])
 def test_device_arrays_hold_low_precision_blocks_as_unsigned_integers_of_their_width(name, device):
-    """cupy has no bfloat16 or float8: a GPU-tier view gives their bytes as uint16 / uint8."""
+    """Not every cupy has bfloat16 or float8 (the H200 machine's had no float8): a GPU-tier
+    view gives their bytes as uint16 / uint8, which torch reinterprets."""
     assert buffers.device_dtype(buffers.as_dtype(name)) == np.dtype(device)
 
 

@@ -33,8 +33,9 @@ def as_dtype(dtype: Any) -> np.dtype:
 def device_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a cupy array of ``dtype``'s elements is given: ``dtype`` itself when it is
     one of numpy's own (cupy has those that fit a GPU), else (a type ml_dtypes registers:
-    bfloat16, the float8 types) the unsigned integer of the same width, whose bytes a
-    caller reinterprets, e.g. ``torch.as_tensor(a, device="cuda").view(torch.bfloat16)``."""
+    bfloat16, the float8 types, which not every cupy has) the unsigned integer of the
+    same width, the same in every cupy, whose bytes a caller reinterprets, e.g.
+    ``torch.as_tensor(a, device="cuda").view(torch.bfloat16)``."""
     return dtype if dtype.isbuiltin == 1 else np.dtype(f"u{dtype.itemsize}")
 
 

@@ -490,8 +490,8 @@ def _buffer_arrays(outs: Sequence[Any]) -> bool:
 
 def _split(data: Any, spec: BlockSpec) -> list[Any]:
     """A block's flat bytes ``data`` as its key and value arrays of ``spec`` (views, no
-    copy); device (cupy) arrays of a dtype cupy lacks come as unsigned integers of its
-    width (:func:`cascade.buffers.device_dtype`)."""
+    copy); device (cupy) arrays of a type numpy does not define itself (bfloat16, float8)
+    come as unsigned integers of its width (:func:`cascade.buffers.device_dtype`)."""
     half = spec.half_bytes
     dtype = spec.np_dtype if isinstance(data, np.ndarray) else device_dtype(spec.np_dtype)
     return [data[:half].view(dtype).reshape(spec.shape), data[half:2 * half].view(dtype).reshape(spec.shape)]
