@@ -37,7 +37,8 @@ fi
 gcc -O3 -shared -fPIC $($py-config --includes 2>/dev/null || $py -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \
     cascade/buffers/_hostcopy.c -o "cascade/buffers/_hostcopy$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" >> "$log" 2>&1
 echo "build rc=$?" >> "$log"
-$py -c "from cascade.buffers.hostcopy import COMPILED; print('COMPILED', COMPILED)" >> "$log" 2>&1 || fail 3
+$py -c "import sys; from cascade.buffers.hostcopy import COMPILED; print('COMPILED', COMPILED); sys.exit(not COMPILED)" \
+    >> "$log" 2>&1 || fail 3
 
 $py -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/test_tiers.py tests/test_device_io_workload.py \
     --junitxml="$out/gpu_junit.xml" > "$out/gpu_tests.log" 2>&1 || fail 4

@@ -13,7 +13,8 @@ Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB), single calls and ba
   with their CPU time per block (``cpu_us_per_block``: process time, target <= 20 us);
   the zero-copy ``view`` of a block in the GPU tier and in the SHM tier (``gpu_view``,
   ``shm_view``: microseconds per view taken and given back, over at least
-  :data:`VIEWS_TIMED` views timed in one go; issue 20: it should not grow with the size).
+  :data:`~benchmark.timing.VIEWS_TIMED` views timed in one go,
+  :func:`~benchmark.timing.time_views`; issue 20: it should not grow with the size).
 
 Targets (issue 24): GPU tier put/get >= 0.8x raw_d2d; SHM hit into GPU >= 0.8x pinned
 H2D; put from GPU into SHM >= 0.8x pinned D2H. The result names the GPU, its driver and
@@ -31,11 +32,11 @@ import numpy as np
 from cascade import CascadeStore, Config, buffers
 from cascade.models import BlockSpec
 
+from ..timing import time_views
+
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
 BATCH = 64
 TARGET = 0.8
-#: Views timed per row and tier, in one timing (as small_blocks times them on the host).
-VIEWS_TIMED = 1024
 
 
 def gpu_or_reason() -> tuple[Any, str | None]:
@@ -77,22 +78,6 @@ def _timed(cp: Any, fn, nbytes: int, rounds: int, reset=None) -> dict[str, float
         rates.append(_gbps(nbytes, t1 - t0))
         cpu.append((c1 - c0) * 1e6)
     return {"gbps": statistics.median(rates), "cpu_us": statistics.median(cpu)}
-
-
-def _view_us(store: CascadeStore, ids: list[str]) -> tuple[float, int]:
-    """Microseconds per view (taken and given back) of the blocks ``ids``, over at least
-    :data:`VIEWS_TIMED` views after an untimed pass, and how many views missed."""
-    passes = max(1, VIEWS_TIMED // len(ids))
-    missed = 0
-    for b in ids:
-        with store.view(b) as block:
-            missed += block is None
-    started = time.perf_counter()
-    for _ in range(passes):
-        for b in ids:
-            with store.view(b) as block:
-                missed += block is None
-    return (time.perf_counter() - started) / (passes * len(ids)) * 1e6, missed
 
 
 def _limits(cp: Any, nbytes: int, count: int, rounds: int) -> dict[str, dict[str, float]]:
@@ -150,7 +135,7 @@ def _cascade(cp: Any, nbytes: int, count: int, rounds: int) -> dict[str, dict[st
             rows[put + "_batch"] = _timed(cp, lambda: store.put_many(list(zip(keys, values)), block_ids=ids),
                                           total, rounds, absent)
             rows[get + "_batch"] = _timed(cp, lambda: store.get_many_into(ids, outs), total, rounds)
-            us, missed = _view_us(store, ids)
+            us, missed = time_views(store, ids)
             views[f"{tier}_view"] = {"us": us}
             wrong += missed
         wrong += sum(not (bool((o[0] == k).all()) and bool((o[1] == v).all())) for o, k, v in zip(outs, keys, values))

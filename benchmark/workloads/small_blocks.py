@@ -13,7 +13,8 @@ process and one run, alternating:
   ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
   ``get_many_into`` of the same ids into the same outputs; ``view`` (a zero-copy lease
   taken and given back: its cost should not grow with the block size), at least
-  :data:`VIEWS_TIMED` views timed in one go at every size (passes over the blocks).
+  :data:`~benchmark.timing.VIEWS_TIMED` views timed in one go at every size
+  (:func:`~benchmark.timing.time_views`).
 * The same store, CPU torch tensors over the same bytes (``torch.from_numpy``, when torch
   is installed): ``put`` and ``get_into`` one by one (``torch_put_us``, ``torch_get_us``;
   the store reads them through numpy arrays over their memory,
@@ -63,6 +64,7 @@ except ImportError:  # no torch rows
     torch = None
 
 from ..machine import drop_page_cache, files_under
+from ..timing import VIEWS_TIMED, time_views
 from .blockio import size_label
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 2 << 20, 16 << 20]
@@ -81,11 +83,6 @@ def _ids(count: int, salt: int) -> list[str]:
     return [f"{salt:08x}{i:024x}" for i in range(count)]
 
 
-#: Views timed per round at least, in one timing (passes over the blocks). Timed a
-#: pass at a time, the 16 or 32 views of a big size each paid the cold start after the
-#: ``gc.collect()`` before every timing (suite at b797029: 32.5 us at 2 MiB, 42.6 at
-#: 16 MiB, against 20.5 at 4 KiB); timed in one go, ad hoc: 24.0 and 27.8 (27.3 at 4 KiB).
-VIEWS_TIMED = 1024
 
 
 def _per_block_us(fn, count: int) -> float:
@@ -180,18 +177,12 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             for b, o in zip(_batched(loop_ids, BATCH), _batched(outs, BATCH)):
                 store.get_many_into(b, o)
 
-        def view_loop() -> None:
-            for b in loop_ids:
-                with store.view(b):
-                    pass
-
-        get_loop(), get_batch(), view_loop()
+        get_loop(), get_batch()
         gets = {"get_loop_us": get_loop, "get_batch_us": get_batch}
         for name in _in_turn(gets, rnd):
             row[name] = _per_block_us(gets[name], count)
-        passes = max(1, VIEWS_TIMED // count)
-        row["view_us"] = _per_block_us(lambda: [view_loop() for _ in range(passes)], count * passes)
-        row["hot_wrong"] = sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+        row["view_us"], missed_views = time_views(store, loop_ids, VIEWS_TIMED)
+        row["hot_wrong"] = missed_views + sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
                                for o, b in zip(outs, blocks))
         if torch is not None:
             row.update(_torch_passes(store, blocks, outs, _ids(count, 2 * rnd + 2 * 10**6)))
