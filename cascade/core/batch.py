@@ -139,8 +139,8 @@ class BatchCalls:
             if rest:  # blocks in the file tier: leased in one locked step, counted in another
                 leased = self._reads.read_leased_many(
                     [keys[i] for i in rest], [outs[i] for i in rest],
-                    lambda fn, items, in_memory=False: self._pools.parallel(
-                        fn, items, max_workers, item_bytes=self.spec.block_bytes, in_memory=in_memory))
+                    lambda fn, items, in_memory=False, item_bytes=self.spec.block_bytes: self._pools.parallel(
+                        fn, items, max_workers, item_bytes=item_bytes, in_memory=in_memory))
                 for i, hit in zip(rest, leased):
                     if hit is not None:
                         hits[i] = hit
@@ -151,7 +151,7 @@ class BatchCalls:
                 if batch.device and keys is not None:  # SHM and GPU blocks: copies enqueued in this thread
                     leased = self._reads.read_leased_many(
                         [keys[i] for i in rest], [outs[i] for i in rest],
-                        lambda fn, items, in_memory=False: [batch.bind(fn)(j) for j in items], any_outputs=True)
+                        lambda fn, items, **_: [batch.bind(fn)(j) for j in items], any_outputs=True)
                     for i, hit in zip(rest, leased):
                         if hit is not None:
                             hits[i] = hit

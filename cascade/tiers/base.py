@@ -182,6 +182,25 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def release(self, lease: Any) -> None:
         """End a lease; frees the bytes of a block deleted while leased."""
 
+    def read_runs(self, leases: Sequence[Any]) -> list[range]:
+        """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
+        reads in one go: here each lease alone; the file tier joins adjacent records."""
+        return [range(i, i + 1) for i in range(len(leases))]
+
+    def read_leased_run(self, leases: Sequence[Any], outs: Sequence[Sequence[Any]]) -> list[CorruptBlock | None]:
+        """:meth:`read_leased` of each lease of a run (see :meth:`read_runs`) into the
+        matching ``outs``: each block's verification failure is returned in its place;
+        any other error is raised."""
+        errors: list[CorruptBlock | None] = []
+        for lease, out in zip(leases, outs):
+            try:
+                self.read_leased(lease, out)
+            except CorruptBlock as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
         small block: no lease needed). False when the tier cannot (outputs that are not
