@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -62,80 +64,86 @@ def test_read_mode_is_a_config_key(tmp_path):
         assert store.stats()["tiers"]["file"]["read_mode"] == "buffered"
 
 
-def _tier_with_blocks(tmp_path, count: int, nbytes: int, mode: str = "buffered") -> tuple[FileTier, dict]:
-    tier = FileTier(64 << 20, str(tmp_path / "f"), read_mode=mode, segment_bytes=1 << 30)
+@contextmanager
+def _leased_tier(tmp_path, count: int, nbytes: int) -> Iterator[tuple[FileTier, dict, list]]:
+    """A buffered file tier holding ``count`` random blocks back to back, each leased
+    (leases released and the tier closed at the end)."""
+    tier = FileTier(64 << 20, str(tmp_path / "f"), read_mode="buffered", segment_bytes=1 << 30)
     rng = np.random.default_rng(1)
     blocks = {("ns", f"{i:032x}"): rng.integers(0, 255, nbytes, dtype=np.uint8) for i in range(count)}
     for key, data in blocks.items():
         tier.put(key, [data[:nbytes // 3], data[nbytes // 3:]])
     tier.sync()
-    return tier, blocks
+    leases = [tier.lease(key) for key in blocks]
+    try:
+        yield tier, blocks, leases
+    finally:
+        for lease in leases:
+            tier.release(lease)
+        tier.close()
 
 
 @pytest.mark.parametrize("nbytes", [64 << 10, 5000])  # page-sized payloads, and payloads with page padding
 def test_back_to_back_records_are_read_as_one_run_with_one_preadv(tmp_path, monkeypatch, nbytes):
-    tier, blocks = _tier_with_blocks(tmp_path, 6, nbytes)
-    leases = [tier.lease(key) for key in blocks]
-    assert tier.read_runs(leases) == [range(0, 6)]
-    calls = []
-    preadv = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, iov, off: calls.append(off) or preadv(fd, iov, off))
-    outs = [[np.zeros(nbytes // 2, np.uint8), np.zeros(nbytes - nbytes // 2, np.uint8)] for _ in blocks]
-    assert tier.read_leased_run(leases, outs) == [None] * 6
-    assert len(calls) == 1
-    for out, data in zip(outs, blocks.values()):
-        assert np.array_equal(np.concatenate(out), data)
-    for lease in leases:
-        tier.release(lease)
-    tier.close()
+    with _leased_tier(tmp_path, 6, nbytes) as (tier, blocks, leases):
+        assert tier.read_runs(leases) == [range(0, 6)]
+        calls = []
+        preadv = os.preadv
+        monkeypatch.setattr(os, "preadv", lambda fd, iov, off: calls.append(off) or preadv(fd, iov, off))
+        outs = [[np.zeros(nbytes // 2, np.uint8), np.zeros(nbytes - nbytes // 2, np.uint8)] for _ in blocks]
+        assert tier.read_leased_run(leases, outs) == [None] * 6
+        assert len(calls) == 1
+        for out, data in zip(outs, blocks.values()):
+            assert np.array_equal(np.concatenate(out), data)
 
 
 def test_runs_break_at_gaps_at_their_caps_and_in_direct_mode(tmp_path, monkeypatch):
-    tier, blocks = _tier_with_blocks(tmp_path, 8, 64 << 10)
-    keys = list(blocks)
-    leases = [tier.lease(k) for k in keys]
-    assert tier.read_runs(leases[:2] + leases[3:]) == [range(0, 2), range(2, 7)]  # block 2 skipped: a gap
-    assert tier.read_runs(leases[::-1]) == [range(i, i + 1) for i in range(8)]  # backwards: no run
-    monkeypatch.setattr("cascade.tiers.file_reads.RUN_RECORDS", 3)
-    assert tier.read_runs(leases) == [range(0, 3), range(3, 6), range(6, 8)]
-    monkeypatch.setattr("cascade.tiers.file_reads.RUN_RECORDS", 64)
-    monkeypatch.setattr("cascade.tiers.file_reads.RUN_BYTES", 2 * leases[0].loc.record_bytes)
-    assert tier.read_runs(leases) == [range(i, i + 2) for i in range(0, 8, 2)]
-    monkeypatch.setattr(tier, "_odirect", True)
-    assert tier.read_runs(leases) == [range(i, i + 1) for i in range(8)]
-    for lease in leases:
-        tier.release(lease)
-    tier.close()
+    with _leased_tier(tmp_path, 8, 64 << 10) as (tier, _, leases):
+        assert tier.read_runs(leases[:2] + leases[3:]) == [range(0, 2), range(2, 7)]  # block 2 skipped: a gap
+        assert tier.read_runs(leases[::-1]) == [range(i, i + 1) for i in range(8)]  # backwards: no run
+        monkeypatch.setattr("cascade.tiers.file_reads.RUN_RECORDS", 3)
+        assert tier.read_runs(leases) == [range(0, 3), range(3, 6), range(6, 8)]
+        monkeypatch.setattr("cascade.tiers.file_reads.RUN_RECORDS", 64)
+        monkeypatch.setattr("cascade.tiers.file_reads.RUN_BYTES", 2 * leases[0].loc.record_bytes)
+        assert tier.read_runs(leases) == [range(i, i + 2) for i in range(0, 8, 2)]
+        monkeypatch.setattr(tier, "_odirect", True)
+        assert tier.read_runs(leases) == [range(i, i + 1) for i in range(8)]
 
 
 def test_a_run_gives_each_block_its_own_verdict_when_one_is_corrupt_or_the_read_fails(tmp_path, monkeypatch):
-    tier, blocks = _tier_with_blocks(tmp_path, 4, 64 << 10)
-    keys = list(blocks)
-    bad = tier._index[keys[1]]
-    with open(tier._files[bad.file_id].path, "r+b") as f:  # a byte in block 1's payload
-        f.seek(bad.offset + HEADER_BYTES + 77)
-        f.write(bytes([blocks[keys[1]][77] ^ 0xFF]))
-    leases = [tier.lease(k) for k in keys]
-    outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
-    errors = tier.read_leased_run(leases, outs)
-    assert [e is None for e in errors] == [True, False, True, True] and isinstance(errors[1], CorruptBlock)
-    assert tier.counters["corrupt_reads"] == 1
-    preadv, failed = os.preadv, []
+    with _leased_tier(tmp_path, 4, 64 << 10) as (tier, blocks, leases):
+        keys = list(blocks)
+        bad = tier._index[keys[1]]
+        with open(tier._files[bad.file_id].path, "r+b") as f:  # a byte in block 1's payload
+            f.seek(bad.offset + HEADER_BYTES + 77)
+            f.write(bytes([blocks[keys[1]][77] ^ 0xFF]))
+        outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
+        errors = tier.read_leased_run(leases, outs)
+        assert [e is None for e in errors] == [True, False, True, True] and isinstance(errors[1], CorruptBlock)
+        assert tier.counters["corrupt_reads"] == 1
+        preadv, failed = os.preadv, []
 
-    def fail_the_run(fd, iov, off):  # the joined read fails; single records read fine
-        if len(iov) > 3:
-            failed.append(off)
-            raise OSError(5, "injected EIO")
-        return preadv(fd, iov, off)
+        def fail_the_run(fd, iov, off):  # the joined read fails; single records read fine
+            if len(iov) > 3:
+                failed.append(off)
+                raise OSError(5, "injected EIO")
+            return preadv(fd, iov, off)
 
-    monkeypatch.setattr(os, "preadv", fail_the_run)
-    outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
-    errors = tier.read_leased_run(leases, outs)
-    assert failed and [e is None for e in errors] == [True, False, True, True]
-    assert all(np.array_equal(out[0], blocks[k]) for i, (out, k) in enumerate(zip(outs, keys)) if i != 1)
-    for lease in leases:
-        tier.release(lease)
-    tier.close()
+        monkeypatch.setattr(os, "preadv", fail_the_run)
+        outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
+        errors = tier.read_leased_run(leases, outs)
+        assert failed and [e is None for e in errors] == [True, False, True, True]
+        assert all(np.array_equal(out[0], blocks[k]) for i, (out, k) in enumerate(zip(outs, keys)) if i != 1)
+
+
+def test_a_run_cut_short_by_a_truncated_file_fails_only_the_records_it_cut(tmp_path):
+    with _leased_tier(tmp_path, 4, 64 << 10) as (tier, blocks, leases):
+        last = leases[-1].loc
+        os.truncate(leases[-1].file.path, last.offset + HEADER_BYTES + 1000)  # the last payload cut short
+        outs = [[np.zeros(64 << 10, np.uint8)] for _ in blocks]
+        errors = tier.read_leased_run(leases, outs)
+        assert [e is None for e in errors] == [True, True, True, False] and isinstance(errors[3], CorruptBlock)
+        assert all(np.array_equal(out[0], data) for out, data in list(zip(outs, blocks.values()))[:3])
 
 
 def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
