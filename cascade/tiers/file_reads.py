@@ -75,6 +75,14 @@ RUN_BYTES = SCAN
 RUN_RECORDS = 64
 
 
+def _digest(views: Sequence[memoryview], seed: int) -> int:
+    """XXH3-64 (seeded) of ``views`` in turn: :func:`~cascade.checksum.checksum` for flat host views."""
+    h = xxhash.xxh3_64(seed=seed)
+    for view in views:
+        h.update(view)
+    return h.intdigest()
+
+
 def _lead() -> memoryview:
     """This thread's buffer for the header page read ahead of a buffered payload."""
     try:
@@ -176,9 +184,11 @@ class Reads:
         """Read a run of back-to-back records (:meth:`read_runs`) with one ``preadv``:
         headers and page padding into a scratch page, payloads into ``outs``; then
         verify each payload against its checksum (as :meth:`read_leased` does, which
-        does not check headers either: the checksum is seeded with the block's key). A
-        failed or short read falls back to reading each record alone, so every block
-        gets its own verdict."""
+        does not check headers either: the checksum is seeded with the block's key).
+        A failed or short read, or any payload failing its checksum, reads the run
+        again record by record, each read and verified in turn: every block gets its
+        own verdict, and outputs shared by several blocks of a batch end as a loop of
+        single reads would leave them (never a good block dropped as corrupt)."""
         if len(leases) == 1:
             return super().read_leased_run(leases, outs)
         scratch = _lead()
@@ -194,25 +204,14 @@ class Reads:
                 iov.append(scratch[:pad(nbytes) - nbytes])
             parts.append(views)
         first, last = leases[0].loc, leases[-1].loc
-        total = last.offset + last.record_bytes - first.offset
         try:
-            complete = os.preadv(leases[0].file.fd, iov, first.offset) == total
+            complete = os.preadv(leases[0].file.fd, iov, first.offset) == last.offset + last.record_bytes - first.offset
         except OSError:
             complete = False
-        if not complete:
-            return super().read_leased_run(leases, outs)
-        errors: list[CorruptBlock | None] = []
-        for lease, views in zip(leases, parts):
-            digest = xxhash.xxh3_64(seed=key_seed(*lease.key))
-            for view in views:
-                digest.update(view)
-            if digest.intdigest() == lease.loc.checksum:
-                errors.append(None)
-                continue
-            self.counters["corrupt_reads"] += 1
-            errors.append(CorruptBlock(f"{self.name}: record of {lease.key[1]} in {lease.file.path} "
-                                       "fails its checksum (dropped)"))
-        return errors
+        if complete and all(_digest(views, key_seed(*lease.key)) == lease.loc.checksum
+                            for lease, views in zip(leases, parts)):
+            return [None] * len(leases)
+        return super().read_leased_run(leases, outs)
 
     def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:
         """O_DIRECT into a page-aligned bounce buffer, then copy out (unaligned outputs)."""
