@@ -146,13 +146,20 @@ def test_a_run_cut_short_by_a_truncated_file_fails_only_the_records_it_cut(tmp_p
         assert all(np.array_equal(out[0], data) for out, data in list(zip(outs, blocks.values()))[:3])
 
 
-def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
+@contextmanager
+def _file_store(tmp_path, count: int) -> Iterator[tuple[CascadeStore, list, list[str]]]:
+    """A store whose only tier is a buffered file tier, holding ``count`` blocks put in one batch."""
     cfg = Config(model="tiny", shm_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="buffered")
     with CascadeStore(cfg) as s:
         blocks = [(np.full(s.spec.shape, i, s.spec.np_dtype), np.full(s.spec.shape, -i, s.spec.np_dtype))
-                  for i in range(10)]
+                  for i in range(count)]
         ids = s.put_many(blocks)
         s.flush()
+        yield s, blocks, ids
+
+
+def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
+    with _file_store(tmp_path, 10) as (s, blocks, ids):
         runs = []
         read_run = s.tiers[0].read_leased_run
         monkeypatch.setattr(s.tiers[0], "read_leased_run", lambda leases, outs: runs.append(len(leases))
@@ -166,12 +173,7 @@ def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tm
 
 
 def test_a_batch_sharing_one_output_among_its_blocks_drops_nothing_as_corrupt(tmp_path):
-    cfg = Config(model="tiny", shm_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="buffered")
-    with CascadeStore(cfg) as s:
-        blocks = [(np.full(s.spec.shape, i, s.spec.np_dtype), np.full(s.spec.shape, -i, s.spec.np_dtype))
-                  for i in range(6)]
-        ids = s.put_many(blocks)
-        s.flush()
+    with _file_store(tmp_path, 6) as (s, blocks, ids):
         shared = s.spec.empty()  # one output pair for every block: each read lands over the last
         assert s.get_many_into(ids, [shared] * len(ids), max_workers=1) == [True] * 6
         assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
