@@ -15,8 +15,16 @@ def checksum(parts: Iterable[Any], seed: int = 0) -> int:
     host first). Local, thread-safe."""
     h = xxhash.xxh3_64(seed=seed)
     parts = list(parts)
-    with host_views([p for p in parts if type(p) not in (bytes, bytearray, memoryview)], "block part") as views:
+    others = [p for p in parts if type(p) not in _HOST_BYTES]
+    if not others:  # host bytes only (every file-tier read): hashed as they are
+        for part in parts:
+            h.update(part)
+        return h.intdigest()
+    with host_views(others, "block part") as views:
         rest = iter(views)
         for part in parts:
-            h.update(part if type(part) in (bytes, bytearray, memoryview) else next(rest))
+            h.update(part if type(part) in _HOST_BYTES else next(rest))
     return h.intdigest()
+
+
+_HOST_BYTES = (bytes, bytearray, memoryview)

@@ -83,8 +83,6 @@ def _ids(count: int, salt: int) -> list[str]:
     return [f"{salt:08x}{i:024x}" for i in range(count)]
 
 
-
-
 def _per_block_us(fn, count: int) -> float:
     gc.collect()  # no pass pays for the garbage of the ones before it (module docstring)
     started = time.perf_counter()

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
 from ..buffers import as_byte_view
 from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
@@ -73,14 +71,6 @@ _leads = threading.local()
 #: (each takes up to 4 of the call's 1024 ``iovec``s).
 RUN_BYTES = SCAN
 RUN_RECORDS = 64
-
-
-def _digest(views: Sequence[memoryview], seed: int) -> int:
-    """XXH3-64 (seeded) of ``views`` in turn: :func:`~cascade.checksum.checksum` for flat host views."""
-    h = xxhash.xxh3_64(seed=seed)
-    for view in views:
-        h.update(view)
-    return h.intdigest()
 
 
 def _lead() -> memoryview:
@@ -208,7 +198,7 @@ class Reads:
             complete = os.preadv(leases[0].file.fd, iov, first.offset) == last.offset + last.record_bytes - first.offset
         except OSError:
             complete = False
-        if complete and all(_digest(views, key_seed(*lease.key)) == lease.loc.checksum
+        if complete and all(checksum(views, key_seed(*lease.key)) == lease.loc.checksum
                             for lease, views in zip(leases, parts)):
             return [None] * len(leases)
         return super().read_leased_run(leases, outs)
