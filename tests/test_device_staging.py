@@ -100,9 +100,9 @@ def test_a_full_arena_waits_then_falls_back_without_hanging(copier):
     assert arena.stats["fallbacks"] == 1 and arena.stats["waits"] >= 1
 
 
-def _store(tmp_path, **sizes) -> CascadeStore:
+def _store(tmp_path, **settings) -> CascadeStore:
     cfg = Config(model="tiny", file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20,
-                 **{"shm_bytes": 0, "file_bytes": 0, "gpu_bytes": 0, **sizes})
+                 **{"shm_bytes": 0, "file_bytes": 0, "gpu_bytes": 0, **settings})
     return CascadeStore(cfg, block_spec=BlockSpec(SHAPE, np.float16), array_module=np)
 
 
@@ -140,10 +140,12 @@ def test_a_slab_the_driver_cannot_register_is_staged_instead(tmp_path, copier):
 
 def test_demotions_of_device_blocks_use_the_arena_not_fresh_memory(tmp_path, copier):
     """A GPU tier holding one block: a second put demotes the first to SHM through an
-    arena buffer (the numpy-backed GPU tier stands for device memory)."""
+    arena buffer (the numpy-backed GPU tier stands for device memory). The background
+    demoter is off: with it on, the first put alone starts moving its block, and a second
+    put that comes while that move holds the block finds no victim and lands in SHM."""
     block = 2 * int(np.prod(SHAPE)) * 2
     key = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float16)
-    with _store(tmp_path, gpu_bytes=block, shm_bytes=1 << 20) as store:
+    with _store(tmp_path, gpu_bytes=block, shm_bytes=1 << 20, demote_high=1.0) as store:
         arena = buffers.staging_arena()
         first = store.put(key, key)
         leases = arena.stats["leases"]
