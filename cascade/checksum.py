@@ -8,6 +8,8 @@ import xxhash
 
 from .buffers import host_views
 
+_HOST_BYTES = (bytes, bytearray, memoryview)  # hashed as they are, no view needed
+
 
 def checksum(parts: Iterable[Any], seed: int = 0) -> int:
     """XXH3-64 (with ``seed``) of the concatenation of ``parts``, without concatenating.
@@ -26,5 +28,3 @@ def checksum(parts: Iterable[Any], seed: int = 0) -> int:
             h.update(part if type(part) in _HOST_BYTES else next(rest))
     return h.intdigest()
 
-
-_HOST_BYTES = (bytes, bytearray, memoryview)

@@ -73,6 +73,14 @@ RUN_BYTES = SCAN
 RUN_RECORDS = 64
 
 
+def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
+    """Writable byte views of ``outs``, which must hold exactly the record's payload."""
+    views, nbytes = output_views(outs)
+    if nbytes != loc.length:
+        raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
+    return views
+
+
 def _lead() -> memoryview:
     """This thread's buffer for the header page read ahead of a buffered payload."""
     try:
@@ -129,9 +137,8 @@ class Reads:
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views, nbytes = output_views(outs)
-        if nbytes != loc.length:
-            raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
+        views = _outputs_for(loc, outs)
+        nbytes = loc.length
         start = loc.offset + HEADER_BYTES
         seed = key_seed(*key)
         digest = None
@@ -185,9 +192,8 @@ class Reads:
         iov: list[memoryview] = []
         parts: list[list[memoryview]] = []
         for lease, out in zip(leases, outs):
-            views, nbytes = output_views(out)
-            if nbytes != lease.loc.length:
-                raise ValueError(f"output buffers hold {nbytes} bytes, block has {lease.loc.length}")
+            views = _outputs_for(lease.loc, out)
+            nbytes = lease.loc.length
             iov.append(scratch)
             iov.extend(views)
             if pad(nbytes) != nbytes:
