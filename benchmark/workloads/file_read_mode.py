@@ -32,9 +32,20 @@ written (the order read, up to the few puts in flight at once), each behind a 4 
 header (read, not counted: 6 % more bytes at 64 KiB), in ``seal_bytes`` segments (here 2).
 
 Raw and Cascade passes are treated alike:
-- Cold means evicted from the page cache (:func:`~benchmark.machine.drop_page_cache`,
-  on the files the pass reads) right before every pass, raw or not; the output buffers
-  are zeroed before every pass (untimed), so no pass pays their first touch.
+- Cold means evicted from the page cache (:func:`~benchmark.machine.drop_page_cache`)
+  right before every pass, raw or not: every file of the round, the raw file and the
+  tier's, not only those the pass reads (:func:`_make_cold`); the output buffers are
+  zeroed before every pass (untimed), so no pass pays their first touch. Until this
+  version only the pass's own files were dropped, so a pass that followed one over the
+  other side's file ran with that file's 256 MiB still in the page cache. The round
+  orders are fixed per round index (:func:`_passes`), and in all three of the suite's
+  rounds at 64 KiB Cascade's buffered batch came right after a raw pass: it ran at
+  0.47-0.58 GB/s with 1.5 CPU s/GB, 57 % of its samples in the kernel's copy out of the
+  page cache (``_copy_to_iter``, ``perf record`` of that pass alone), against 20 % for
+  its loop. With every file dropped, in two runs of three rounds each (load 1-2): its
+  batch 1.12 and 0.88 GB/s at 0.72 and 0.99 CPU s/GB, against 0.49 and 0.54 GB/s at 1.5
+  in two runs without (alternated in one sitting); its loop and the raw reads moved
+  within their spread.
 - Every pass is preceded by one untimed buffered read through the files it reads
   (:func:`_settle`), then the drop: that read leaves nothing in the page cache, but
   it sets up what is below it the same way for every pass. On this VM a buffered cold
@@ -151,14 +162,21 @@ def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: 
                for h, o, b in zip(hits, outs, blocks))
 
 
-def _tier_pass(row: dict[str, Any], name: str, gb: float, file_dir: str,
-               outs: list[tuple[np.ndarray, np.ndarray]], read: Callable[[], list[bool]]) -> list[bool]:
-    """One cold timed pass over the tier's files: outputs zeroed, the files settled and
-    dropped from the page cache, then ``read()`` timed; its GB/s and CPU and kernel
-    seconds per GB go into ``row`` as ``<name>_gbps`` and so on. What ``read`` returned."""
+def _make_cold(outs: list[tuple[np.ndarray, np.ndarray]], reads: list[str], every: list[str]) -> None:
+    """Before a timed pass: ``outs`` zeroed, the files the pass ``reads`` settled
+    (:func:`_settle`), then ``every`` file of the round (raw and tier alike) dropped from
+    the page cache, so no pass starts with the other side's file resident."""
     _clear(outs)
-    _settle(files_under(file_dir))
-    drop_page_cache(files_under(file_dir))
+    _settle(reads)
+    drop_page_cache(every)
+
+
+def _tier_pass(row: dict[str, Any], name: str, gb: float, file_dir: str, every: list[str],
+               outs: list[tuple[np.ndarray, np.ndarray]], read: Callable[[], list[bool]]) -> list[bool]:
+    """One cold timed pass over the tier's files (:func:`_make_cold`, ``every``: all the
+    round's files), then ``read()`` timed; its GB/s and CPU and kernel seconds per GB go
+    into ``row`` as ``<name>_gbps`` and so on. What ``read`` returned."""
+    _make_cold(outs, files_under(file_dir), every)
     started, cpu, sys_cpu = time.perf_counter(), time.process_time(), _kernel_seconds()
     hits = read()
     row[f"{name}_gbps"] = gb / (time.perf_counter() - started)
@@ -231,17 +249,17 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
         raw = os.path.join(work, "raw.bin")
         write_file(raw, (part for pair in blocks for part in pair))
         os.sync()
+        every = [*files_under(file_dir), raw]
         order = _passes(seed)
         row["order"] = [f"{side} {how} {form}" for side, how, form in order]
         for side, how, form in order:
             if side == "records":
-                hits = _tier_pass(row, "records_loop", gb, file_dir, outs, lambda: _read_records(spans, seeds, outs))
+                hits = _tier_pass(row, "records_loop", gb, file_dir, every, outs,
+                                  lambda: _read_records(spans, seeds, outs))
                 row["records_loop_wrong"] = _wrong(hits, outs, blocks)
                 continue
             if side == "raw":
-                _clear(outs)
-                _settle([raw])
-                drop_page_cache([raw])
+                _make_cold(outs, [raw], every)
                 cpu, sys_cpu = time.process_time(), _kernel_seconds()
                 depth = 1 if form == "loop" else batch_depth()
                 row[f"raw_{how}_{form}_gbps"] = raw_read_threads(raw, outs, depth, how)["gbps"]
@@ -250,7 +268,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
                 row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
-                hits = _tier_pass(row, f"{how}_{form}", gb, file_dir, outs,
+                hits = _tier_pass(row, f"{how}_{form}", gb, file_dir, every, outs,
                                   (lambda: [store.get_into(b, *o) for b, o in zip(ids, outs)]) if form == "loop"
                                   else lambda: store.get_many_into(ids, outs))  # batch: the store's own depth
             row[f"{how}_{form}_wrong"] = _wrong(hits, outs, blocks)
