@@ -117,6 +117,12 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # Our own POSIX_FADV_WILLNEED of the next records on sequential scans was tried and made
 # 2 MiB cold reads 3x slower (the advice call blocks on this kernel); POSIX_FADV_SEQUENTIAL
 # made no measurable difference (read_ahead_kb is 8 MiB here): neither is used.
+# Hashing each piece on a reader thread while the next one is read (XXH3 releases the
+# interpreter lock) was tried too (benchmark file_read_mode, 2 and 16 MiB, two runs of 3
+# rounds each, alternated with this version in one sitting): the records read without
+# the store reached 0.82 / 0.75x the best raw read at 2 MiB against 0.89 / 0.92x, and
+# 0.82 / 0.73x at 16 MiB against 0.88 / 1.27x, at 0.46-0.55 CPU s/GB against 0.31-0.36:
+# on 2 cores the hand-off cost more than the hash it moved.
 CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
