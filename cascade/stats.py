@@ -87,6 +87,17 @@ class StoreMetrics:
             for faster in self.tiers[:t]:
                 faster.misses += 1
 
+    def hits(self, t: int, nbytes: int, seconds: float, count: int) -> None:
+        """``count`` gets of ``nbytes`` in all served by tier ``t``, each taking
+        ``seconds`` (a batch's equal shares): :meth:`hit` of each, in one call."""
+        self.counters.hits += count
+        self.tiers[t].hits += count
+        self.tiers[t].bytes_read += nbytes
+        self.get_latency[t].record_ns(int(seconds * 1e9), count)
+        if t:
+            for faster in self.tiers[:t]:
+                faster.misses += count
+
     def hot_hit(self, t: int, nbytes: int, elapsed_ns: int, count: int = 1) -> None:
         """A get (or ``count`` gets of ``nbytes`` in all: a batch) served by tier ``t`` on
         the small-block hot path, each taking ``elapsed_ns`` nanoseconds: the gets and

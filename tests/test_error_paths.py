@@ -361,6 +361,32 @@ def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(co
         assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
+def test_an_error_counting_a_file_tier_run_ends_every_lease_and_counts_each_get_once(config, monkeypatch):
+    with CascadeStore(config.replace(shm_bytes=0)) as s:
+        ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
+        s.flush()
+        index = s._index
+        touched = index.touched_at
+        calls = []
+
+        def failing(meta, at):  # the policy failing on the third hit counted in the run
+            calls.append(meta.key)
+            if len(calls) == 3:
+                raise RuntimeError("injected")
+            return touched(meta, at)
+
+        monkeypatch.setattr(index, "touched_at", failing)
+        with pytest.raises(RuntimeError, match="injected"):
+            s.get_many_into(ids, [s.spec.empty() for _ in ids])
+        st = s.stats()
+        assert st["gets"] == 4 and st["hits"] == 3 and st["misses"] == 1  # counted before the error, or missed
+        assert st["tiers"]["file"]["hits"] == 3
+        assert all(f.users == 0 for f in s.tiers[0]._files.values())
+        assert all(index.get(("default", b)).readers == 0 for b in ids)
+        monkeypatch.undo()
+        assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
+
+
 def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch):
     with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier: a leased get
         bid = s.put(*make_block(s.spec, 1))

@@ -109,6 +109,11 @@ class Reading:
         meta.readers += 1
         self._held = True
 
+    @property
+    def held(self) -> bool:
+        """Whether the count is still held (not yet released)."""
+        return self._held
+
     def release(self) -> None:
         """Under the lock: end the count (idempotent)."""
         if self._held:

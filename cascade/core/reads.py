@@ -253,7 +253,6 @@ class ReadPath:
                           any_outputs: bool) -> None:
         """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``."""
         leased: list[tuple[int, Lease]] = []
-        counted = 0
         try:
             with self._lock:
                 for i in indices:
@@ -281,15 +280,14 @@ class ReadPath:
                               item_bytes=self._nbytes * len(leased) // max(1, len(runs)))
             with self._lock:
                 for run, (errors, share) in zip(runs, copied):
-                    for j, error in zip(run, errors):
-                        i, lease = leased[j]
-                        results[i] = self._count(lease, error, time.perf_counter() - share, release=True)
-                        counted += 1
+                    for j, hit in zip(run, self._count_run([leased[j][1] for j in run], errors, share)):
+                        results[leased[j][0]] = hit
         except BaseException:
             with self._lock:
-                for _, lease in leased[counted:]:
-                    lease.release()
-                    self.metrics.miss()
+                for _, lease in leased:
+                    if lease.held:  # not counted: a missed get
+                        lease.release()
+                        self.metrics.miss()
             raise
 
     def view(self, key: BlockKey, spec: BlockSpec) -> "BlockView":
@@ -327,6 +325,34 @@ class ReadPath:
             return exc
         return None
 
+    def _count_run(self, leases: Sequence[Lease], errors: Sequence[CorruptBlock | None], share: float) -> list[bool]:
+        """Under the lock: :meth:`_count` (with ``release``) of each lease of a run read
+        in one go (one tier), each hit timed as ``share`` seconds and counted with the
+        others in one call. Whether each was a hit; a lease whose count raised, and
+        every lease after it, stay :attr:`~.guards.Reading.held` (the caller ends them)."""
+        hits, nbytes, at = 0, 0, time.monotonic()
+        index, counted = self.index, []
+        try:
+            for lease, error in zip(leases, errors):
+                if error is not None:
+                    counted.append(self._count(lease, error, time.perf_counter() - share, release=True))
+                    continue
+                meta = lease.meta
+                lease.release()
+                hits += 1
+                nbytes += meta.nbytes
+                counted.append(True)
+                if index.holds(meta):  # not deleted or replaced while we copied
+                    if meta.hints:  # the queued request it was hinted for has come
+                        index.release_hint(meta)
+                    index.touched_at(meta, at)
+                    if meta.ttl and self._ttl_on_use:  # the read moved its expiry: recorded with others later
+                        self.chain.persist_ttl(meta, batched=True)
+        finally:
+            if hits:
+                self.metrics.hits(leases[0].t, nbytes, share, hits)
+        return counted
+
     def _finish(self, lease: Lease, error: CorruptBlock | None, started: float) -> bool:
         """Under the lock, after the copy: end the lease, then count the hit (using up a
         hint) or drop a corrupt block (if still the one read). Whether it was a hit."""
@@ -336,7 +362,7 @@ class ReadPath:
         """Under the lock: count the hit of a leased read (ending the lease first with
         ``release``), or drop a corrupt block (if still the one read). Whether it was a hit."""
         meta, t = lease.meta, lease.t
-        cached = lease.current()
+        cached = error is not None and lease.current()  # asked only to drop a corrupt copy
         if release:
             lease.release()
         if error is not None:
@@ -501,7 +527,10 @@ _BUFFER_KINDS = frozenset("biufc")
 
 def _buffer_arrays(outs: Sequence[Any]) -> bool:
     """Whether every output is a numpy array of numpy's own dtype of a :data:`_BUFFER_KINDS` kind."""
-    return all(type(o) is np.ndarray and o.dtype.isbuiltin == 1 and o.dtype.kind in _BUFFER_KINDS for o in outs)
+    for o in outs:  # a loop, not all() over a generator: it runs per block of a batch
+        if type(o) is not np.ndarray or o.dtype.isbuiltin != 1 or o.dtype.kind not in _BUFFER_KINDS:
+            return False
+    return True
 
 
 def _split(data: Any, spec: BlockSpec) -> list[Any]:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from ..buffers import as_byte_view
 from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
@@ -79,6 +81,15 @@ def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
     if nbytes != loc.length:
         raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
     return views
+
+
+def _digest(views: Sequence[memoryview], seed: int) -> int:
+    """XXH3-64 of ``views`` in order, seeded: :func:`~cascade.checksum.checksum` of byte
+    views, without its checks for other kinds of buffer (a run hashes every record)."""
+    h = xxhash.xxh3_64(seed=seed)
+    for view in views:
+        h.update(view)
+    return h.intdigest()
 
 
 def _lead() -> memoryview:
@@ -165,16 +176,19 @@ class Reads:
         (:meth:`read_leased_run`). O_DIRECT reads and records over :data:`RUN_BYTES`
         go alone."""
         runs: list[range] = []
-        lo = 0
-        for i in range(1, len(leases) + 1):
-            if i < len(leases) and not self._odirect and i - lo < RUN_RECORDS:
-                prev, cur = leases[i - 1], leases[i]
-                run_bytes = cur.loc.offset + cur.loc.record_bytes - leases[lo].loc.offset
-                if (cur.file is prev.file and cur.loc.offset == prev.loc.offset + prev.loc.record_bytes
-                        and run_bytes <= RUN_BYTES):
-                    continue
-            runs.append(range(lo, i))
-            lo = i
+        lo, file, start, end = 0, None, 0, -1  # the run so far: leases[lo:i], bytes [start, end) of file
+        joins = not self._odirect
+        for i, lease in enumerate(leases):
+            loc = lease.loc
+            stop = loc.offset + HEADER_BYTES + pad(loc.length)
+            if joins and loc.offset == end and lease.file is file and i - lo < RUN_RECORDS and stop - start <= RUN_BYTES:
+                end = stop
+                continue
+            if i:
+                runs.append(range(lo, i))
+            lo, file, start, end = i, lease.file, loc.offset, stop
+        if leases:
+            runs.append(range(lo, len(leases)))
         return runs
 
     def read_leased_run(self, leases: Sequence[Lease], outs: Sequence[Sequence[Any]]) -> list[CorruptBlock | None]:
@@ -204,7 +218,7 @@ class Reads:
             complete = os.preadv(leases[0].file.fd, iov, first.offset) == last.offset + last.record_bytes - first.offset
         except OSError:
             complete = False
-        if complete and all(checksum(views, key_seed(*lease.key)) == lease.loc.checksum
+        if complete and all(_digest(views, key_seed(*lease.key)) == lease.loc.checksum
                             for lease, views in zip(leases, parts)):
             return [None] * len(leases)
         return super().read_leased_run(leases, outs)
