@@ -17,11 +17,14 @@ def checksum(parts: Iterable[Any], seed: int = 0) -> int:
     host first). Local, thread-safe."""
     h = xxhash.xxh3_64(seed=seed)
     parts = list(parts)
-    others = [p for p in parts if type(p) not in _HOST_BYTES]
-    if not others:  # host bytes only (every file-tier read): hashed as they are
-        for part in parts:
-            h.update(part)
+    for part in parts:  # host bytes (every file-tier read) are hashed as they are
+        if type(part) not in _HOST_BYTES:
+            break
+        h.update(part)
+    else:
         return h.intdigest()
+    h = xxhash.xxh3_64(seed=seed)  # another kind of buffer: start again through host views
+    others = [p for p in parts if type(p) not in _HOST_BYTES]
     with host_views(others, "block part") as views:
         rest = iter(views)
         for part in parts:

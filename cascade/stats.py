@@ -79,13 +79,7 @@ class StoreMetrics:
 
     def hit(self, t: int, nbytes: int, started: float) -> None:
         """A get served by tier ``t`` (a miss of every faster tier)."""
-        self.counters.hits += 1
-        self.tiers[t].hits += 1
-        self.tiers[t].bytes_read += nbytes
-        self.get_latency[t].record(time.perf_counter() - started)
-        if t:
-            for faster in self.tiers[:t]:
-                faster.misses += 1
+        self.hits(t, nbytes, time.perf_counter() - started, 1)
 
     def hits(self, t: int, nbytes: int, seconds: float, count: int) -> None:
         """``count`` gets of ``nbytes`` in all served by tier ``t``, each taking

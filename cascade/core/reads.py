@@ -330,24 +330,17 @@ class ReadPath:
         in one go (one tier), each hit timed as ``share`` seconds and counted with the
         others in one call. Whether each was a hit; a lease whose count raised, and
         every lease after it, stay :attr:`~.guards.Reading.held` (the caller ends them)."""
-        hits, nbytes, at = 0, 0, time.monotonic()
-        index, counted = self.index, []
+        hits, nbytes, at, counted = 0, 0, time.monotonic(), []
         try:
             for lease, error in zip(leases, errors):
                 if error is not None:
                     counted.append(self._count(lease, error, time.perf_counter() - share, release=True))
                     continue
-                meta = lease.meta
                 lease.release()
                 hits += 1
-                nbytes += meta.nbytes
+                nbytes += lease.meta.nbytes
                 counted.append(True)
-                if index.holds(meta):  # not deleted or replaced while we copied
-                    if meta.hints:  # the queued request it was hinted for has come
-                        index.release_hint(meta)
-                    index.touched_at(meta, at)
-                    if meta.ttl and self._ttl_on_use:  # the read moved its expiry: recorded with others later
-                        self.chain.persist_ttl(meta, batched=True)
+                self._used(lease.meta, at)
         finally:
             if hits:
                 self.metrics.hits(leases[0].t, nbytes, share, hits)
@@ -372,13 +365,18 @@ class ReadPath:
                 self.chain.drop_corrupt(meta)
             return self.metrics.miss()
         self.metrics.hit(t, meta.nbytes, started)
+        self._used(meta, time.monotonic())
+        return True
+
+    def _used(self, meta: BlockMeta, at: float) -> None:
+        """Under the lock, after a hit on ``meta`` (if still cached): use up a hint, tell
+        the policy of the use at ``at`` (monotonic seconds), move a last-use TTL."""
         if self.index.holds(meta):  # not deleted or replaced while we copied
             if meta.hints:  # the queued request it was hinted for has come
                 self.index.release_hint(meta)
-            self.index.touched(meta)
+            self.index.touched_at(meta, at)
             if meta.ttl and self._ttl_on_use:  # the read moved its expiry: recorded with others later
                 self.chain.persist_ttl(meta, batched=True)
-        return True
 
     # -- promotion -------------------------------------------------------------------------
     def claim_promotion(self, meta: BlockMeta) -> Move | None:

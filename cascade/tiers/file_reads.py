@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
 from ..buffers import as_byte_view
 from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
@@ -81,15 +79,6 @@ def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
     if nbytes != loc.length:
         raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
     return views
-
-
-def _digest(views: Sequence[memoryview], seed: int) -> int:
-    """XXH3-64 of ``views`` in order, seeded: :func:`~cascade.checksum.checksum` of byte
-    views, without its checks for other kinds of buffer (a run hashes every record)."""
-    h = xxhash.xxh3_64(seed=seed)
-    for view in views:
-        h.update(view)
-    return h.intdigest()
 
 
 def _lead() -> memoryview:
@@ -180,7 +169,7 @@ class Reads:
         joins = not self._odirect
         for i, lease in enumerate(leases):
             loc = lease.loc
-            stop = loc.offset + HEADER_BYTES + pad(loc.length)
+            stop = loc.offset + loc.record_bytes
             if joins and loc.offset == end and lease.file is file and i - lo < RUN_RECORDS and stop - start <= RUN_BYTES:
                 end = stop
                 continue
@@ -218,7 +207,7 @@ class Reads:
             complete = os.preadv(leases[0].file.fd, iov, first.offset) == last.offset + last.record_bytes - first.offset
         except OSError:
             complete = False
-        if complete and all(_digest(views, key_seed(*lease.key)) == lease.loc.checksum
+        if complete and all(checksum(views, key_seed(*lease.key)) == lease.loc.checksum
                             for lease, views in zip(leases, parts)):
             return [None] * len(leases)
         return super().read_leased_run(leases, outs)
