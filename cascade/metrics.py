@@ -12,7 +12,9 @@ _STORE_COUNTERS = ("puts", "stored", "deduped", "rejected", "gets", "hits", "mis
 
 
 def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sum the stats of several ranks into one dict shaped like ``CascadeStore.stats()``."""
+    """Sum the stats of several ranks into one dict shaped like ``CascadeStore.stats()``.
+    A tier that draws on a pool the ranks share (REMOTE: each rank's capacity is every
+    other rank's lent window) has the pool as its capacity: each rank's ``lent_bytes`` once."""
     if not per_rank:
         raise ValueError("no stats to aggregate")
     total: dict[str, Any] = {k: sum(r.get(k, 0) for r in per_rank) for k in (*_STORE_COUNTERS, "blocks")}
@@ -22,8 +24,9 @@ def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     for r in per_rank:
         for name, t in r["tiers"].items():
             agg = tiers.setdefault(name, {"blocks": 0, "bytes": 0, "capacity": 0, **{c: 0 for c in _TIER_COUNTERS}})
-            for key in ("blocks", "bytes", "capacity", *_TIER_COUNTERS):
+            for key in ("blocks", "bytes", *_TIER_COUNTERS):
                 agg[key] += t.get(key, 0)
+            agg["capacity"] += t.get("lent_bytes", t.get("capacity", 0))
     total["tiers"] = tiers
     return total
 

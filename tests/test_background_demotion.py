@@ -110,6 +110,35 @@ def test_a_failing_background_demotion_is_counted_and_the_store_serves(tmp_path,
     store.close(timeout=120.0)  # returns: CloseTimeout would name what is still held
 
 
+def test_a_tier_below_that_fails_is_passed_over_for_the_next_one_down(tmp_path, monkeypatch):
+    """Three tiers (GPU over host memory, SHM, file) and every copy into SHM failing, as
+    moves into the REMOTE tier fail when every lending rank is full while this rank's
+    accounting still shows room: the demoter's blocks go on to the file tier, with no
+    error counted and no pause, and every block reads back exact."""
+    store = open_store(tmp_path, gpu_bytes=SHM_BLOCKS * BLOCK, shm_bytes=4 * BLOCK)
+    gpu, shm = store.tiers[0], store.tiers[1]
+    assert [t.name for t in store.tiers] == ["gpu", "shm", "file"]
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "injected: no room")
+
+    monkeypatch.setattr(shm, "fill", no_room)
+    ids = [put(store, n) for n in range(17)]  # 17/20 > 0.8
+    store.flush()
+    stats = store.stats()
+    assert stats["background_demotion_errors"] == 0 and stats["tiers"]["shm"]["full_events"] >= 1
+    assert gpu.used <= 0.5 * gpu.capacity and shm.used == 0
+    tiers = [store._meta[("default", b)].tier for b in ids]
+    assert tiers.count(2) == stats["background_demotions"] == len(ids) - tiers.count(0) > 0
+    ids += [put(store, n) for n in range(17, 30)]  # not paused: later rounds keep the GPU tier below high
+    store.flush()
+    assert store.stats()["background_demotion_errors"] == 0 and gpu.used <= 0.8 * gpu.capacity
+    monkeypatch.undo()
+    for b in ids:
+        check_block(b, *store.get(b))
+    store.close(timeout=120.0)
+
+
 def test_a_full_lower_tier_costs_the_oldest_blocks_not_the_newest(tmp_path, monkeypatch):
     """The slower tier's disk is full (every copy into it fails with ENOSPC): each failed
     background demotion leaves its block in place and in its place in the eviction order,

@@ -195,9 +195,7 @@ class TierChain:
         does, drop it now (None). :class:`Busy` when another rank pins it or caches a
         child of it."""
         t = meta.tier
-        for lower in range(t + 1, len(self.tiers)):
-            if lower in skip or self.tiers[lower].capacity < meta.nbytes:
-                continue
+        for lower in self.slower_tiers(meta, skip):
             try:
                 self.make_room(lower, meta.nbytes, meta.key[0])
                 return self.begin_move(meta, lower)
@@ -210,6 +208,12 @@ class TierChain:
             self.index.evicted(meta)
             self.drop(meta)
         return None
+
+    def slower_tiers(self, meta: BlockMeta, skip: set[int] = frozenset()) -> list[int]:
+        """The tiers below ``meta``'s, fastest first, that could hold it (its size within
+        their capacity), less those in ``skip``."""
+        return [lower for lower in range(meta.tier + 1, len(self.tiers))
+                if lower not in skip and self.tiers[lower].capacity >= meta.nbytes]
 
     # -- moves -----------------------------------------------------------------------------
     def begin_move(self, meta: BlockMeta, dst: int) -> Move:

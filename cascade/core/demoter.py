@@ -9,7 +9,10 @@ is at or below ``low``. Each step holds an in-flight count (:class:`~.guards.InF
 store's lock); the copies run outside the store's lock. ``flush()`` waits for the rounds
 asked for before it. A failed move (e.g. a full disk below) leaves its block where it
 was, in its place in the eviction order (:meth:`~cascade.policy.Policy.changed` is not a
-use), is logged and counted (``background_demotion_errors``), never reaches a caller, and
+use). The round then passes over that tier and tries the next one down (the REMOTE tier
+can run out of room on every lending rank while this rank's accounting still shows
+room: the file tier takes the block). When no tier below is left, the failure is
+logged and counted (``background_demotion_errors``), never reaches a caller, and
 pauses the demoter until a put's own demotion out of the fastest tier succeeds (the tier
 below has room again): while the tier below is full, retrying would only shield its
 victim (leased by the failing move) from the puts' evictions, so that they dropped
@@ -129,6 +132,7 @@ class Demoter:
         """Demote victims of the fastest tier until it is at or below ``low``."""
         chain = self._chain
         set_aside: list[BlockMeta] = []  # victims another rank keeps in place
+        failed: set[int] = set()  # tiers below that failed a move this round: passed over until the next
         try:
             while True:
                 with self._inflight.hold("a background demotion"):
@@ -137,7 +141,7 @@ class Demoter:
                                 or (victim := chain.index.victim(0)) is None or victim.hints):
                             return  # done, or only hinted blocks (wanted soon, here) are left to move
                         try:
-                            move = chain.start_demotion(victim)
+                            move = chain.start_demotion(victim, skip=failed)
                         except Busy:
                             chain.index.set_aside(victim)
                             set_aside.append(victim)
@@ -148,10 +152,15 @@ class Demoter:
                         if not chain.run_move(move, cancel_if=_hinted):
                             return  # hinted (or deleted) while it was copied: it stays; the round ends
                     except MoveFailed as exc:
-                        log.warning("background demotion of %s failed: %s", victim.key[1], exc.__cause__)
+                        failed.add(move.dst.t)
                         with self._lock:
+                            if chain.slower_tiers(victim, failed):  # a tier further down may take it
+                                log.debug("background demotion of %s into %s failed (%s): trying below",
+                                          victim.key[1], move.dst.tier.name, exc.__cause__)
+                                continue
                             chain.metrics.counters.background_demotion_errors += 1
                             self._paused_at = chain.metrics.tiers[0].demotions
+                        log.warning("background demotion of %s failed: %s", victim.key[1], exc.__cause__)
                         return
                     except Busy:
                         with self._lock:

@@ -209,6 +209,7 @@ class RemoteTier(Tier):
     def stats(self) -> dict[str, Any]:
         leases = [lease for ls in self._leases.values() for lease in ls]
         return {**super().stats(), "leases": len(leases),
+                "lent_bytes": self.windows.window_bytes(self.rank) if self.windows is not None else 0,
                 "leased_bytes": sum(lease.alloc.size for lease in leases),
                 "targets": [t for group in self._groups for t in group]}
 
@@ -238,8 +239,8 @@ class RemoteTier(Tier):
                     return lease, lease.alloc.alloc(nbytes)
                 found = self._free_target(group, nbytes)  # lost a race for the run: re-read
         raise TierFull(f"remote tier: no rank has {nbytes} contiguous bytes free "
-                       f"({self._capacity} bytes on {sum(map(len, self._groups))} other ranks, "
-                       f"chunks of {self.windows.chunk_bytes if self.windows else 0})")
+                       f"(of {self._capacity} bytes lent by {sum(map(len, self._groups))} other ranks, "
+                       f"in chunks of {self.windows.chunk_bytes if self.windows else 0})")
 
     def _free_target(self, group: list[int], nbytes: int) -> tuple[int, list[int]] | None:
         """Of up to :data:`PROBE_TARGETS` random targets of ``group``, the one with the most

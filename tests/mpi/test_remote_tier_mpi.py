@@ -9,6 +9,7 @@ from collective import raises
 from cascade.distributed import DirectoryEntry, ShardedDirectory
 from cascade.errors import BlockNotFound, CorruptBlock, InvalidBlock, TierFull
 from cascade.distributed.remote_tier import RemoteTier
+from cascade.metrics import aggregate
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="the mpi extra (mpi4py) is not installed")
 
@@ -134,6 +135,17 @@ def test_partial_reads_and_errors(comm, tier, everywhere):
     tier.put(k, [b"new bytes"])
     assert everywhere(tier[k] == b"new bytes" and len(tier) == 1 and tier.used == 9)
     comm.Barrier()
+
+
+def test_a_job_report_counts_the_shared_pool_once(comm, tier, everywhere):
+    """Each rank's capacity is the other ranks' lent windows; summed over ranks (the
+    job's tier table, metrics.aggregate) the pool is what the ranks lend, each once."""
+    needs_peers(comm)
+    lent = tier.stats()["lent_bytes"]
+    assert everywhere(lent == tier.windows.window_bytes(comm.rank) > 0)
+    assert everywhere(tier.capacity == comm.allreduce(lent) - lent)
+    total = aggregate(comm.allgather({"tiers": {"remote": tier.stats()}}))["tiers"]["remote"]
+    assert everywhere(total["capacity"] == comm.allreduce(lent))
 
 
 def test_full_tier_raises_and_stays_unchanged_then_space_returns(comm, tier, everywhere):
