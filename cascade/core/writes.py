@@ -47,7 +47,8 @@ class WritePath:
         self._inflight, self._lock, self._pools = inflight, lock, pools
         self._nbytes, self._algo, self._ttl = nbytes, hash_algo, default_ttl
         self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (put_hot's lookups, fixed for the store's life)
-        self._hot = nbytes <= HOT_COPY_MAX and chain.share <= 0  # whether put_hot may take a put
+        # whether put_hot may take a put (into the fastest tier, one that copies under the lock)
+        self._hot = nbytes <= HOT_COPY_MAX and chain.share <= 0 and chain.tiers[0].hot_copies
 
     def content_id(self, parts: Sequence[Any]) -> str:
         """The content digest of a block's parts (its id when the caller gives none)."""

@@ -72,6 +72,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # release the interpreter lock: a batch spreads them over every core
     # (Pools.parallel's in_memory).
     copies_without_gil: bool = False
+    # read_hot() and store_hot() can copy (a slab in host memory); else they always
+    # decline, and the store's small-block paths skip them (and their locked step)
+    hot_copies: bool = False
     # leased_view() gives a read-only view of a leased block's bytes in place (no copy)
     zero_copy: bool = False
     # Its blocks outlive the process: a store opened on the same place adopts them (warm
