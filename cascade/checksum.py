@@ -17,17 +17,16 @@ def checksum(parts: Iterable[Any], seed: int = 0) -> int:
     host first). Local, thread-safe."""
     h = xxhash.xxh3_64(seed=seed)
     parts = list(parts)
-    for part in parts:  # host bytes (every file-tier read) are hashed as they are
+    for first_other, part in enumerate(parts):  # host bytes (every file-tier read) are hashed as they are
         if type(part) not in _HOST_BYTES:
             break
         h.update(part)
     else:
         return h.intdigest()
-    h = xxhash.xxh3_64(seed=seed)  # another kind of buffer: start again through host views
-    others = [p for p in parts if type(p) not in _HOST_BYTES]
-    with host_views(others, "block part") as views:
+    tail = parts[first_other:]  # from the first other kind of buffer on: through host views
+    with host_views([p for p in tail if type(p) not in _HOST_BYTES], "block part") as views:
         rest = iter(views)
-        for part in parts:
+        for part in tail:
             h.update(part if type(part) in _HOST_BYTES else next(rest))
     return h.intdigest()
 

@@ -52,8 +52,8 @@ class ReadPath:
         self._promote_on_hit, self._cache_cluster_reads = promote_on_hit, cache_cluster_reads
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
         self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
-        self._hot_tiers = tuple(tier.hot_copies for tier in chain.tiers)  # whose blocks read_hot may copy
-        self._hot_size = nbytes <= HOT_COPY_MAX and any(self._hot_tiers)
+        # whether read_hot may copy: a small block, and a tier that copies under the lock
+        self._hot_size = nbytes <= HOT_COPY_MAX and any(tier.hot_copies for tier in chain.tiers)
         self._hot_hit, self._touched_at = chain.metrics.hot_hit, chain.index.touched_at  # (read_hot's, bound once)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
@@ -126,7 +126,7 @@ class ReadPath:
         An error of the copy itself is counted as a missed get and raised (as in :meth:`read`)."""
         meta = self._blocks.get(key)
         if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
-                or not self._hot_tiers[meta.tier] or self._inflight.closing):
+                or self._inflight.closing):
             return None
         try:
             if not self._tiers[meta.tier].read_hot(key, outs):
