@@ -6,9 +6,10 @@
 #
 # 1. installs blake3 and ml_dtypes from the wheels in $WHEELS when set (offline:
 #    pip install --no-index), for machines without a package index;
-# 2. builds the host-copy module (cascade/buffers/_hostcopy.c) with the machine's gcc;
+# 2. builds the compiled modules (cascade/buffers/_hostcopy.c, cascade/tiers/_recordread.c)
+#    with the machine's gcc;
 # 3. runs `pytest -m gpu` (tests/gpu, the tier contract on a cupy slab, device_io on the
-#    GPU; junit in OUT_DIR/gpu_junit.xml) and the host-copy tests;
+#    GPU; junit in OUT_DIR/gpu_junit.xml) and the compiled modules' tests;
 # 4. runs `python -m benchmark.suite --workloads device_io --reps 3` (the suite refuses a
 #    tree whose tracked files differ from HEAD unless ALLOW_DIRTY=1).
 #
@@ -34,18 +35,23 @@ log="$out/build.log"
 if [ -n "${WHEELS:-}" ]; then
     $py -m pip install -q --no-index --no-deps --find-links "$WHEELS" blake3 ml-dtypes >> "$log" 2>&1 || fail 2
 fi
-gcc -O3 -shared -fPIC $($py-config --includes 2>/dev/null || $py -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \
-    cascade/buffers/_hostcopy.c -o "cascade/buffers/_hostcopy$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" >> "$log" 2>&1
-echo "build rc=$?" >> "$log"
-$py -c "import sys; from cascade.buffers.hostcopy import COMPILED; print('COMPILED', COMPILED); sys.exit(not COMPILED)" \
-    >> "$log" 2>&1 || fail 3
+includes=$($py-config --includes 2>/dev/null || $py -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])')
+suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+built=0
+for src in cascade/buffers/_hostcopy.c cascade/tiers/_recordread.c; do
+    gcc -O3 -shared -fPIC -pthread $includes "$src" -o "${src%.c}$suffix" >> "$log" 2>&1 || built=1
+done
+echo "build rc=$built" >> "$log"
+$py -c "import sys; from cascade.buffers import hostcopy; from cascade.tiers import record_io
+ok = hostcopy.COMPILED and record_io.COMPILED; print('COMPILED', ok); sys.exit(not ok)" >> "$log" 2>&1 || fail 3
 
 $py -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/test_tiers.py tests/test_device_io_workload.py \
     --junitxml="$out/gpu_junit.xml" > "$out/gpu_tests.log" 2>&1 || fail 4
 echo "pytest -m gpu: $(tail -1 "$out/gpu_tests.log")" >> "$log"
 grep -q " passed" "$out/gpu_tests.log" || { echo "no gpu test ran: is there a GPU, cupy and CUDA torch?" >> "$log"; fail 4; }
-$py -m pytest -q -p no:cacheprovider tests/test_hostcopy.py tests/test_splitcopy.py > "$out/hostcopy_tests.log" 2>&1 || fail 5
-echo "tests/test_hostcopy.py tests/test_splitcopy.py: $(tail -1 "$out/hostcopy_tests.log")" >> "$log"
+$py -m pytest -q -p no:cacheprovider tests/test_hostcopy.py tests/test_splitcopy.py tests/test_recordread.py \
+    > "$out/hostcopy_tests.log" 2>&1 || fail 5
+echo "tests/test_hostcopy.py tests/test_splitcopy.py tests/test_recordread.py: $(tail -1 "$out/hostcopy_tests.log")" >> "$log"
 
 dirty=()
 [ "${ALLOW_DIRTY:-0}" = 1 ] && dirty=(--allow-dirty)

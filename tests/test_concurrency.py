@@ -798,8 +798,15 @@ def one_read(store: CascadeStore, block: str, outcome: dict, mode: str = "get_in
 
 
 def file_read_hold(monkeypatch, parties: int = 1) -> Hold:
+    """Holds a file-tier read in its syscall: ``os.preadv``/``pread``, or record_io's
+    one-call read (buffered records up to 1 MiB, small O_DIRECT ones) and queued read."""
     import os
-    return Hold(monkeypatch, os, ("preadv", "pread"), parties)
+
+    from cascade.tiers import record_io
+    hold = Hold(monkeypatch, os, ("preadv", "pread"), parties)
+    for name in ("preadv_hashed", "submit"):
+        monkeypatch.setattr(record_io, name, hold._wrap(getattr(record_io, name)))
+    return hold
 
 
 def shm_read_hold(monkeypatch) -> Hold:

@@ -32,7 +32,7 @@ def _tracked_copy(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="the script builds cascade/buffers/_hostcopy.c with gcc")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="the script builds the compiled modules with gcc")
 def test_device_checks_runs_every_step_without_a_gpu_and_fails_naming_the_missing_gpu(tmp_path):
     _, why_no_gpu = gpu_or_reason()
     if why_no_gpu is None:
@@ -48,7 +48,8 @@ def test_device_checks_runs_every_step_without_a_gpu_and_fails_naming_the_missin
     assert "build rc=0" in log and "COMPILED True" in log, log
     assert "no gpu test ran: is there a GPU, cupy and CUDA torch?" in log, log
     assert (out / "gpu_junit.xml").is_file()
-    assert list(tree.glob("cascade/buffers/_hostcopy*.so")), "the module was not built into the copied tree"
+    for module in ("cascade/buffers/_hostcopy", "cascade/tiers/_recordread"):
+        assert list(tree.glob(f"{module}*.so")), f"{module} was not built into the copied tree"
 
     hostcopy_summary = (out / "hostcopy_tests.log").read_text().strip().splitlines()[-1]
     assert " passed" in hostcopy_summary and "failed" not in hostcopy_summary and "error" not in hostcopy_summary

@@ -335,20 +335,24 @@ def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hi
         assert s.get_many_into(ids, outs[:5]) == [True, True, False, True, True]  # dropped: a plain miss now
 
 
-@pytest.mark.parametrize("method", ["read_leased", "read_leased_run"])
+@pytest.mark.parametrize("method", ["read_leased", "read_leased_run", "start_leased_run", "finish_leased_run"])
 def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(config, monkeypatch, method):
     with CascadeStore(config.replace(shm_bytes=0)) as s:
         ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
         s.flush()
         tier = s.tiers[0]
         read = getattr(tier, method)
+        if method.startswith("read_"):  # runs read in the batch's thread (no compiled reader, O_DIRECT)
+            monkeypatch.setattr(tier, "reads_queued", False)
         if method == "read_leased":  # blocks read alone, not as runs of back-to-back records
             monkeypatch.setattr(tier, "read_runs", lambda leases: [range(i, i + 1) for i in range(len(leases))])
 
-        def failing(lease, outs):  # an I/O layer failing in an unexpected way on one block (or run)
-            if ids[1] in [one.key[1] for one in (lease if method == "read_leased_run" else [lease])]:
+        def failing(*args):  # an I/O layer failing in an unexpected way on one block (or run)
+            leases = {"read_leased": lambda: [args[0]], "finish_leased_run": lambda: args[0][0]}.get(method,
+                                                                                                  lambda: args[0])()
+            if ids[1] in [one.key[1] for one in leases]:
                 raise RuntimeError("injected")
-            return read(lease, outs)
+            return read(*args)
 
         monkeypatch.setattr(tier, method, failing)
         with pytest.raises(RuntimeError, match="injected"):

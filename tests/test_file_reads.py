@@ -88,13 +88,17 @@ def test_back_to_back_records_are_read_as_one_run_with_one_preadv(tmp_path, monk
     with _leased_tier(tmp_path, 6, nbytes) as (tier, blocks, leases):
         assert tier.read_runs(leases) == [range(0, 6)]
         calls = []
-        preadv = os.preadv
-        monkeypatch.setattr(os, "preadv", lambda fd, iov, off: calls.append(off) or preadv(fd, iov, off))
+        read = record_io.preadv_hashed
+        monkeypatch.setattr(record_io, "preadv_hashed", lambda fd, off, iov, spans: calls.append(off)
+                            or read(fd, off, iov, spans))
         outs = [[np.zeros(nbytes // 2, np.uint8), np.zeros(nbytes - nbytes // 2, np.uint8)] for _ in blocks]
         assert tier.read_leased_run(leases, outs) == [None] * 6
         assert len(calls) == 1
         for out, data in zip(outs, blocks.values()):
             assert np.array_equal(np.concatenate(out), data)
+        outs = [[np.zeros(nbytes, np.uint8)] for _ in blocks]  # queued on the reader thread: the same
+        assert tier.finish_leased_run(tier.start_leased_run(leases, outs)) == [None] * 6
+        assert all(np.array_equal(out[0], data) for out, data in zip(outs, blocks.values()))
 
 
 def test_runs_break_at_gaps_at_their_caps_and_in_direct_mode(tmp_path, monkeypatch):
@@ -121,19 +125,22 @@ def test_a_run_gives_each_block_its_own_verdict_when_one_is_corrupt_or_the_read_
         errors = tier.read_leased_run(leases, outs)
         assert [e is None for e in errors] == [True, False, True, True] and isinstance(errors[1], CorruptBlock)
         assert tier.counters["corrupt_reads"] == 1
-        preadv, failed = os.preadv, []
+        read, failed = record_io.preadv_hashed, []
 
-        def fail_the_run(fd, iov, off):  # the joined read fails; single records read fine
-            if len(iov) > 3:
+        def fail_the_run(fd, off, iov, spans):  # the joined read fails; single records read fine
+            if len(spans) > 1:
                 failed.append(off)
                 raise OSError(5, "injected EIO")
-            return preadv(fd, iov, off)
+            return read(fd, off, iov, spans)
 
-        monkeypatch.setattr(os, "preadv", fail_the_run)
-        outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
-        errors = tier.read_leased_run(leases, outs)
-        assert failed and [e is None for e in errors] == [True, False, True, True]
-        assert all(np.array_equal(out[0], blocks[k]) for i, (out, k) in enumerate(zip(outs, keys)) if i != 1)
+        monkeypatch.setattr(record_io, "preadv_hashed", fail_the_run)
+        monkeypatch.setattr(record_io, "submit", record_io.submit_python)  # queued: fails the same way
+        for start_finish in (False, True):
+            outs = [[np.zeros(64 << 10, np.uint8)] for _ in keys]
+            errors = (tier.finish_leased_run(tier.start_leased_run(leases, outs)) if start_finish
+                      else tier.read_leased_run(leases, outs))
+            assert failed and [e is None for e in errors] == [True, False, True, True]
+            assert all(np.array_equal(out[0], blocks[k]) for i, (out, k) in enumerate(zip(outs, keys)) if i != 1)
 
 
 def test_a_run_cut_short_by_a_truncated_file_fails_only_the_records_it_cut(tmp_path):
@@ -161,15 +168,66 @@ def _file_store(tmp_path, count: int) -> Iterator[tuple[CascadeStore, list, list
 def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
     with _file_store(tmp_path, 10) as (s, blocks, ids):
         runs = []
-        read_run = s.tiers[0].read_leased_run
-        monkeypatch.setattr(s.tiers[0], "read_leased_run", lambda leases, outs: runs.append(len(leases))
-                            or read_run(leases, outs))
+        start = s.tiers[0].start_leased_run
+        monkeypatch.setattr(s.tiers[0], "start_leased_run", lambda leases, outs: runs.append(len(leases))
+                            or start(leases, outs))
         outs = [s.spec.empty() for _ in ids]
         assert s.get_many_into(ids, outs, max_workers=1) == [True] * 10
         assert sum(runs) == 10 and len(runs) < 10
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
         st = s.stats()
         assert st["hits"] == 10 and st["tiers"]["file"]["hits"] == 10
+
+
+def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monkeypatch):
+    """Queued runs: the batch leases its next blocks and starts their runs while the
+    reader thread reads, and counts each run once it has landed."""
+    monkeypatch.setattr("cascade.core.reads.LEASE_CHUNK", 4)
+    with _file_store(tmp_path, 12) as (s, blocks, ids):
+        tier, events = s.tiers[0], []
+        assert tier.reads_queued == record_io.COMPILED
+        start, finish = tier.start_leased_run, tier.finish_leased_run
+        monkeypatch.setattr(tier, "start_leased_run", lambda leases, outs: events.append("start") or start(leases, outs))
+        monkeypatch.setattr(tier, "finish_leased_run", lambda started: events.append("finish") or finish(started))
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 12
+        assert events == ["start"] * 3 + ["finish"] * 3  # one run per chunk of 4 leases, all started first
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        assert s.stats()["tiers"]["file"]["hits"] == 12
+
+
+@pytest.mark.parametrize("fails", ["start", "finish"])
+def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails):
+    monkeypatch.setattr("cascade.core.reads.LEASE_CHUNK", 4)
+    with _file_store(tmp_path, 12) as (s, blocks, ids):
+        tier, waited = s.tiers[0], []
+        start, finish = tier.start_leased_run, tier.finish_leased_run
+        calls = {"start": 0, "finish": 0}
+
+        def failing(name, call):
+            def run(*args):
+                calls[name] += 1
+                if name == fails and calls[name] == 2:  # the second run
+                    raise RuntimeError("injected")
+                if name == "finish":
+                    waited.append(args[0])
+                return call(*args)
+            return run
+
+        monkeypatch.setattr(tier, "start_leased_run", failing("start", start))
+        monkeypatch.setattr(tier, "finish_leased_run", failing("finish", finish))
+        with pytest.raises(RuntimeError, match="injected"):
+            s.get_many_into(ids, [s.spec.empty() for _ in ids])
+        assert len(waited) == (1 if fails == "start" else 3)  # every run started was waited for
+        record_io.wait_idle()
+        st = s.stats()
+        assert st["gets"] == (8 if fails == "start" else 12) and st["hits"] + st["misses"] == st["gets"]
+        assert all(f.users == 0 for f in tier._files.values())  # every lease ended
+        assert all(s._index.get(("default", b)).readers == 0 for b in ids)
+        monkeypatch.undo()
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 12
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
 
 
 def test_a_batch_sharing_one_output_among_its_blocks_drops_nothing_as_corrupt(tmp_path):

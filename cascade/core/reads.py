@@ -38,6 +38,9 @@ HOT_COPY_MAX = 64 << 10
 #: A batch get leases its file-tier blocks in steps of this many bytes (:meth:`ReadPath.read_leased_many`):
 #: a leased block can be neither evicted nor compacted away, so a big batch must not pin all of it at once.
 LEASED_STEP_BYTES = 256 << 20
+#: A batch get leases this many blocks in one locked step, then starts their runs (queued
+#: runs read while it leases the next ones: :meth:`ReadPath._read_leased_step`).
+LEASE_CHUNK = 32
 
 
 class ReadPath:
@@ -252,23 +255,41 @@ class ReadPath:
     def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
                           parallel: Callable[..., list[Any]], results: list[bool | None], op: Any,
                           any_outputs: bool) -> None:
-        """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``."""
+        """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``,
+        leased :data:`LEASE_CHUNK` at a time. A run in a tier that queues its reads
+        (:attr:`~cascade.tiers.base.Tier.reads_queued`: the file tier's buffered runs) is
+        started as soon as its blocks are leased, so the reader threads read it while
+        this thread leases the next blocks and counts the runs that have landed; the
+        other runs are read by ``parallel``. Queued runs are counted in order, each hit
+        timed as an equal share of its run's time from its start."""
         leased: list[tuple[int, Lease]] = []
+        queued: list[tuple[range, Any, float]] = []  # (run, its start, when), in order
+        finished = 0  # queued runs finished so far
+        others: list[range] = []
         try:
-            with self._lock:
-                for i in indices:
-                    meta = self._cached(keys[i])
-                    if meta is None or (meta.tier and self._promote_on_hit):
-                        continue
-                    tier = self._tiers[meta.tier]
-                    if not tier.concurrent or not (tier.reads_into_device if any_outputs else
-                                                   tier.memory is not Memory.DEVICE and _buffer_arrays(outs[i])):
-                        continue
-                    leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
-                    self.metrics.counters.gets += 1
-                op.what = f"a batch get holding {len(leased)} leases"
-
-            runs = _runs(leased)
+            for lo in range(indices.start, indices.stop, LEASE_CHUNK):
+                first = len(leased)
+                with self._lock:
+                    for i in range(lo, min(lo + LEASE_CHUNK, indices.stop)):
+                        meta = self._cached(keys[i])
+                        if meta is None or (meta.tier and self._promote_on_hit):
+                            continue
+                        tier = self._tiers[meta.tier]
+                        if not tier.concurrent or not (tier.reads_into_device if any_outputs else
+                                                       tier.memory is not Memory.DEVICE and _buffer_arrays(outs[i])):
+                            continue
+                        leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
+                        self.metrics.counters.gets += 1
+                    op.what = f"a batch get holding {len(leased)} leases"
+                for run in _runs(leased[first:]):
+                    run = range(first + run.start, first + run.stop)
+                    tier = leased[run.start][1].tier
+                    if tier.reads_queued:
+                        started = tier.start_leased_run([leased[j][1].handle for j in run],
+                                                        [outs[leased[j][0]] for j in run])
+                        queued.append((run, started, time.perf_counter()))
+                    else:
+                        others.append(run)
 
             def copy(run: range) -> tuple[list[CorruptBlock | None], float]:
                 tier = leased[run[0]][1].tier
@@ -276,20 +297,38 @@ class ReadPath:
                 errors = tier.read_leased_run([leased[j][1].handle for j in run], [outs[leased[j][0]] for j in run])
                 return errors, (time.perf_counter() - started) / len(run)
 
-            copied = parallel(copy, runs, in_memory=bool(leased) and all(lease.tier.copies_without_gil
-                                                                          for _, lease in leased),
-                              item_bytes=self._nbytes * len(leased) // max(1, len(runs)))
-            with self._lock:
-                for run, (errors, share) in zip(runs, copied):
-                    for j, hit in zip(run, self._count_run([leased[j][1] for j in run], errors, share)):
-                        results[leased[j][0]] = hit
+            if others:
+                copied = parallel(copy, others, in_memory=all(leased[run[0]][1].tier.copies_without_gil
+                                                              for run in others),
+                                  item_bytes=self._nbytes * sum(map(len, others)) // len(others))
+                with self._lock:
+                    for run, (errors, share) in zip(others, copied):
+                        self._count_run_into(results, leased, run, errors, share)
+            for run, started, at in queued:
+                errors = leased[run[0]][1].tier.finish_leased_run(started)
+                finished += 1
+                share = (time.perf_counter() - at) / len(run)
+                with self._lock:
+                    self._count_run_into(results, leased, run, errors, share)
         except BaseException:
+            for run, started, _ in queued[finished:]:  # no queued read may go on past its leases
+                try:
+                    leased[run[0]][1].tier.finish_leased_run(started)
+                except Exception:  # the error being raised is the one to report
+                    pass
             with self._lock:
                 for _, lease in leased:
                     if lease.held:  # not counted: a missed get
                         lease.release()
                         self.metrics.miss()
             raise
+
+    def _count_run_into(self, results: list[bool | None], leased: Sequence[tuple[int, Lease]], run: range,
+                        errors: Sequence[CorruptBlock | None], share: float) -> None:
+        """Under the lock: :meth:`_count_run` of the leases ``leased[j]`` for ``j`` in
+        ``run``, each verdict put at its block's index in ``results``."""
+        for j, hit in zip(run, self._count_run([leased[j][1] for j in run], errors, share)):
+            results[leased[j][0]] = hit
 
     def view(self, key: BlockKey, spec: BlockSpec) -> "BlockView":
         """The block ``key`` as read-only arrays over its bytes in place while the ``with``

@@ -72,6 +72,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # release the interpreter lock: a batch spreads them over every core
     # (Pools.parallel's in_memory).
     copies_without_gil: bool = False
+    # start_leased_run() queues its reads on threads of their own and returns at once
+    # (the file tier's buffered runs): a batch leases and counts its other blocks meanwhile.
+    reads_queued: bool = False
     # read_hot() and store_hot() can copy (a slab in host memory); else they always
     # decline, and the store's small-block paths skip them (and their locked step)
     hot_copies: bool = False
@@ -189,6 +192,18 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
         reads in one go: here each lease alone; the file tier joins adjacent records."""
         return [range(i, i + 1) for i in range(len(leases))]
+
+    def start_leased_run(self, leases: Sequence[Any], outs: Sequence[Sequence[Any]]) -> Any:
+        """Begin :meth:`read_leased_run` of a run; :meth:`finish_leased_run` of what this
+        returns ends it. Here the read happens in the finish; a tier with
+        :attr:`reads_queued` queues it now. What ``outs`` and the leases' bytes are read
+        into and from must stay until it is finished."""
+        return leases, outs
+
+    def finish_leased_run(self, started: Any) -> list[CorruptBlock | None]:
+        """The end of :meth:`start_leased_run`: each block's verification failure in its
+        place (as :meth:`read_leased_run`); any other error is raised. Once per start."""
+        return self.read_leased_run(*started)
 
     def read_leased_run(self, leases: Sequence[Any], outs: Sequence[Sequence[Any]]) -> list[CorruptBlock | None]:
         """:meth:`read_leased` of each lease of a run (see :meth:`read_runs`) into the

@@ -8,8 +8,9 @@ of 8 MiB and more are read as chunks with several reads in flight; buffered reco
 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and more one at a
 time, in file order (see :mod:`.record_io`). A batch's buffered reads of small records
 lying back to back (blocks written together, read in the same order) go as runs of up
-to 1 MiB, one ``preadv`` each (:meth:`Reads.read_runs`). Every payload is verified
-against its checksum; a truncated or failing record is a :class:`CorruptBlock`.
+to 1 MiB, one ``preadv`` each (:meth:`Reads.read_runs`), queued on the reader thread
+of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`). Every payload is
+verified against its checksum; a truncated or failing record is a :class:`CorruptBlock`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
+from . import record_io
 from .record_io import READERS, SCAN, open_own, output_views, page_aligned, read_hashed
 from .records import HEADER_BYTES, key_seed, pad
 
@@ -79,6 +81,24 @@ def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
     if nbytes != loc.length:
         raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
     return views
+
+
+def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: memoryview
+             ) -> tuple[list[memoryview], list[tuple[int, int, int]]]:
+    """The buffers a run's one read fills (each record's header page and padding into
+    ``scratch``, its payload into its outputs) and the span of each payload among them,
+    with its checksum's seed (:func:`~.record_io.preadv_hashed`)."""
+    iov: list[memoryview] = []
+    spans: list[tuple[int, int, int]] = []
+    for lease, out in zip(leases, outs):
+        views = _outputs_for(lease.loc, out)
+        nbytes = lease.loc.length
+        iov.append(scratch)
+        spans.append((len(iov), len(iov) + len(views), key_seed(*lease.key)))
+        iov.extend(views)
+        if pad(nbytes) != nbytes:
+            iov.append(scratch[:pad(nbytes) - nbytes])
+    return iov, spans
 
 
 def _lead() -> memoryview:
@@ -191,25 +211,43 @@ class Reads:
         single reads would leave them (never a good block dropped as corrupt)."""
         if len(leases) == 1:
             return super().read_leased_run(leases, outs)
-        scratch = _lead()
-        iov: list[memoryview] = []
-        parts: list[list[memoryview]] = []
-        for lease, out in zip(leases, outs):
-            views = _outputs_for(lease.loc, out)
-            nbytes = lease.loc.length
-            iov.append(scratch)
-            iov.extend(views)
-            if pad(nbytes) != nbytes:
-                iov.append(scratch[:pad(nbytes) - nbytes])
-            parts.append(views)
-        first, last = leases[0].loc, leases[-1].loc
+        iov, spans = _run_iov(leases, outs, _lead())
         try:
-            complete = os.preadv(leases[0].file.fd, iov, first.offset) == last.offset + last.record_bytes - first.offset
+            digests = record_io.preadv_hashed(leases[0].file.fd, leases[0].loc.offset, iov, spans)
         except OSError:
-            complete = False
-        if complete and all(checksum(views, key_seed(*lease.key)) == lease.loc.checksum
-                            for lease, views in zip(leases, parts)):
+            digests = None
+        return self._verdicts(leases, outs, digests)
+
+    def start_leased_run(self, leases: Sequence[Lease], outs: Sequence[Sequence[Any]]) -> Any:
+        """Queue a buffered run of records of up to :data:`RUN_BYTES` (:meth:`read_runs`)
+        on the reader threads (:func:`~.record_io.submit`: the read and the hashing run
+        without the interpreter lock) into a scratch page of its own; other runs are read
+        in :meth:`finish_leased_run`."""
+        last = leases[-1].loc
+        if not self.reads_queued or self._odirect or last.offset + last.record_bytes - leases[0].loc.offset > RUN_BYTES:
+            return leases, outs, None
+        iov, spans = _run_iov(leases, outs, memoryview(bytearray(HEADER_BYTES)))
+        return leases, outs, record_io.submit(leases[0].file.fd, leases[0].loc.offset, iov, spans)
+
+    def finish_leased_run(self, started: Any) -> list[CorruptBlock | None]:
+        leases, outs, job = started
+        if job is None:
+            return self.read_leased_run(leases, outs)
+        try:
+            digests = job.wait()
+        except OSError:
+            digests = None
+        return self._verdicts(leases, outs, digests)
+
+    def _verdicts(self, leases: Sequence[Lease], outs: Sequence[Sequence[Any]], digests: list[int] | None
+                  ) -> list[CorruptBlock | None]:
+        """The run's verdicts from its digests (None: the read failed or fell short): all
+        good when each matches its record's checksum, else each record read and verified
+        again on its own (see :meth:`read_leased_run`)."""
+        if digests is not None and len(digests) == len(leases) and all(
+                d == lease.loc.checksum for d, lease in zip(digests, leases)):
             return [None] * len(leases)
+        record_io.wait_idle()  # no queued read may land in outputs a batch shares while these are verified
         return super().read_leased_run(leases, outs)
 
     def _read_bounced(self, fd: int, start: int, length: int, views: Sequence[memoryview]) -> bool:

@@ -58,7 +58,7 @@ from .file_state import Loc, SegmentFile
 from .file_writes import Writes
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
-from .record_io import ReadStream, encode_location, open_own
+from .record_io import ReadStream, encode_location, open_own, queued_reads
 from .records import HEADER_BYTES, PAGE, RecordHeader, pad
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,8 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         self._stream = None if self.on_lustre else ReadStream()
         self._odirect = reads_direct(read_mode, odirect, self.on_lustre)
         self.read_mode = "direct" if self._odirect else "buffered"
+        # A batch's buffered runs are read on the reader threads (start_leased_run)
+        self.reads_queued = not self._odirect and queued_reads()
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
         self._lock_fd = self._take_lock()

@@ -5,6 +5,15 @@ ours, writing a record whole, reading a payload (buffered, or O_DIRECT as chunks
 several reads in flight) while hashing it, and reading one record of any rank's files
 by its directory location (other ranks' reads on a shared file system). Thread-safe;
 the chunk readers are one pool per process.
+
+A read of up to 1 MiB is one call (:func:`preadv_hashed`): the ``preadv`` and the XXH3 of
+each record in it run in compiled code with the interpreter lock released
+(``cascade/tiers/_recordread.c``, built by ``make install``; :data:`COMPILED` says whether
+it was, else the Python versions here run). :func:`submit` queues such a read on a
+reader thread of that module, which never takes the interpreter lock: a batch get starts
+its runs of records as it leases them and counts each once it has landed
+(:meth:`~cascade.tiers.file_reads.Reads.start_leased_run`), so its Python work and its
+reads run on two cores.
 """
 from __future__ import annotations
 
@@ -177,6 +186,92 @@ def _readers() -> ThreadPoolExecutor:
         return _reader_pool
 
 
+IOV_MAX = 1024  # buffers one preadv takes at most (Linux)
+
+
+def preadv_hashed_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]]) -> list[int] | None:
+    """:func:`preadv_hashed` through ``os.preadv`` and the ``xxhash`` module (the fallback)."""
+    total = sum(memoryview(b).nbytes for b in iov)
+    done = 0
+    while done < total:  # a short read goes on where it stopped, as the compiled one does
+        got = os.preadv(fd, _after(iov, done)[:IOV_MAX], offset + done)
+        if got == 0:
+            return None
+        done += got
+    digests = []
+    for first, stop, seed in spans:
+        h = xxhash.xxh3_64(seed=seed)
+        for part in iov[first:stop]:
+            h.update(part)
+        digests.append(h.intdigest())
+    return digests
+
+
+def _after(iov: Sequence[Any], skip: int) -> list[memoryview]:
+    """The buffers of ``iov`` less their first ``skip`` bytes."""
+    rest = []
+    for b in iov:
+        view = memoryview(b).cast("B")
+        if skip >= view.nbytes:
+            skip -= view.nbytes
+            continue
+        rest.append(view[skip:])
+        skip = 0
+    return rest
+
+
+class _ReadNow:
+    """:func:`submit`'s job without reader threads: read at once, given by :meth:`wait`."""
+
+    def __init__(self, fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]]) -> None:
+        self._error: OSError | None = None
+        self._digests: list[int] | None = None
+        try:
+            self._digests = preadv_hashed(fd, offset, iov, spans)
+        except OSError as exc:
+            self._error = exc
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> list[int] | None:
+        if self._error is not None:
+            raise self._error
+        return self._digests
+
+
+def submit_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]]) -> _ReadNow:
+    """:func:`submit` without reader threads (the fallback): the read happens now."""
+    return _ReadNow(fd, offset, iov, spans)
+
+
+#: Reader threads of :func:`submit`, shared by a process's file tiers: one, so queued
+#: reads run one after another in the order queued: a batch's runs stay one sequential
+#: stream (what the kernel's readahead follows), and each run's digests are taken before
+#: the next run's bytes land (outputs shared by blocks of a batch hash as they were read).
+QUEUED_READERS = 1
+
+
+def wait_idle_python() -> None:
+    """:func:`wait_idle` without reader threads (the fallback): nothing is ever queued."""
+
+
+try:  # preadv_hashed, submit, start_readers, wait_idle: see cascade/tiers/_recordread.c
+    from ._recordread import preadv_hashed, start_readers, submit, wait_idle
+    COMPILED = True
+except ImportError:  # not built here, or xxhash without exported XXH3: the Python versions
+    preadv_hashed, submit, wait_idle = preadv_hashed_python, submit_python, wait_idle_python
+    COMPILED = False
+
+
+def queued_reads() -> bool:
+    """Start the reader threads of :func:`submit` if they are not running; whether
+    reads are queued on them (False without the compiled module: a job reads at once)."""
+    if COMPILED:
+        start_readers(QUEUED_READERS)
+    return COMPILED
+
+
 def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], seed: int,
                 lead: memoryview | None = None, parallel: bool = False,
                 stream: ReadStream | None = None) -> tuple[bool, int]:
@@ -194,25 +289,20 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
     flight (preadv releases the GIL) and hashed in order as chunks land, so hashing
     overlaps the reads still in flight. Otherwise one preadv, then the hash.
     O_DIRECT callers pass page-aligned views (chunks stay page-aligned)."""
-    h = xxhash.xxh3_64(seed=seed)
     if lead is not None:
         start -= lead.nbytes
-        if length + lead.nbytes > SCAN:
-            if stream is None or length < STREAM_MIN:
-                return _read_in_order(fd, start, lead, views, h)
-            with stream.turn(fd, start):
-                return _read_in_order(fd, start, lead, views, h)
-        if os.preadv(fd, [lead, *views], start) != length + lead.nbytes:
-            return False, 0
-        for v in views:
-            h.update(v)
-        return True, h.intdigest()
+        if length + lead.nbytes <= SCAN:
+            digests = preadv_hashed(fd, start, [lead, *views], ((1, len(views) + 1, seed),))
+            return (False, 0) if digests is None else (True, digests[0])
+        h = xxhash.xxh3_64(seed=seed)
+        if stream is None or length < STREAM_MIN:
+            return _read_in_order(fd, start, lead, views, h)
+        with stream.turn(fd, start):
+            return _read_in_order(fd, start, lead, views, h)
     if not parallel or length < PARALLEL_MIN or READERS < 2:
-        if os.preadv(fd, list(views), start) != length:
-            return False, 0
-        for v in views:
-            h.update(v)
-        return True, h.intdigest()
+        digests = preadv_hashed(fd, start, views, ((0, len(views), seed),))
+        return (False, 0) if digests is None else (True, digests[0])
+    h = xxhash.xxh3_64(seed=seed)
     chunks = []
     pos = start
     for view in views:
