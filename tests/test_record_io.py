@@ -49,9 +49,18 @@ def _record_file(tmp_path, payload: bytes) -> int:
     return os.open(path, os.O_RDONLY)
 
 
+@pytest.fixture(params=["queued", "inline"])
+def queueing(request, monkeypatch):
+    """Big records' pieces queued on the reader thread (hashed here as they land), or read
+    here one after another (no reader threads, or no compiled module)."""
+    if request.param == "queued" and not record_io.queued_reads():
+        pytest.skip("cascade.tiers._recordread not built here")
+    monkeypatch.setattr(record_io, "_queueing", request.param == "queued")
+
+
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("parts", [1, 3])
-def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, parts):
+def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, parts, queueing):
     payload = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes()
     fd = _record_file(tmp_path, payload)
     cuts = sorted({0, size, *(size * k // parts + k for k in range(1, parts))} & set(range(size + 1)))
@@ -69,7 +78,7 @@ def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, par
 
 
 @pytest.mark.parametrize("size", [4096, 3 * SCAN + 4097, record_io.STREAM_MIN + 1])
-def test_a_truncated_record_fails_the_read(tmp_path, size):
+def test_a_truncated_record_fails_the_read(tmp_path, size, queueing):
     payload = os.urandom(size)
     fd = _record_file(tmp_path, payload[:-1])  # the file ends one byte early
     try:
