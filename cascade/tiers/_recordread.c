@@ -11,7 +11,7 @@
  * threads that never take the interpreter lock: start_readers(n) starts them, at most
  * MAX_READERS, first come first served) and returns a Job at once: job.wait() gives what
  * preadv_hashed would have returned (or raises its error), waiting with the lock released;
- * job.done() says whether it finished; wait_idle() waits until no read is queued or running. The job holds the buffers until it is waited for
+ * job.done() says whether it finished; wait_idle() waits until every read queued before it finished. The job holds the buffers until it is waited for
  * or freed (freeing a job that is still queued or running waits for it first). Without
  * reader threads, submit reads at once, in the caller's thread. A forked child starts
  * with no reader threads; jobs it inherited fail with ECANCELED.
@@ -152,6 +152,7 @@ typedef struct JobObject {
     int finished;  /* 0 queued or running, 1 finished (under queue_lock once queued) */
     int status, err;  /* read_all's result (2: a hash state could not be made), errno */
     int taken;  /* the buffers are still exported */
+    unsigned long long seq;  /* its place in the order queued */
     struct JobObject *next;
 } JobObject;
 
@@ -163,7 +164,8 @@ static pthread_cond_t queue_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t queue_done = PTHREAD_COND_INITIALIZER;
 static JobObject *queue_head, *queue_tail;
 static int readers;  /* reader threads running */
-static int running;  /* jobs being read now */
+static JobObject *current[MAX_READERS];  /* the job each reader thread is reading, or NULL */
+static unsigned long long next_seq;  /* the seq of the next job queued */
 
 /* Read and hash: no Python object is touched (runs in a reader thread or without the lock). */
 static void
@@ -176,9 +178,9 @@ run_job(JobObject *job)
 }
 
 static void *
-reader_main(void *unused)
+reader_main(void *slot)
 {
-    (void)unused;
+    JobObject **mine = (JobObject **)slot;
     pthread_mutex_lock(&queue_lock);
     for (;;) {
         while (queue_head == NULL)
@@ -187,11 +189,11 @@ reader_main(void *unused)
         queue_head = job->next;
         if (queue_head == NULL)
             queue_tail = NULL;
-        running++;
+        *mine = job;
         pthread_mutex_unlock(&queue_lock);
         run_job(job);
         pthread_mutex_lock(&queue_lock);
-        running--;
+        *mine = NULL;
         job->finished = 1;
         pthread_cond_broadcast(&queue_done);
     }
@@ -211,7 +213,9 @@ after_fork_child(void)
         job->finished = 1;
     }
     queue_head = queue_tail = NULL;
-    readers = running = 0;
+    readers = 0;
+    for (int i = 0; i < MAX_READERS; i++)
+        current[i] = NULL;
 }
 
 static void
@@ -362,6 +366,7 @@ submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return (PyObject *)job;
     }
     job->finished = 0;
+    job->seq = next_seq++;
     if (queue_tail != NULL)
         queue_tail->next = job;
     else
@@ -387,7 +392,7 @@ start_readers(PyObject *self, PyObject *arg)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int failed = pthread_create(&thread, &attr, reader_main, NULL);
+        int failed = pthread_create(&thread, &attr, reader_main, &current[readers]);
         pthread_attr_destroy(&attr);
         if (failed) {
             pthread_mutex_unlock(&queue_lock);
@@ -401,6 +406,18 @@ start_readers(PyObject *self, PyObject *arg)
     return PyLong_FromLong(running);
 }
 
+/* Under queue_lock: the seq of the oldest job queued or being read (jobs leave the queue
+ * in order, so it is the queue's head or one being read), or next_seq when there is none. */
+static unsigned long long
+oldest_unfinished(void)
+{
+    unsigned long long oldest = queue_head != NULL ? queue_head->seq : next_seq;
+    for (int i = 0; i < readers; i++)
+        if (current[i] != NULL && current[i]->seq < oldest)
+            oldest = current[i]->seq;
+    return oldest;
+}
+
 static PyObject *
 wait_idle(PyObject *self, PyObject *unused)
 {
@@ -408,7 +425,8 @@ wait_idle(PyObject *self, PyObject *unused)
     (void)unused;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&queue_lock);
-    while (queue_head != NULL || running)
+    unsigned long long target = next_seq;  /* reads queued later are not waited for */
+    while (oldest_unfinished() < target)
         pthread_cond_wait(&queue_done, &queue_lock);
     pthread_mutex_unlock(&queue_lock);
     Py_END_ALLOW_THREADS
@@ -504,7 +522,7 @@ static PyMethodDef methods[] = {
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(fd, offset, iov, spans) -> Job: preadv_hashed on a reader thread; job.wait() gives its result."},
     {"wait_idle", (PyCFunction)wait_idle, METH_NOARGS,
-     "wait_idle() -> None: wait until no queued read is waiting or running (without the interpreter lock)."},
+     "wait_idle() -> None: wait until every read queued before this call finished (without the interpreter lock)."},
     {"start_readers", (PyCFunction)start_readers, METH_O,
      "start_readers(n) -> int: start reader threads until n run (at most 16); how many run."},
     {NULL, NULL, 0, NULL},
