@@ -11,7 +11,7 @@ import pytest
 
 from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, ConfigError,
                      InvalidBlock, TierFull, block_id)
-from cascade.core import reads
+from cascade.core import batch_reads, reads
 from cascade.errors import StoreClosed
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.shm import ShmTier
@@ -319,7 +319,7 @@ def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hi
     cfg = config.replace(shm_bytes=0)  # every block lives in the file tier: the batch leases them in steps
     with CascadeStore(cfg) as s:
         if step_blocks:
-            monkeypatch.setattr(reads, "LEASED_STEP_BYTES", step_blocks * s.spec.block_bytes)
+            monkeypatch.setattr(batch_reads, "LEASED_STEP_BYTES", step_blocks * s.spec.block_bytes)
         blocks = [make_block(s.spec, i) for i in range(5)]
         ids = [s.put(*b) for b in blocks]
         s.flush()

@@ -182,7 +182,7 @@ def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tm
 def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monkeypatch):
     """Queued runs: the batch leases its next blocks and starts their runs while the
     reader thread reads, and counts each run once it has landed."""
-    monkeypatch.setattr("cascade.core.reads.LEASE_CHUNK", 4)
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     with _file_store(tmp_path, 12) as (s, blocks, ids):
         tier, events = s.tiers[0], []
         assert tier.reads_queued == record_io.COMPILED
@@ -198,7 +198,7 @@ def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monke
 
 @pytest.mark.parametrize("fails", ["start", "finish"])
 def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails):
-    monkeypatch.setattr("cascade.core.reads.LEASE_CHUNK", 4)
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     with _file_store(tmp_path, 12) as (s, blocks, ids):
         tier, waited = s.tiers[0], []
         start, finish = tier.start_leased_run, tier.finish_leased_run
@@ -237,3 +237,27 @@ def test_a_batch_sharing_one_output_among_its_blocks_drops_nothing_as_corrupt(tm
         assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
         st = s.stats()
         assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 6 and st["hits"] == 6
+
+
+def test_a_direct_tier_refused_o_direct_reads_buffered_and_queues_its_runs(tmp_path, monkeypatch):
+    """Where the file system refuses O_DIRECT (tmpfs, some FUSE), the tier falls back to
+    buffered reads at its first read, and from then on a batch's runs go to the reader
+    thread as in a buffered tier."""
+    cfg = Config(model="tiny", shm_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="direct")
+    with CascadeStore(cfg) as s:
+        tier = s.tiers[0]
+        blocks = [(np.full(s.spec.shape, i, s.spec.np_dtype), np.full(s.spec.shape, -i, s.spec.np_dtype))
+                  for i in range(6)]
+        ids = s.put_many(blocks)
+        s.flush()
+        assert not tier.reads_queued
+
+        def refuse(path, flags, *args, **kwargs):
+            raise OSError(22, "O_DIRECT refused", path)
+
+        monkeypatch.setattr("cascade.tiers.file_reads.open_own", refuse)
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_into(ids[0], *outs[0])
+        assert tier.read_mode == "buffered" and tier.reads_queued == record_io.COMPILED
+        assert s.get_many_into(ids, outs) == [True] * 6
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))

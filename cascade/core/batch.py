@@ -119,7 +119,7 @@ class BatchCalls:
         at the end (:func:`cascade.buffers.one_sync`). Hot small blocks are copied in one
         locked step (:meth:`~cascade.core.reads.ReadPath.read_hot_many`), blocks in the file
         tier leased in one and counted in another
-        (:meth:`~cascade.core.reads.ReadPath.read_leased_many`), and so are the SHM and GPU
+        (:meth:`~cascade.core.batch_reads.LeasedBatchReads.read_leased_many`), and so are the SHM and GPU
         blocks of a batch with device outputs, whose copies this thread only enqueues. Local."""
         block_ids, outs = list(block_ids), list(outs)
         if len(block_ids) != len(outs):

@@ -22,7 +22,7 @@ from ..distributed.directory import DirectoryFull
 from ..distributed.store_layer import Joined, Solo
 from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull
 from ..policy import BlockMeta
-from ..tiers.base import Memory, Tier, TierKind
+from ..tiers.base import Tier, TierKind
 from . import interrupts
 from .chain import Busy, MoveFailed, TierChain
 

@@ -284,5 +284,7 @@ class Reads:
             except (OSError, CascadeError) as exc:  # tmpfs and some FUSE file systems refuse O_DIRECT
                 log.info("%s: O_DIRECT unavailable in %s (%s): buffered reads", self.name, self.directory, exc)
                 self._odirect = False
+                self.read_mode = "buffered"
+                self.reads_queued = record_io.queued_reads()
                 return None
         return f.direct_fd
