@@ -13,6 +13,7 @@ from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config
                      InvalidBlock, TierFull, block_id)
 from cascade.core import batch_reads, reads
 from cascade.errors import StoreClosed
+from cascade.tiers import record_io
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.shm import ShmTier
 
@@ -391,18 +392,39 @@ def test_an_error_counting_a_file_tier_run_ends_every_lease_and_counts_each_get_
         assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
-def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch):
-    with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier: a leased get
+@pytest.mark.parametrize("path", ["leased", "page_cache"])
+def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch, path):
+    """A file-tier get, leased and read outside the store's lock or read under it from the
+    page cache (FileTier.read_hot): an error of the read ends what the get holds, counts
+    a miss and is raised; another thread then gets the lock at once."""
+    with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier
         bid = s.put(*make_block(s.spec, 1))
         s.flush()
         tier = s.tiers[0]
-        monkeypatch.setattr(tier, "read_leased", lambda lease, outs: (_ for _ in ()).throw(RuntimeError("injected")))
+        if path == "leased":
+            monkeypatch.setattr(tier, "hot_reads", False)
+            monkeypatch.setattr(tier, "read_leased", lambda lease, outs: (_ for _ in ()).throw(RuntimeError("injected")))
+        else:
+            assert tier.hot_reads
+            real = record_io.preadv_hashed
+
+            def fail_hot(*args):  # only the page-cache read passes preadv2 flags
+                if len(args) == 5:
+                    raise RuntimeError("injected")
+                return real(*args)
+
+            monkeypatch.setattr(record_io, "preadv_hashed", fail_hot)
         with pytest.raises(RuntimeError, match="injected"):
             s.get_into(bid, *s.spec.empty())
         st = s.stats()
         assert st["gets"] == 1 and st["hits"] == 0 and st["misses"] == 1
         assert all(f.users == 0 for f in tier._files.values()) and s._index.get(("default", bid)).readers == 0
         assert len(s._inflight) == 0
+        taken = []
+        other = threading.Thread(target=lambda: taken.append(s._lock.acquire(timeout=5) and s._lock.release() is None))
+        other.start()
+        other.join()
+        assert taken == [True]
         monkeypatch.undo()
         assert same(s.get(bid), make_block(s.spec, 1))
 

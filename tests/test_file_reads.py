@@ -261,3 +261,70 @@ def test_a_direct_tier_refused_o_direct_reads_buffered_and_queues_its_runs(tmp_p
         assert tier.read_mode == "buffered" and tier.reads_queued == record_io.COMPILED
         assert s.get_many_into(ids, outs) == [True] * 6
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+
+
+def _hot_reads_spied(tier, monkeypatch) -> list[bool]:
+    """What each of ``tier``'s page-cache reads (read_hot) returned, in order."""
+    seen, read_hot = [], tier.read_hot
+    monkeypatch.setattr(tier, "read_hot", lambda key, outs: seen.append(read_hot(key, outs)) or seen[-1])
+    return seen
+
+
+def test_a_small_record_in_the_page_cache_is_read_under_the_lock_in_one_step(tmp_path, monkeypatch):
+    """A get of a small block whose record is in the page cache is read in the store's
+    locked step (preadv2 RWF_NOWAIT, hashed, verified): no lease, no second step."""
+    with _file_store(tmp_path, 3) as (s, blocks, ids):
+        tier = s.tiers[0]
+        assert tier.hot_reads == hasattr(os, "RWF_NOWAIT")
+        seen = _hot_reads_spied(tier, monkeypatch)
+        monkeypatch.setattr(tier, "read_leased", lambda lease, outs: pytest.fail("leased read of a cached record"))
+        for bid, block in zip(ids, blocks):
+            out = s.spec.empty()
+            assert s.get_into(bid, *out)
+            assert np.array_equal(out[0], block[0]) and np.array_equal(out[1], block[1])
+        assert seen == [True] * 3
+        st = s.stats()
+        assert st["hits"] == 3 and st["tiers"]["file"]["hits"] == 3 and st["gets"] == 3
+
+
+@pytest.mark.parametrize("how", ["not_cached", "corrupt", "refused"])
+def test_a_record_the_page_cache_cannot_serve_is_read_leased(tmp_path, monkeypatch, how):
+    """Not all in the page cache (EAGAIN), failing its checksum, or a file system that
+    refuses RWF_NOWAIT: the locked step declines and the leased read decides (a corrupt
+    record is dropped and counted as a miss; a refusal turns page-cache reads off)."""
+    with _file_store(tmp_path, 2) as (s, blocks, ids):
+        tier = s.tiers[0]
+        seen = _hot_reads_spied(tier, monkeypatch)
+        real = record_io.preadv_hashed
+        if how == "corrupt":
+            loc = tier._index[("default", ids[0])]
+            with open(tier._files[loc.file_id].path, "r+b") as f:  # a byte of block 0's payload, in the page cache
+                f.seek(loc.offset + HEADER_BYTES + 5)
+                f.write(bytes([blocks[0][0].tobytes()[5] ^ 0xFF]))
+        else:
+            error = BlockingIOError(11, "not in the page cache") if how == "not_cached" else OSError(95, "refused")
+            monkeypatch.setattr(record_io, "preadv_hashed", lambda *args: (_ for _ in ()).throw(error)
+                                if len(args) == 5 else real(*args))
+        out = s.spec.empty()
+        hit = s.get_into(ids[0], *out)
+        assert seen == [False]
+        st = s.stats()
+        assert st["gets"] == 1
+        if how == "corrupt":
+            assert not hit and st["misses"] == 1 and st["tiers"]["file"]["corruptions"] == 1 and not s.contains(ids[0])
+            return
+        assert hit and np.array_equal(out[0], blocks[0][0]) and np.array_equal(out[1], blocks[0][1])
+        assert st["hits"] == 1 and tier.hot_reads == (how == "not_cached")
+        assert s.get_into(ids[1], *out) and seen == [False, False]  # refused: declined at once, no read tried
+
+
+def test_a_batch_reads_file_tier_records_as_runs_not_in_the_locked_step(tmp_path, monkeypatch):
+    """The page-cache read serves single gets only: a batch's records go as runs to the
+    reader thread, whose reads overlap the batch's leasing and counting."""
+    with _file_store(tmp_path, 8) as (s, blocks, ids):
+        tier = s.tiers[0]
+        seen = _hot_reads_spied(tier, monkeypatch)
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 8
+        assert seen == []
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))

@@ -49,12 +49,14 @@ class ReadPath(LeasedBatchReads):
         self._ttl_on_use = ttl_on_use  # a read moves a block's expiry (ttl_mode "last_use")
         self._blocks, self._tiers = chain.index.blocks, chain.tiers  # (read_hot's lookups, fixed for the store's life)
         # whether read_hot may copy: a small block, and a tier that copies under the lock
-        self._hot_size = nbytes <= HOT_COPY_MAX and any(tier.hot_copies for tier in chain.tiers)
+        self._hot_size = nbytes <= HOT_COPY_MAX and any(tier.hot_reads for tier in chain.tiers)
+        self._hot_batch = nbytes <= HOT_COPY_MAX and any(tier.hot_batch_reads for tier in chain.tiers)
         self._hot_hit, self._touched_at = chain.metrics.hot_hit, chain.index.touched_at  # (read_hot's, bound once)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
-        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM), in one locked
+        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM, and the file tier
+        when the record is in the page cache), in one locked
         step: look it up, copy it into ``outs``, count the hit, tell the policy. The lock
         held throughout stands in for the lease and in-flight count (close() cannot pass
         it, nothing can move or free the bytes). False, with nothing counted or changed,
@@ -86,8 +88,9 @@ class ReadPath(LeasedBatchReads):
         """:meth:`read_hot` of each key into the matching ``outs``, all in one locked step
         with one pair of clock readings: each hit is timed as an equal share of the step,
         used at its end, and counted with the others of its tier in one call. Hits copied
-        before a copy that raised are counted too."""
-        if not self._hot_size:
+        before a copy that raised are counted too. Only tiers whose hot reads serve
+        batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM)."""
+        if not self._hot_batch:
             return [False] * len(keys)
         copy, copied = self._copy_hot, []
         append = copied.append
@@ -95,7 +98,7 @@ class ReadPath(LeasedBatchReads):
             started = monotonic_ns()
             try:
                 for key, out in zip(keys, outs):
-                    append(copy(key, out))
+                    append(copy(key, out, True))
             finally:
                 now = monotonic_ns()
                 self._count_hot_hits(copied, (now - started) // max(1, len(copied)), now)
@@ -116,16 +119,20 @@ class ReadPath(LeasedBatchReads):
             if count:
                 self.metrics.hot_hit(t, nbytes[t], share_ns, count)
 
-    def _copy_hot(self, key: BlockKey, outs: Sequence[Any]) -> BlockMeta | None:
+    def _copy_hot(self, key: BlockKey, outs: Sequence[Any], batch: bool = False) -> BlockMeta | None:
         """Under the lock: copy block ``key`` into ``outs`` if that is a hot hit (see
-        :meth:`read_hot`); its metadata then, else None with nothing counted or changed.
-        An error of the copy itself is counted as a missed get and raised (as in :meth:`read`)."""
+        :meth:`read_hot`; of a ``batch``: :meth:`read_hot_many`); its metadata then, else
+        None with nothing counted or changed. An error of the copy itself is counted as a
+        missed get and raised (as in :meth:`read`)."""
         meta = self._blocks.get(key)
         if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
                 or self._inflight.closing):
             return None
+        tier = self._tiers[meta.tier]
+        if batch and not tier.hot_batch_reads:
+            return None
         try:
-            if not self._tiers[meta.tier].read_hot(key, outs):
+            if not tier.read_hot(key, outs):
                 return None
         except BaseException:
             self.metrics.counters.gets += 1

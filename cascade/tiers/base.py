@@ -75,9 +75,15 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # start_leased_run() queues its reads on threads of their own and returns at once
     # (the file tier's buffered runs): a batch leases and counts its other blocks meanwhile.
     reads_queued: bool = False
-    # read_hot() and store_hot() can copy (a slab in host memory); else they always
-    # decline, and the store's small-block paths skip them (and their locked step)
+    # store_hot() can copy (a slab in host memory); else it always declines, and the
+    # store's small-block puts skip it (and its locked step)
     hot_copies: bool = False
+    # read_hot() can copy a block under the store's lock (SHM: a slab in host memory; the
+    # file tier: records in the page cache); else it always declines, and gets skip it.
+    # hot_batch_reads: a batch's blocks too, all in one locked step (the file tier's
+    # cannot: a batch reads them faster as runs on the reader thread).
+    hot_reads: bool = False
+    hot_batch_reads: bool = False
     # leased_view() gives a read-only view of a leased block's bytes in place (no copy)
     zero_copy: bool = False
     # Its blocks outlive the process: a store opened on the same place adopts them (warm

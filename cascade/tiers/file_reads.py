@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..buffers import as_byte_view
 from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
@@ -73,6 +75,9 @@ _leads = threading.local()
 #: (each takes up to 4 of the call's 1024 ``iovec``s).
 RUN_BYTES = SCAN
 RUN_RECORDS = 64
+#: ``preadv2``'s flag for a read served from the page cache alone (Linux 4.14+: EAGAIN,
+#: raised as BlockingIOError, where a byte would need the disk); None where ``os`` lacks it.
+NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
 def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
@@ -99,6 +104,23 @@ def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: me
         if pad(nbytes) != nbytes:
             iov.append(scratch[:pad(nbytes) - nbytes])
     return iov, spans
+
+
+def _hot_bytes(outs: Sequence[Any]) -> int:
+    """The bytes of ``outs`` when all are writable C-contiguous numpy arrays of numpy's own
+    dtypes (what a get passes; the read takes their buffers as they are: views would
+    cost a tenth of a hot 64 KiB read), else -1 (ml_dtypes' types have no buffer format:
+    those outputs take the leased read's byte views)."""
+    nbytes = 0
+    for out in outs:
+        if type(out) is not np.ndarray or out.flags.num & _WRITABLE_C != _WRITABLE_C or out.dtype.isbuiltin != 1:
+            return -1
+        nbytes += out.nbytes
+    return nbytes
+
+
+#: ``ndarray.flags.num`` bits of a writable C-contiguous array (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE).
+_WRITABLE_C = 0x0001 | 0x0400
 
 
 def _lead() -> memoryview:
@@ -152,6 +174,30 @@ class Reads:
 
     def current(self, key: BlockKey, lease: Lease) -> bool:
         return self._index.get(key) is lease.loc
+
+    def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
+        """Under the store's lock (which no file can be closed or compacted past): a small
+        record read in one call when all its bytes are in the page cache (:data:`NOWAIT`:
+        a read that would wait for the disk fails at once instead) and its checksum
+        matches; False for anything else (not cached, absent, outputs of another size or
+        kind, a mismatch or an error: the store's leased read then reads it outside the lock
+        and counts a corrupt record). A file system that refuses the flag turns these
+        reads off (:attr:`hot_reads`)."""
+        loc = self._index.get(key)
+        if loc is None or not self.hot_reads:
+            return False
+        if _hot_bytes(outs) != loc.length:
+            return False
+        try:
+            digests = record_io.preadv_hashed(self._files[loc.file_id].fd, loc.offset, [_lead(), *outs],
+                                              ((1, len(outs) + 1, key_seed(*key)),), NOWAIT)
+        except BlockingIOError:  # some byte is not in the page cache
+            return False
+        except OSError as exc:  # EOPNOTSUPP and the like: the file system's, for good
+            log.info("%s: reads from the page cache alone refused in %s (%s): off", self.name, self.directory, exc)
+            self.hot_reads = False
+            return False
+        return digests is not None and digests[0] == loc.checksum
 
     def read_leased(self, lease: Lease, outs: Sequence[Any]) -> None:
         """Read and verify a leased record (reads only: safe beside any other call).

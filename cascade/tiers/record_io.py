@@ -195,12 +195,14 @@ def _readers() -> ThreadPoolExecutor:
 IOV_MAX = 1024  # buffers one preadv takes at most (Linux)
 
 
-def preadv_hashed_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]]) -> list[int] | None:
-    """:func:`preadv_hashed` through ``os.preadv`` and the ``xxhash`` module (the fallback)."""
+def preadv_hashed_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]],
+                         flags: int = 0) -> list[int] | None:
+    """:func:`preadv_hashed` through ``os.preadv`` (with ``flags``) and the ``xxhash``
+    module (the fallback)."""
     total = sum(memoryview(b).nbytes for b in iov)
     done = 0
     while done < total:  # a short read goes on where it stopped, as the compiled one does
-        got = os.preadv(fd, _after(iov, done)[:IOV_MAX], offset + done)
+        got = os.preadv(fd, _after(iov, done)[:IOV_MAX], offset + done, flags)
         if got == 0:
             return None
         done += got

@@ -164,7 +164,7 @@ class ShmTier(SlabTier):
             raise
         self._view = memoryview(self._mmap)
         self._hot_host = None if verify else self._view
-        self.hot_copies = self._hot_host is not None
+        self.hot_copies = self.hot_reads = self.hot_batch_reads = self._hot_host is not None
         self.copies_without_gil = self._hot_host is not None and COMPILED  # (read_leased)
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy
