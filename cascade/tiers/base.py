@@ -227,9 +227,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
-        small block: no lease needed). False when the tier cannot (outputs that are not
-        writable C-contiguous host buffers of the block's size, bytes not in host memory,
-        checksums to verify): the caller then leases it (a first output may have been
+        small block: no lease needed; :attr:`hot_reads`). False when the tier cannot
+        (outputs that are not writable C-contiguous host buffers of the block's size,
+        bytes not in host memory, in the file tier not all in the page cache, checksums
+        to verify or failing): the caller then leases it (a first output may have been
         written meanwhile: the outputs hold no valid data until that read)."""
         return False
 
