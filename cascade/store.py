@@ -26,7 +26,7 @@ import numpy as np
 
 from . import manifest
 from .async_ops import AsyncCalls
-from .buffers import host_array
+from .buffers import WRITABLE_C, host_array
 from .buffers.alloc import empty_like_kind
 from .config import Config
 from .core.batch import BatchCalls
@@ -50,8 +50,6 @@ from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
-#: ``ndarray.flags.num`` bits of a valid output: C-contiguous (NPY_ARRAY_C_CONTIGUOUS) and writable (NPY_ARRAY_WRITEABLE).
-_WRITABLE_C = 0x0001 | 0x0400
 def _plain_pair(key: Any, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
     """Whether ``key`` and ``value`` are both numpy arrays of ``shape`` and ``dtype``: the
     small-block hot paths' candidates (they still check the layout). The dtype is compared
@@ -272,7 +270,7 @@ class CascadeStore(BatchCalls):
                 if self._stats_dir:
                     self._tick()
                 return True
-            if key_out.flags.num & _WRITABLE_C == _WRITABLE_C and value_out.flags.num & _WRITABLE_C == _WRITABLE_C:
+            if key_out.flags.num & WRITABLE_C == WRITABLE_C and value_out.flags.num & WRITABLE_C == WRITABLE_C:
                 return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
@@ -308,7 +306,7 @@ class CascadeStore(BatchCalls):
         small blocks), else what to copy into."""
         shape, dtype = self.spec.shape, self.spec.np_dtype
         return [pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
-                         and k.flags.num & _WRITABLE_C == _WRITABLE_C and v.flags.num & _WRITABLE_C == _WRITABLE_C)
+                         and k.flags.num & WRITABLE_C == WRITABLE_C and v.flags.num & WRITABLE_C == WRITABLE_C)
                 else self._host_arrays(k, v, writable=True) or tuple(self._check_outs(*pair)) for pair in outs]
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:

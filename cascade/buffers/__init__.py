@@ -16,11 +16,11 @@ from .copy import (CupyCopier, DeviceCopier, copy, copy_each, device_copier, for
                    use_device_copier)
 from .dtypes import as_dtype, device_dtype, dtype_name
 from .staging import StagingArena
-from .views import (ByteView, DeviceView, as_byte_view, check_layout, host_array, host_view, nbytes, settled,
-                    shape_and_dtype, view)
+from .views import (WRITABLE_C, ByteView, DeviceView, as_byte_view, check_layout, host_array, host_view, nbytes,
+                    settled, shape_and_dtype, view)
 
 __all__ = [
-    "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "StagingArena", "SyncBatch", "as_byte_view",
+    "WRITABLE_C", "ByteView", "CupyCopier", "DeviceCopier", "DeviceView", "StagingArena", "SyncBatch", "as_byte_view",
     "as_dtype", "check_layout", "copy", "copy_each", "device_copier", "device_dtype", "dtype_name", "empty_like_kind", "forget_pinnable",
     "host_array", "host_bytes", "host_outputs", "host_view", "host_views", "nbytes", "one_sync", "register_pinnable",
     "set_staging_bytes", "settled", "shape_and_dtype", "staging_arena", "staging_buffer", "use_device_copier",

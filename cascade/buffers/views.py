@@ -79,6 +79,11 @@ def view(obj: Any, what: str = "buffer", *, writable: bool = False) -> ByteView:
                        "cupy array, or an object with the buffer protocol, __cuda_array_interface__ or __dlpack__")
 
 
+#: ``ndarray.flags.num`` bits of a writable C-contiguous array (NPY_ARRAY_C_CONTIGUOUS and
+#: NPY_ARRAY_WRITEABLE): the per-block hot paths test both with one ``&``.
+WRITABLE_C = 0x0001 | 0x0400
+
+
 def host_array(obj: Any, shape: tuple[int, ...], dtype: np.dtype, *, writable: bool = False) -> np.ndarray | None:
     """``obj`` as a numpy array of ``shape`` and ``dtype`` over its own memory (no copy)
     when it is a CPU torch tensor of that shape and dtype (strided, contiguous, without a

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffers import as_byte_view
+from ..buffers import WRITABLE_C, as_byte_view
 from ..checksum import checksum
 from ..errors import CascadeError, ConfigError, CorruptBlock
 from .base import BlockKey
@@ -113,14 +113,10 @@ def _hot_bytes(outs: Sequence[Any]) -> int:
     those outputs take the leased read's byte views)."""
     nbytes = 0
     for out in outs:
-        if type(out) is not np.ndarray or out.flags.num & _WRITABLE_C != _WRITABLE_C or out.dtype.isbuiltin != 1:
+        if type(out) is not np.ndarray or out.flags.num & WRITABLE_C != WRITABLE_C or out.dtype.isbuiltin != 1:
             return -1
         nbytes += out.nbytes
     return nbytes
-
-
-#: ``ndarray.flags.num`` bits of a writable C-contiguous array (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE).
-_WRITABLE_C = 0x0001 | 0x0400
 
 
 def _lead() -> memoryview:
@@ -183,10 +179,10 @@ class Reads:
         kind, a mismatch or an error: the store's leased read then reads it outside the lock
         and counts a corrupt record). A file system that refuses the flag turns these
         reads off (:attr:`hot_reads`)."""
-        loc = self._index.get(key)
-        if loc is None or not self.hot_reads:
+        if not self.hot_reads:
             return False
-        if _hot_bytes(outs) != loc.length:
+        loc = self._index.get(key)
+        if loc is None or _hot_bytes(outs) != loc.length:
             return False
         try:
             digests = record_io.preadv_hashed(self._files[loc.file_id].fd, loc.offset, [_lead(), *outs],
