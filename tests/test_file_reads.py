@@ -165,6 +165,7 @@ def _file_store(tmp_path, count: int) -> Iterator[tuple[CascadeStore, list, list
         yield s, blocks, ids
 
 
+@pytest.mark.usefixtures("leased_file_batches")
 def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
     with _file_store(tmp_path, 10) as (s, blocks, ids):
         runs = []
@@ -179,6 +180,7 @@ def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tm
         assert st["hits"] == 10 and st["tiers"]["file"]["hits"] == 10
 
 
+@pytest.mark.usefixtures("leased_file_batches")
 def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monkeypatch):
     """Queued runs: the batch leases its next blocks and starts their runs while the
     reader thread reads, and counts each run once it has landed."""
@@ -197,6 +199,7 @@ def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monke
 
 
 @pytest.mark.parametrize("fails", ["start", "finish"])
+@pytest.mark.usefixtures("leased_file_batches")
 def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails):
     monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     with _file_store(tmp_path, 12) as (s, blocks, ids):
@@ -318,13 +321,31 @@ def test_a_record_the_page_cache_cannot_serve_is_read_leased(tmp_path, monkeypat
         assert s.get_into(ids[1], *out) and seen == [False, False]  # refused: declined at once, no read tried
 
 
-def test_a_batch_reads_file_tier_records_as_runs_not_in_the_locked_step(tmp_path, monkeypatch):
-    """The page-cache read serves single gets only: a batch's records go as runs to the
-    reader thread, whose reads overlap the batch's leasing and counting."""
+def _leased_keys_spied(tier, monkeypatch) -> list[list[str]]:
+    """The block ids of each run ``tier`` reads leased (queued or not), in order."""
+    runs = []
+    for name in ("start_leased_run", "read_leased_run"):
+        real = getattr(tier, name)
+        monkeypatch.setattr(tier, name, lambda leases, outs, real=real:
+                            runs.append([lease.key[1] for lease in leases]) or real(leases, outs))
+    return runs
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no preadv2 RWF_NOWAIT here")
+def test_a_batch_of_small_records_in_the_page_cache_is_read_in_the_locked_step(tmp_path, monkeypatch):
+    """A batch reads its small records that are in the page cache in its locked step, as
+    single gets do; a record not all in the page cache is left to the leased runs."""
     with _file_store(tmp_path, 8) as (s, blocks, ids):
         tier = s.tiers[0]
-        seen = _hot_reads_spied(tier, monkeypatch)
+        assert tier.hot_batch_reads
+        seen, runs = _hot_reads_spied(tier, monkeypatch), _leased_keys_spied(tier, monkeypatch)
+        real, uncached = record_io.preadv_hashed, tier._index[("default", ids[3])].offset
+        monkeypatch.setattr(record_io, "preadv_hashed", lambda *args: (_ for _ in ()).throw(
+            BlockingIOError(11, "not in the page cache")) if len(args) == 5 and args[1] == uncached else real(*args))
         outs = [s.spec.empty() for _ in ids]
         assert s.get_many_into(ids, outs) == [True] * 8
-        assert seen == []
+        assert seen == [True] * 3 + [False] + [True] * 4
+        assert runs == [[ids[3]]]
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        st = s.stats()
+        assert st["gets"] == st["hits"] == st["tiers"]["file"]["hits"] == 8

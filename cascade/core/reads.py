@@ -89,7 +89,8 @@ class ReadPath(LeasedBatchReads):
         with one pair of clock readings: each hit is timed as an equal share of the step,
         used at its end, and counted with the others of its tier in one call. Hits copied
         before a copy that raised are counted too. Only tiers whose hot reads serve
-        batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM)."""
+        batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM, and the file tier's
+        records in the page cache)."""
         if not self._hot_batch:
             return [False] * len(keys)
         copy, copied = self._copy_hot, []
