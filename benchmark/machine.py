@@ -365,6 +365,23 @@ def files_under(directory: str) -> list[str]:
     return out
 
 
+def settle_reads(paths: list[str]) -> None:
+    """Read ``paths`` through once, buffered and untimed: done before the drop that
+    precedes a cold pass, it leaves every pass the same state below the page cache
+    (on this VM a cold pass right after a buffered read of its files ran faster than
+    one after anything else, and the first read of freshly written bytes slower still:
+    benchmark/workloads/file_read_mode.py)."""
+    buf = memoryview(bytearray(8 << 20))
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offset = 0
+            while n := os.preadv(fd, [buf], offset):
+                offset += n
+        finally:
+            os.close(fd)
+
+
 def drop_page_cache(paths: list[str]) -> dict[str, Any]:
     """Evict ``paths`` from the page cache: ``sync``, then ``posix_fadvise(DONTNEED)`` on each
     file; if pages stay resident and we are root, ``echo 1 > /proc/sys/vm/drop_caches``.

@@ -47,7 +47,7 @@ Raw and Cascade passes are treated alike:
   in two runs without (alternated in one sitting); its loop and the raw reads moved
   within their spread.
 - Every pass is preceded by one untimed buffered read through the files it reads
-  (:func:`_settle`), then the drop: that read leaves nothing in the page cache, but
+  (:func:`~benchmark.machine.settle_reads`), then the drop: that read leaves nothing in the page cache, but
   it sets up what is below it the same way for every pass. On this VM a buffered cold
   pass right after a buffered read of the same file ran much faster and with far less
   CPU than after anything else (shuffled rounds of the previous version, 18 rounds per
@@ -116,7 +116,7 @@ from cascade.models import BlockSpec
 from cascade.tiers.record_io import output_views, read_hashed
 from cascade.tiers.records import HEADER_BYTES, key_seed
 
-from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, write_file
+from ..machine import _aligned, drop_page_cache, files_under, raw_read_threads, settle_reads, write_file
 from .blockio import size_label
 
 DEFAULT_SIZES = [64 << 10, 2 << 20, 16 << 20]
@@ -142,20 +142,6 @@ def _clear(outs: list[tuple[np.ndarray, np.ndarray]]) -> None:
             out.fill(0)
 
 
-def _settle(paths: list[str]) -> None:
-    """Read ``paths`` through once, buffered and untimed, before a pass (see the module
-    docstring)."""
-    buf = memoryview(bytearray(8 << 20))
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            offset = 0
-            while n := os.preadv(fd, [buf], offset):
-                offset += n
-        finally:
-            os.close(fd)
-
-
 def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """Blocks a pass missed or read other bytes of."""
     return sum(not (h and np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
@@ -164,10 +150,10 @@ def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: 
 
 def _make_cold(outs: list[tuple[np.ndarray, np.ndarray]], reads: list[str], every: list[str]) -> None:
     """Before a timed pass: ``outs`` zeroed, the files the pass ``reads`` settled
-    (:func:`_settle`), then ``every`` file of the round (raw and tier alike) dropped from
+    (:func:`~benchmark.machine.settle_reads`), then ``every`` file of the round (raw and tier alike) dropped from
     the page cache, so no pass starts with the other side's file resident."""
     _clear(outs)
-    _settle(reads)
+    settle_reads(reads)
     drop_page_cache(every)
 
 
