@@ -332,9 +332,11 @@ def _leased_keys_spied(tier, monkeypatch) -> list[list[str]]:
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no preadv2 RWF_NOWAIT here")
-def test_a_batch_of_small_records_in_the_page_cache_is_read_in_the_locked_step(tmp_path, monkeypatch):
+def test_a_batch_reads_small_records_from_the_page_cache_until_one_is_not_there(tmp_path, monkeypatch):
     """A batch reads its small records that are in the page cache in its locked step, as
-    single gets do; a record not all in the page cache is left to the leased runs."""
+    single gets do, until one is not all there: that one and every later one of the tier
+    go to the leased reads, as one run of back-to-back records (a cold batch is read as
+    runs, past its first record)."""
     with _file_store(tmp_path, 8) as (s, blocks, ids):
         tier = s.tiers[0]
         assert tier.hot_batch_reads
@@ -344,8 +346,12 @@ def test_a_batch_of_small_records_in_the_page_cache_is_read_in_the_locked_step(t
             BlockingIOError(11, "not in the page cache")) if len(args) == 5 and args[1] == uncached else real(*args))
         outs = [s.spec.empty() for _ in ids]
         assert s.get_many_into(ids, outs) == [True] * 8
-        assert seen == [True] * 3 + [False] + [True] * 4
-        assert runs == [[ids[3]]]
+        assert seen == [True] * 3 + [False]
+        assert runs == [ids[3:]]
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
         st = s.stats()
         assert st["gets"] == st["hits"] == st["tiers"]["file"]["hits"] == 8
+        seen.clear()
+        runs.clear()
+        assert s.get_many_into(ids[4:], outs[4:]) == [True] * 4  # the next batch asks the page cache again
+        assert seen == [True] * 4 and runs == []

@@ -90,16 +90,19 @@ class ReadPath(LeasedBatchReads):
         used at its end, and counted with the others of its tier in one call. Hits copied
         before a copy that raised are counted too. Only tiers whose hot reads serve
         batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM, and the file tier's
-        records in the page cache)."""
+        records in the page cache), and each only until it declines a block: the rest
+        of its blocks are then read leased, in runs of back-to-back records (a cold batch
+        of file-tier records is read as it would be without this step, past its first)."""
         if not self._hot_batch:
             return [False] * len(keys)
         copy, copied = self._copy_hot, []
         append = copied.append
+        skip = [not tier.hot_batch_reads for tier in self._tiers]
         with self._lock:
             started = monotonic_ns()
             try:
                 for key, out in zip(keys, outs):
-                    append(copy(key, out, True))
+                    append(copy(key, out, skip))
             finally:
                 now = monotonic_ns()
                 self._count_hot_hits(copied, (now - started) // max(1, len(copied)), now)
@@ -120,20 +123,23 @@ class ReadPath(LeasedBatchReads):
             if count:
                 self.metrics.hot_hit(t, nbytes[t], share_ns, count)
 
-    def _copy_hot(self, key: BlockKey, outs: Sequence[Any], batch: bool = False) -> BlockMeta | None:
+    def _copy_hot(self, key: BlockKey, outs: Sequence[Any], skip: list[bool] | None = None) -> BlockMeta | None:
         """Under the lock: copy block ``key`` into ``outs`` if that is a hot hit (see
-        :meth:`read_hot`; of a ``batch``: :meth:`read_hot_many`); its metadata then, else
-        None with nothing counted or changed. An error of the copy itself is counted as a
-        missed get and raised (as in :meth:`read`)."""
+        :meth:`read_hot`); its metadata then, else None with nothing counted or changed.
+        An error of the copy itself is counted as a missed get and raised (as in
+        :meth:`read`). ``skip``, of a batch (:meth:`read_hot_many`): per tier, whether
+        its blocks are left to the leased reads; a tier that declines a block is set so."""
         meta = self._blocks.get(key)
         if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
                 or self._inflight.closing):
             return None
-        tier = self._tiers[meta.tier]
-        if batch and not tier.hot_batch_reads:
+        t = meta.tier
+        if skip is not None and skip[t]:
             return None
         try:
-            if not tier.read_hot(key, outs):
+            if not self._tiers[t].read_hot(key, outs):
+                if skip is not None:
+                    skip[t] = True
                 return None
         except BaseException:
             self.metrics.counters.gets += 1

@@ -80,8 +80,8 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     hot_copies: bool = False
     # read_hot() can copy a block under the store's lock (SHM: a slab in host memory; the
     # file tier: records in the page cache); else it always declines, and gets skip it.
-    # hot_batch_reads: a batch's blocks too, all in one locked step (what is not cached
-    # there is read leased after it).
+    # hot_batch_reads: a batch's blocks too, all in one locked step, until the tier
+    # declines one (the rest of its blocks are read leased, in runs).
     hot_reads: bool = False
     hot_batch_reads: bool = False
     # leased_view() gives a read-only view of a leased block's bytes in place (no copy)

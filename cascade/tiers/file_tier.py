@@ -141,8 +141,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         # A batch's buffered runs are read on the reader threads (start_leased_run)
         self.reads_queued = not self._odirect and queued_reads()
         # A small record in the page cache is read under the store's lock (read_hot), in a
-        # batch too: cold batch/loop 0.89-0.98 at 4-64 KiB against 1.06-1.15 with leased
-        # runs alone (docs/architecture.md, "The hot path of small blocks")
+        # batch too until one is not there (docs/architecture.md, "The hot path of small blocks")
         self.hot_reads = self.hot_batch_reads = not self._odirect and NOWAIT is not None
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
