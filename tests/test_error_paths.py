@@ -28,6 +28,15 @@ def same(got, expected) -> bool:
     return got is not None and all(np.array_equal(a, b) for a, b in zip(got, expected))
 
 
+def lock_free_to_another_thread(store) -> bool:
+    """Whether another thread takes ``store``'s lock at once (nothing left it held)."""
+    taken = []
+    other = threading.Thread(target=lambda: taken.append(store._lock.acquire(timeout=5) and store._lock.release() is None))
+    other.start()
+    other.join()
+    return taken == [True]
+
+
 def entries(path: Path) -> list[str]:
     return sorted(os.listdir(path)) if path.exists() else []
 
@@ -422,11 +431,7 @@ def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, mo
         assert st["gets"] == 1 and st["hits"] == 0 and st["misses"] == 1
         assert all(f.users == 0 for f in tier._files.values()) and s._index.get(("default", bid)).readers == 0
         assert len(s._inflight) == 0
-        taken = []
-        other = threading.Thread(target=lambda: taken.append(s._lock.acquire(timeout=5) and s._lock.release() is None))
-        other.start()
-        other.join()
-        assert taken == [True]
+        assert lock_free_to_another_thread(s)
         monkeypatch.undo()
         assert same(s.get(bid), make_block(s.spec, 1))
 
@@ -455,11 +460,7 @@ def test_an_error_in_a_file_tier_batch_read_from_the_page_cache_counts_the_hits_
         assert st["gets"] == 2 and st["hits"] == 1 and st["misses"] == 1 and same(outs[0], make_block(s.spec, 0))
         assert all(f.users == 0 for f in tier._files.values()) and len(s._inflight) == 0
         assert all(s._index.get(("default", bid)).readers == 0 for bid in ids)
-        taken = []
-        other = threading.Thread(target=lambda: taken.append(s._lock.acquire(timeout=5) and s._lock.release() is None))
-        other.start()
-        other.join()
-        assert taken == [True]
+        assert lock_free_to_another_thread(s)
         monkeypatch.undo()
         assert s.get_many_into(ids, outs) == [True] * 3
         assert all(same(out, make_block(s.spec, i)) for i, out in enumerate(outs))
