@@ -47,9 +47,10 @@ Raw and Cascade passes are treated alike:
   in two runs without (alternated in one sitting); its loop and the raw reads moved
   within their spread.
 - Every pass is preceded by one untimed buffered read through the files it reads
-  (:func:`~benchmark.machine.settle_reads`), then the drop: that read leaves nothing in the page cache, but
-  it sets up what is below it the same way for every pass. On this VM a buffered cold
-  pass right after a buffered read of the same file ran much faster and with far less
+  (:func:`~benchmark.machine.settle_reads`), then the drop: that read leaves nothing
+  in the page cache, but it sets up what is below it the same way for every pass.
+  On this VM a buffered cold pass right after a buffered read of the same file ran
+  much faster and with far less
   CPU than after anything else (shuffled rounds of the previous version, 18 rounds per
   size at load 7-10, medians: raw 64 KiB 0.83 vs 0.33 GB/s, 0.44 vs 1.43 CPU s/GB;
   Cascade 64 KiB 0.27 vs 0.15, 2 MiB 1.17 vs 0.37; O_DIRECT passes showed no such
@@ -150,8 +151,9 @@ def _wrong(hits: list[bool], outs: list[tuple[np.ndarray, np.ndarray]], blocks: 
 
 def _make_cold(outs: list[tuple[np.ndarray, np.ndarray]], reads: list[str], every: list[str]) -> None:
     """Before a timed pass: ``outs`` zeroed, the files the pass ``reads`` settled
-    (:func:`~benchmark.machine.settle_reads`), then ``every`` file of the round (raw and tier alike) dropped from
-    the page cache, so no pass starts with the other side's file resident."""
+    (:func:`~benchmark.machine.settle_reads`), then ``every`` file of the round (raw and
+    tier alike) dropped from the page cache, so no pass starts with the other side's
+    file resident."""
     _clear(outs)
     settle_reads(reads)
     drop_page_cache(every)

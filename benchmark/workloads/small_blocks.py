@@ -197,8 +197,9 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             store.put_many(blocks, block_ids=cold_ids)
             store.flush()
             for form in _in_turn(("loop", "batch"), rnd):
-                settle_reads(files_under(file_dir))
-                drop_page_cache(files_under(file_dir))
+                files = files_under(file_dir)
+                settle_reads(files)
+                drop_page_cache(files)
                 if form == "loop":
                     row["cold_get_loop_us"] = _per_block_us(
                         lambda: [store.get_into(b, ko, vo) for b, (ko, vo) in zip(cold_ids, outs)], count)
