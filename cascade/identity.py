@@ -22,7 +22,7 @@ HashAlgo = Literal["blake3", "sha256"]
 HASH_ALGOS: tuple[str, ...] = ("blake3", "sha256")
 ID_HEX_CHARS = 32
 ID_BYTES = ID_HEX_CHARS // 2
-_ID_RE = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would let a final newline through
+_HEX_DIGITS = "0123456789abcdef"
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.:/@+-]{1,200}")
 _KNOWN_NAMESPACES: set[str] = set()  # namespaces checked already (every put checks its namespace)
 _KNOWN_NAMESPACES_MAX = 4096
@@ -64,7 +64,9 @@ def block_id(key, value, *, algo: str = "blake3") -> str:
 
 def check_id(block_id: str) -> str:
     """Return ``block_id`` if it is 32 lowercase hex chars, else raise :class:`InvalidBlock`."""
-    if not isinstance(block_id, str) or not _ID_RE.fullmatch(block_id):
+    # 32 characters, none left once the hex digits are stripped from both ends: 0.37 us
+    # against 0.61 us for a regex match here (every put and get checks its id)
+    if not isinstance(block_id, str) or len(block_id) != ID_HEX_CHARS or block_id.strip(_HEX_DIGITS):
         raise InvalidBlock(f"malformed block id {block_id!r}: expected {ID_HEX_CHARS} lowercase hex characters")
     return block_id
 

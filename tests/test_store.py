@@ -6,6 +6,7 @@ import pytest
 
 from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, InvalidBlock, TierFull,
                      block_id)
+from cascade.identity import check_id
 
 
 def make_block(spec, seed):
@@ -85,6 +86,18 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(store, bad):
     with pytest.raises(InvalidBlock):
         store.put(*bad(store))
     assert store.get(bid) is not None and len(store) == 1
+
+
+@pytest.mark.parametrize("bad", ["0" * 31, "0" * 33, "A" * 32, "0" * 31 + "g", " " + "0" * 31, "0" * 31 + "\n",
+                                 "0" * 15 + "\u00e9" + "0" * 16, "0" * 16 + "-" + "0" * 15, "", b"0" * 32, 0, None])
+def test_check_id_refuses_anything_but_32_lowercase_hex_characters(bad):
+    with pytest.raises(InvalidBlock, match="malformed block id"):
+        check_id(bad)
+
+
+def test_check_id_returns_a_good_id_itself():
+    for good in ("0123456789abcdef" * 2, "f" * 32, block_id(np.zeros(4, np.uint8), np.ones(4, np.uint8))):
+        assert check_id(good) is good
 
 
 def test_malformed_ids_and_namespaces(store):
