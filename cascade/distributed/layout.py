@@ -42,13 +42,13 @@ import blake3
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
-from ..identity import ID_BYTES, check_id
+from ..identity import HEX_DIGITS, ID_BYTES, check_id
 
 # -- slot words ------------------------------------------------------------------------
 ENTRY_WORDS = 10
 SEAL, CTL, NS, ID_HI, ID_LO, PLACE, LOCATION, LENGTH, CHECKSUM, SHARES = range(ENTRY_WORDS)
 KEY_BYTES = 8 + ID_BYTES
-_HEX = b"0123456789abcdef"
+_HEX = HEX_DIGITS.encode()
 
 # -- buckets ---------------------------------------------------------------------------
 BUCKET_SLOTS = 8
