@@ -15,7 +15,7 @@ def test_small_blocks_reports_costs_and_ratios(tmp_path):
             assert row[figure] > 0, figure
         assert row["get_vs_dict"] > 0 and row["cold_get_batch_vs_loop"] > 0
         assert set(row["targets"]) == {"get_vs_dict_le_3", "put_vs_dict_le_3", "batch_never_slower"}
-        assert [p["loop_first"] for p in row["samples"]] == [1.0, 0.0]  # loop and batch take turns going first
+        assert [p["chunks"] for p in row["samples"]] == [1.0, 1.0]  # 32 blocks: one chunk of 64 (a whole pass)
     assert result["rows"][1]["targets"]["get_vs_dict_le_3"] is None  # the 3x targets are set at 4 KiB only
     assert "4 KiB" in small_blocks.table(result)
 

@@ -2,13 +2,19 @@
 and batch calls against the same calls in a loop, 4 KiB to 16 MiB.
 
 Per block size (key + value; default 4 KiB, 64 KiB, 2 MiB, 16 MiB) and round, in one
-process and one run, alternating:
+process and one run:
 
 * ``dict``: the floor of any in-process cache: ``d[id] = (k.copy(), v.copy())`` for a put,
   ``k, v = d[id]`` then two ``np.copyto`` into preallocated outputs for a get. Outputs
-  are faulted in before any pass, and every hot read form runs once untimed first.
+  are faulted in before any pass, and every hot read form runs once untimed first. The
+  dict is at steady state, as the store is (its slab prefaulted): it holds as many other
+  blocks, filled untimed, one of which is deleted (untimed) before each insert, so every
+  insert's copies reuse memory just freed. Filled from empty instead, its inserts paid,
+  or not, for fresh pages as malloc grew the heap, by the heap's state: 4 KiB dict puts
+  interleaved with the store's (below), 8 rounds a run, three runs each, medians 2.98-3.36
+  us without torch imported and 4.25-4.31 with it; at steady state 2.37-2.52 and 2.93-3.03.
 * Cascade, SHM tier in ``/dev/shm`` (hot), its pages backed at open (``shm_prefault``, as
-  in a store past its first fill; the dict's later rounds likewise reuse freed memory):
+  in a store past its first fill, as the dict is at steady state):
   ``put(k, v, block_id=)`` one by one (``loop``) and
   ``put_many(pairs, block_ids=)`` (``batch``); ``get_into`` one by one and
   ``get_many_into`` of the same ids into the same outputs; ``view`` (a zero-copy lease
@@ -22,29 +28,41 @@ process and one run, alternating:
 * Cascade, SHM tier not prefaulted: the same loop of puts into pages never touched
   (``put_fresh_pages``: each put also backs its pages, a first fill's cost).
 * Cascade, file tier only (``cold``: the files read through once, untimed, then dropped
-  from the page cache before each pass, as in ``file_read_mode``): ``get_into`` loop and
-  ``get_many_into`` batch, default read mode. Without that read, whichever form ran
-  first read the bytes just written, and ran slower: in the suite at b165b2b, 2 MiB
+  from the page cache before every timed pass, as in ``file_read_mode``): ``get_into``
+  loop and ``get_many_into`` batch, default read mode. Without that read, whichever form
+  ran first read the bytes just written, and ran slower: in the suite at b165b2b, 2 MiB
   cold batch/loop was 0.51-0.97 with the loop first and 1.09-1.61 with the batch first.
 
 Reported per row: microseconds per block (median over rounds) and the ratios the issue
-sets targets for: ``get_vs_dict`` and ``put_vs_dict`` (hot; target <= 3 at 4 KiB),
-``batch_vs_loop`` (every size, hot and cold; target <= 1). Blocks are compared with
-their sources after each read pass (wrong bytes would void the row).
+sets targets for, each with its range over rounds (``*_range``): ``get_vs_dict`` and
+``put_vs_dict`` (hot; target <= 3 at 4 KiB), ``batch_vs_loop`` (every size, hot and
+cold; target <= 1). Every read pass writes into zeroed outputs and is compared with the
+sources right after (wrong bytes would void the row).
 
-Each timed pass starts with ``gc.collect()``: it then pays for the collections of its own
-garbage only. Without it, the full collection that the long-lived objects of the passes
-before it trigger (11-50 ms here, 3-12 us per block at 4 KiB) fell, from the second round
-on, in whichever put form ran second into the shared store (measured with
-``gc.callbacks``; 3 rounds at 4 KiB, two runs each): ``put_batch_vs_loop`` was 1.08 and
-2.05 with the loop first, 0.74 and 0.80 with the batch first, for the same code.
+The forms are timed side by side (:func:`_interleaved_us`): the dict's puts, the store's
+puts one by one and its batch puts run chunk by chunk in turn (about :data:`CHUNKS`
+chunks of whole batches; one chunk, the whole pass, at 2 and 16 MiB), the form that goes
+first rotating from chunk to chunk and round to round; the three hot get forms likewise,
+and the two cold ones (the page cache dropped before each pass over a chunk). Each ratio
+is the median over rounds of each round's own ratio. On this VM one core's speed drifts
+by up to 2x within seconds (the same pure-Python loop: 183-428 ms within a minute, CPU
+time equal to wall time), and whole passes timed one after the other compared the
+machine's moments as much as the code: 4 KiB put/dict, 8 rounds in one process, whole
+passes 3.14 [2.44-3.50], interleaved chunks 3.25 [3.11-3.44].
 
-The loop and the batch of each pair (puts, hot gets, cold gets) take turns at going
-first: the loop in even rounds, the batch in odd ones (run an even number of rounds).
-With the loop always first, the suite at 63a2571 gave 2 MiB puts a batch/loop ratio of
-1.08 [1.00-1.17] over 3 rounds; the same puts alternated in one process (10 rounds, a
-fresh store each, 32 blocks of 2 MiB) gave 0.995 [0.93-1.07]: the second pass into a
-store, not the batch, was paying more.
+Each timed pass (over a chunk or whole) starts with ``gc.collect()``: it then pays for
+the collections of its own garbage only. Without it, the full collection that the
+long-lived objects of the passes before it trigger (11-50 ms here, 3-12 us per block at
+4 KiB) fell, from the second round on, in whichever put form ran second into the shared
+store (measured with ``gc.callbacks``; 3 rounds at 4 KiB, two runs each):
+``put_batch_vs_loop`` was 1.08 and 2.05 with the loop first, 0.74 and 0.80 with the
+batch first, for the same code.
+
+Before they were interleaved, the loop and the batch of each pair took turns at going
+first, round by round: with the loop always first, the suite at 63a2571 gave 2 MiB puts
+a batch/loop ratio of 1.08 [1.00-1.17] over 3 rounds; the same puts alternated in one
+process (10 rounds, a fresh store each, 32 blocks of 2 MiB) gave 0.995 [0.93-1.07]: the
+second pass into a store, not the batch, was paying more.
 """
 from __future__ import annotations
 
@@ -54,6 +72,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,7 +92,13 @@ from .blockio import size_label
 DEFAULT_SIZES = [4 << 10, 64 << 10, 2 << 20, 16 << 20]
 BYTES_PER_PASS = 64 << 20  # blocks per pass: this much data, at least 16 and at most 4096 blocks
 BATCH = 64
+CHUNKS = 16  # chunks of each interleaved hot pass (_interleaved_us), at most
 GET_TARGET, PUT_TARGET = 3.0, 3.0
+#: The ratios reported (medians over rounds of each round's ratio): name -> (numerator, denominator).
+RATIOS = {"get_vs_dict": ("get_loop_us", "dict_get_us"), "put_vs_dict": ("put_loop_us", "dict_put_us"),
+          "put_fresh_pages_vs_dict": ("put_fresh_pages_us", "dict_put_us"),
+          "hot_get_batch_vs_loop": ("get_batch_us", "get_loop_us"), "put_batch_vs_loop": ("put_batch_us", "put_loop_us"),
+          "cold_get_batch_vs_loop": ("cold_get_batch_us", "cold_get_loop_us")}
 
 
 def _blocks(spec: BlockSpec, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -93,11 +118,37 @@ def _per_block_us(fn, count: int) -> float:
     return (time.perf_counter() - started) / count * 1e6
 
 
-def _in_turn(forms, rnd: int) -> list:
-    """The two forms of a pair (loop and batch) in the order round ``rnd`` runs them:
-    loop first in even rounds, batch first in odd ones (see the module docstring)."""
-    forms = list(forms)
-    return forms if rnd % 2 == 0 else forms[::-1]
+def _chunk_blocks(count: int) -> int:
+    """Blocks per chunk of the interleaved hot passes: a whole number of batches, about
+    :data:`CHUNKS` chunks in all (one chunk, the whole pass, when there are few blocks)."""
+    return BATCH * max(1, count // (BATCH * CHUNKS))
+
+
+def _interleaved_us(forms: dict[str, Callable[[slice], None]], count: int, rnd: int,
+                    before: Callable[[str, slice], None] | None = None,
+                    after: Callable[[str, slice], None] | None = None) -> dict[str, float]:
+    """Microseconds per block of each form, its passes cut into chunks timed in turn:
+    every form runs over chunk 1, then every form over chunk 2, and so on, the form that
+    goes first rotating from chunk to chunk (and round ``rnd`` to round). ``before`` runs
+    untimed before each form's pass over a chunk, ``after`` untimed after it (the
+    checks). Each pass over a chunk starts with ``gc.collect()``, as each whole pass did
+    (module docstring)."""
+    names = list(forms)
+    seconds = dict.fromkeys(names, 0.0)
+    chunk = _chunk_blocks(count)
+    for i, start in enumerate(range(0, count, chunk)):
+        part = slice(start, start + chunk)
+        turn = (i + rnd) % len(names)
+        for name in names[turn:] + names[:turn]:
+            if before is not None:
+                before(name, part)
+            gc.collect()
+            started = time.perf_counter()
+            forms[name](part)
+            seconds[name] += time.perf_counter() - started
+            if after is not None:
+                after(name, part)
+    return {name: s / count * 1e6 for name, s in seconds.items()}
 
 
 def _batched(items: list, size: int) -> list[list]:
@@ -132,30 +183,32 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
     for key_out, value_out in outs:  # fault the outputs in: no pass pays first-touch faults for another
         key_out.fill(0)
         value_out.fill(0)
-    row: dict[str, float] = {"loop_first": float(rnd % 2 == 0)}  # (_in_turn)
-
-    table: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    row: dict[str, float] = {"chunks": float(-(-count // _chunk_blocks(count)))}
     ids = _ids(count, 2 * rnd)
+    # A dict at steady state, as the store is (its slab prefaulted): filled untimed with
+    # as many other blocks, one of which is deleted (untimed) before each insert, so that
+    # every insert's copies reuse memory freed just before (module docstring).
+    evicted = _ids(count, 2 * rnd + 4 * 10**6)
+    table = {b: (k.copy(), v.copy()) for b, (k, v) in zip(evicted, blocks)}
 
-    def dict_put() -> None:
-        for bid, (k, v) in zip(ids, blocks):
-            table[bid] = (k.copy(), v.copy())
+    wrong = {"hot": 0, "cold": 0}  # blocks a timed read pass got wrong (each is checked right after)
 
-    def dict_get() -> None:
-        for bid, (ko, vo) in zip(ids, outs):
-            k, v = table[bid]
-            np.copyto(ko, k)
-            np.copyto(vo, v)
+    def zero(name: str, part: slice) -> None:  # every read pass writes into zeros: none is masked by the one before
+        for key_out, value_out in outs[part]:
+            key_out.fill(0)
+            value_out.fill(0)
 
-    row["dict_put_us"] = _per_block_us(dict_put, count)
-    dict_get()  # warm, as the store's gets below are (each read form runs once untimed first)
-    row["dict_get_us"] = _per_block_us(dict_get, count)
+    def checker(side: str) -> Callable[[str, slice], None]:
+        def check(name: str, part: slice) -> None:
+            wrong[side] += sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
+                               for o, b in zip(outs[part], blocks[part]))
+        return check
 
     # The SHM tier in its real place (/dev/shm), not in the file tier's directory: a slab
     # mapped from a disk file pays write faults on dirty-page tracking at every put. Its
     # pages are backed at open (shm_prefault), as in a store past its first fill, whose
-    # puts reuse the room of evicted blocks: the dict's puts after the first round reuse
-    # the memory its previous table freed. A put into pages never touched is timed apart.
+    # puts reuse the room of evicted blocks (as the dict's do, above). A put into pages
+    # never touched is timed apart.
     shm_bytes = 4 * count * (nbytes + 4096) + (8 << 20)
     fresh = Config(shm_bytes=shm_bytes, file_bytes=0, remote_bytes=0)
     with CascadeStore(fresh, block_spec=spec) as store:
@@ -164,27 +217,49 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             lambda: [store.put(k, v, block_id=b) for b, (k, v) in zip(fresh_ids, blocks)], count)
     shm = Config(shm_bytes=shm_bytes, file_bytes=0, remote_bytes=0, promote_on_hit=True, shm_prefault=True)
     with CascadeStore(shm, block_spec=spec) as store:
-        loop_ids, batch_ids = _ids(count, 2 * rnd), _ids(count, 2 * rnd + 1)
-        puts = {"put_loop_us": lambda: [store.put(k, v, block_id=b) for b, (k, v) in zip(loop_ids, blocks)],
-                "put_batch_us": lambda: [store.put_many(pairs, block_ids=b) for pairs, b in
-                                         zip(_batched(blocks, BATCH), _batched(batch_ids, BATCH))]}
-        for name in _in_turn(puts, rnd):
-            row[name] = _per_block_us(puts[name], count)
-        def get_loop() -> None:
-            for b, (ko, vo) in zip(loop_ids, outs):
+        loop_ids, batch_ids = ids, _ids(count, 2 * rnd + 1)
+
+        def dict_put(part: slice) -> None:
+            for bid, (k, v) in zip(ids[part], blocks[part]):
+                table[bid] = (k.copy(), v.copy())
+
+        def put_loop(part: slice) -> None:
+            for b, (k, v) in zip(loop_ids[part], blocks[part]):
+                store.put(k, v, block_id=b)
+
+        def put_batch(part: slice) -> None:
+            for pairs, b in zip(_batched(blocks[part], BATCH), _batched(batch_ids[part], BATCH)):
+                store.put_many(pairs, block_ids=b)
+
+        def evict(name: str, part: slice) -> None:
+            if name == "dict_put_us":
+                for b in evicted[part]:
+                    del table[b]
+
+        row.update(_interleaved_us({"dict_put_us": dict_put, "put_loop_us": put_loop, "put_batch_us": put_batch},
+                                   count, rnd, before=evict))
+
+        def dict_get(part: slice) -> None:
+            for bid, (ko, vo) in zip(ids[part], outs[part]):
+                k, v = table[bid]
+                np.copyto(ko, k)
+                np.copyto(vo, v)
+
+        def get_loop(part: slice) -> None:
+            for b, (ko, vo) in zip(loop_ids[part], outs[part]):
                 store.get_into(b, ko, vo)
 
-        def get_batch() -> None:
-            for b, o in zip(_batched(loop_ids, BATCH), _batched(outs, BATCH)):
+        def get_batch(part: slice) -> None:
+            for b, o in zip(_batched(loop_ids[part], BATCH), _batched(outs[part], BATCH)):
                 store.get_many_into(b, o)
 
-        get_loop(), get_batch()
-        gets = {"get_loop_us": get_loop, "get_batch_us": get_batch}
-        for name in _in_turn(gets, rnd):
-            row[name] = _per_block_us(gets[name], count)
+        everything = slice(0, count)
+        for warm in (dict_get, get_loop, get_batch):  # every hot read form runs once untimed first
+            warm(everything)
+        row.update(_interleaved_us({"dict_get_us": dict_get, "get_loop_us": get_loop, "get_batch_us": get_batch},
+                                   count, rnd, before=zero, after=checker("hot")))
         row["view_us"], missed_views = time_views(store, loop_ids, VIEWS_TIMED)
-        row["hot_wrong"] = missed_views + sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]))
-                               for o, b in zip(outs, blocks))
+        row["hot_wrong"] = missed_views + wrong["hot"]
         if torch is not None:
             row.update(_torch_passes(store, blocks, outs, _ids(count, 2 * rnd + 2 * 10**6)))
 
@@ -196,18 +271,24 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             cold_ids = _ids(count, 2 * rnd)
             store.put_many(blocks, block_ids=cold_ids)
             store.flush()
-            for form in _in_turn(("loop", "batch"), rnd):
-                files = files_under(file_dir)
-                settle_reads(files)
+            files = files_under(file_dir)
+            settle_reads(files)
+
+            def cold_loop(part: slice) -> None:
+                for b, (ko, vo) in zip(cold_ids[part], outs[part]):
+                    store.get_into(b, ko, vo)
+
+            def cold_batch(part: slice) -> None:
+                for b, o in zip(_batched(cold_ids[part], BATCH), _batched(outs[part], BATCH)):
+                    store.get_many_into(b, o)
+
+            def make_cold(name: str, part: slice) -> None:
+                zero(name, part)
                 drop_page_cache(files)
-                if form == "loop":
-                    row["cold_get_loop_us"] = _per_block_us(
-                        lambda: [store.get_into(b, ko, vo) for b, (ko, vo) in zip(cold_ids, outs)], count)
-                else:
-                    row["cold_get_batch_us"] = _per_block_us(
-                        lambda: [store.get_many_into(b, o) for b, o in
-                                 zip(_batched(cold_ids, BATCH), _batched(outs, BATCH))], count)
-            row["cold_wrong"] = sum(not np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+
+            row.update(_interleaved_us({"cold_get_loop_us": cold_loop, "cold_get_batch_us": cold_batch},
+                                       count, rnd, before=make_cold, after=checker("cold")))
+            row["cold_wrong"] = wrong["cold"]
             row["cold_read_mode"] = store.tiers[0].read_mode
     finally:
         shutil.rmtree(file_dir, ignore_errors=True)
@@ -227,13 +308,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                "batch": BATCH, **{k: round(v, 3) for k, v in med.items()},
                "cold_read_mode": passes[0]["cold_read_mode"],
                "wrong": sum(p["hot_wrong"] + p["cold_wrong"] + p.get("torch_wrong", 0) for p in passes),
-               "get_vs_dict": med["get_loop_us"] / med["dict_get_us"],
-               "put_vs_dict": med["put_loop_us"] / med["dict_put_us"],
-               "put_fresh_pages_vs_dict": med["put_fresh_pages_us"] / med["dict_put_us"],
-               "hot_get_batch_vs_loop": med["get_batch_us"] / med["get_loop_us"],
-               "put_batch_vs_loop": med["put_batch_us"] / med["put_loop_us"],
-               "cold_get_batch_vs_loop": med["cold_get_batch_us"] / med["cold_get_loop_us"],
                "samples": passes}
+        for name, (num, den) in RATIOS.items():  # each round's own ratio: its passes ran side by side
+            per_round = [p[num] / p[den] for p in passes]
+            row[name] = statistics.median(per_round)
+            row[f"{name}_range"] = [min(per_round), max(per_round)]
         row["targets"] = {
             "get_vs_dict_le_3": row["get_vs_dict"] <= GET_TARGET if nbytes == 4 << 10 else None,
             "put_vs_dict_le_3": row["put_vs_dict"] <= PUT_TARGET if nbytes == 4 << 10 else None,
