@@ -65,7 +65,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
         "faults": ["--rounds", "3"],
         "run": ["--ranks", "4", "--blocks", "32", "--requests", "200", "--set", "shm_bytes=256M",
                 "--set", "file_bytes=2G"],  # as `make run`
-        "small_blocks": ["--rounds", "4"],
+        "small_blocks": ["--rounds", "6"],  # a multiple of 2 and 3: each form of a pair or triple goes first as often
         "file_read_mode": ["--rounds", "5"],
         "device_io": ["--rounds", "5"],
         "cluster_serving": [],

@@ -83,7 +83,7 @@ def _leased_tier(tmp_path, count: int, nbytes: int) -> Iterator[tuple[FileTier, 
         tier.close()
 
 
-@pytest.mark.parametrize("nbytes", [64 << 10, 5000])  # page-sized payloads, and payloads with page padding
+@pytest.mark.parametrize("nbytes", [8 << 10, 5000])  # page-sized payloads, and payloads with page padding
 def test_back_to_back_records_are_read_as_one_run_with_one_preadv(tmp_path, monkeypatch, nbytes):
     with _leased_tier(tmp_path, 6, nbytes) as (tier, blocks, leases):
         assert tier.read_runs(leases) == [range(0, 6)]
@@ -102,7 +102,7 @@ def test_back_to_back_records_are_read_as_one_run_with_one_preadv(tmp_path, monk
 
 
 def test_runs_break_at_gaps_at_their_caps_and_in_direct_mode(tmp_path, monkeypatch):
-    with _leased_tier(tmp_path, 8, 64 << 10) as (tier, _, leases):
+    with _leased_tier(tmp_path, 8, 8 << 10) as (tier, _, leases):
         assert tier.read_runs(leases[:2] + leases[3:]) == [range(0, 2), range(2, 7)]  # block 2 skipped: a gap
         assert tier.read_runs(leases[::-1]) == [range(i, i + 1) for i in range(8)]  # backwards: no run
         monkeypatch.setattr("cascade.tiers.file_reads.RUN_RECORDS", 3)

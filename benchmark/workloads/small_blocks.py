@@ -40,8 +40,9 @@ cold; target <= 1). Every read pass writes into zeroed outputs and is compared w
 sources right after (wrong bytes would void the row).
 
 The forms are timed side by side (:func:`_interleaved_us`): the dict's puts, the store's
-puts one by one and its batch puts run chunk by chunk in turn (about :data:`CHUNKS`
-chunks of whole batches; one chunk, the whole pass, at 2 and 16 MiB), the form that goes
+puts one by one and its batch puts run chunk by chunk in turn (:data:`CHUNKS` chunks of
+whole batches at 4 and 64 KiB; one chunk, the whole pass, at 2 and 16 MiB, whose 32 and
+16 blocks make one batch: finer chunks would time smaller batches), the form that goes
 first rotating from chunk to chunk and round to round; the three hot get forms likewise,
 and the two cold ones (the page cache dropped before each pass over a chunk). Each ratio
 is the median over rounds of each round's own ratio. On this VM one core's speed drifts
@@ -92,7 +93,7 @@ from .blockio import size_label
 DEFAULT_SIZES = [4 << 10, 64 << 10, 2 << 20, 16 << 20]
 BYTES_PER_PASS = 64 << 20  # blocks per pass: this much data, at least 16 and at most 4096 blocks
 BATCH = 64
-CHUNKS = 16  # chunks of each interleaved hot pass (_interleaved_us), at most
+CHUNKS = 16  # chunks of each interleaved pass (_interleaved_us), at most
 GET_TARGET, PUT_TARGET = 3.0, 3.0
 #: The ratios reported (medians over rounds of each round's ratio): name -> (numerator, denominator).
 RATIOS = {"get_vs_dict": ("get_loop_us", "dict_get_us"), "put_vs_dict": ("put_loop_us", "dict_put_us"),
@@ -119,8 +120,8 @@ def _per_block_us(fn, count: int) -> float:
 
 
 def _chunk_blocks(count: int) -> int:
-    """Blocks per chunk of the interleaved hot passes: a whole number of batches, about
-    :data:`CHUNKS` chunks in all (one chunk, the whole pass, when there are few blocks)."""
+    """Blocks per chunk of the interleaved passes: about :data:`CHUNKS` chunks of whole
+    batches (one chunk, the whole pass, when there are fewer blocks)."""
     return BATCH * max(1, count // (BATCH * CHUNKS))
 
 
@@ -297,7 +298,7 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     sizes = options.get("sizes") or DEFAULT_SIZES
-    rounds = options.get("rounds") or 4
+    rounds = options.get("rounds") or 6  # a multiple of 2 and 3: each form goes first as often (_interleaved_us)
     workdir = options.get("file_dir") or tempfile.gettempdir()
     rows = []
     for nbytes in sizes:

@@ -8,8 +8,8 @@ of 8 MiB and more are read as chunks with several reads in flight; buffered reco
 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and more one at a
 time, in file order (see :mod:`.record_io`). A batch's buffered reads of small records
 lying back to back (blocks written together, read in the same order) go as runs of up
-to 1 MiB, one ``preadv`` each (:meth:`Reads.read_runs`), queued on the reader thread
-of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`). Every payload is
+to 128 KiB (:data:`RUN_BYTES`), one ``preadv`` each (:meth:`Reads.read_runs`), queued on
+the reader thread of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`). Every payload is
 verified against its checksum; a truncated or failing record is a :class:`CorruptBlock`.
 """
 from __future__ import annotations
@@ -70,10 +70,16 @@ class Lease:
 
 _leads = threading.local()
 #: A run of back-to-back records read in one ``preadv`` (:meth:`Reads.read_runs`) spans
-#: at most this many bytes (as the pieces of a big buffered record, :data:`.record_io.SCAN`:
-#: its payloads are hashed right after, still in the CPU cache) and this many records
-#: (each takes up to 4 of the call's 1024 ``iovec``s).
-RUN_BYTES = SCAN
+#: at most this many bytes and this many records (each takes up to 4 of the call's 1024
+#: ``iovec``s). Runs of up to 1 MiB (:data:`.record_io.SCAN`, as the pieces of a big
+#: record) made cold batches slower than the same gets in a loop, in bursts of 4 batches
+#: of 64 blocks after a page-cache drop (benchmark small_blocks' cold forms, 6 rounds
+#: each, one sitting): batch/loop 1.18 [1.11-1.36] at 4 KiB and 1.17 [1.09-1.46] at
+#: 64 KiB; with 128 KiB runs 0.90 [0.76-1.26] and 0.83 [0.66-1.08] (256 KiB: 1.11 and
+#: 0.94; 64 KiB: 0.94 at 4 KiB). A whole cold pass of 64 KiB blocks (file_read_mode,
+#: 3 rounds, alternated twice) gave the batch 0.93 and 1.20 GB/s with 1 MiB runs, 1.32
+#: and 1.23 with 128 KiB ones.
+RUN_BYTES = 128 << 10
 RUN_RECORDS = 64
 #: ``preadv2``'s flag for a read served from the page cache alone (Linux 4.14+: EAGAIN,
 #: raised as BlockingIOError, where a byte would need the disk); None where ``os`` lacks it.
@@ -261,12 +267,12 @@ class Reads:
         return self._verdicts(leases, outs, digests)
 
     def start_leased_run(self, leases: Sequence[Lease], outs: Sequence[Sequence[Any]]) -> Any:
-        """Queue a buffered run of records of up to :data:`RUN_BYTES` (:meth:`read_runs`)
+        """Queue a buffered run (:meth:`read_runs`) of up to :data:`~.record_io.SCAN` bytes
         on the reader threads (:func:`~.record_io.submit`: the read and the hashing run
         without the interpreter lock) into a scratch page of its own; other runs are read
         in :meth:`finish_leased_run`."""
         last = leases[-1].loc
-        if not self.reads_queued or self._odirect or last.offset + last.record_bytes - leases[0].loc.offset > RUN_BYTES:
+        if not self.reads_queued or self._odirect or last.offset + last.record_bytes - leases[0].loc.offset > SCAN:
             return leases, outs, None
         iov, spans = _run_iov(leases, outs, memoryview(bytearray(HEADER_BYTES)))
         return leases, outs, record_io.submit(leases[0].file.fd, leases[0].loc.offset, iov, spans)
