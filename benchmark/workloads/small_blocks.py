@@ -156,6 +156,21 @@ def _batched(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def _read_forms(store: CascadeStore, ids: list[str], outs: list[tuple[np.ndarray, np.ndarray]]
+                ) -> tuple[Callable[[slice], None], Callable[[slice], None]]:
+    """The two read forms over a chunk of ``ids`` into the same chunk of ``outs``:
+    ``get_into`` one by one (loop), and ``get_many_into`` of :data:`BATCH` blocks a call."""
+    def loop(part: slice) -> None:
+        for b, (ko, vo) in zip(ids[part], outs[part]):
+            store.get_into(b, ko, vo)
+
+    def batch(part: slice) -> None:
+        for b, o in zip(_batched(ids[part], BATCH), _batched(outs[part], BATCH)):
+            store.get_many_into(b, o)
+
+    return loop, batch
+
+
 def _torch_passes(store: CascadeStore, blocks: list, outs: list, ids: list[str]) -> dict[str, float]:
     """Puts and hot gets of CPU torch tensors over the bytes of ``blocks`` and ``outs``."""
     tensors = [(torch.from_numpy(k), torch.from_numpy(v)) for k, v in blocks]
@@ -246,14 +261,7 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
                 np.copyto(ko, k)
                 np.copyto(vo, v)
 
-        def get_loop(part: slice) -> None:
-            for b, (ko, vo) in zip(loop_ids[part], outs[part]):
-                store.get_into(b, ko, vo)
-
-        def get_batch(part: slice) -> None:
-            for b, o in zip(_batched(loop_ids[part], BATCH), _batched(outs[part], BATCH)):
-                store.get_many_into(b, o)
-
+        get_loop, get_batch = _read_forms(store, loop_ids, outs)
         everything = slice(0, count)
         for warm in (dict_get, get_loop, get_batch):  # every hot read form runs once untimed first
             warm(everything)
@@ -275,13 +283,7 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             files = files_under(file_dir)
             settle_reads(files)
 
-            def cold_loop(part: slice) -> None:
-                for b, (ko, vo) in zip(cold_ids[part], outs[part]):
-                    store.get_into(b, ko, vo)
-
-            def cold_batch(part: slice) -> None:
-                for b, o in zip(_batched(cold_ids[part], BATCH), _batched(outs[part], BATCH)):
-                    store.get_many_into(b, o)
+            cold_loop, cold_batch = _read_forms(store, cold_ids, outs)
 
             def make_cold(name: str, part: slice) -> None:
                 zero(name, part)
