@@ -31,3 +31,20 @@ def test_views_are_timed_over_enough_passes(tmp_path, monkeypatch):
     monkeypatch.setattr(small_blocks, "VIEWS_TIMED", 128)
     small_blocks.run({"sizes": [4096], "rounds": 2, "blocks": 16, "file_dir": str(tmp_path)})
     assert len(views) == 2 * (1 + 128 // 16) * 16
+
+
+def test_interleaved_forms_take_turns_going_first_over_every_chunk(monkeypatch):
+    """Every form runs over every chunk, in order, the form that goes first rotating from
+    chunk to chunk and round to round; ``before`` and ``after`` wrap each timed pass."""
+    monkeypatch.setattr(small_blocks, "CHUNKS", 4)
+    calls = []
+    forms = {name: (lambda part, name=name: calls.append((name, part.start))) for name in ("a", "b", "c")}
+    hooks = []
+    result = small_blocks._interleaved_us(forms, 4 * small_blocks.BATCH, 1,
+                                          before=lambda name, part: hooks.append(("before", name)),
+                                          after=lambda name, part: hooks.append(("after", name)))
+    assert set(result) == {"a", "b", "c"} and all(us >= 0 for us in result.values())
+    firsts = [calls[i][0] for i in range(0, len(calls), 3)]
+    assert firsts == ["b", "c", "a", "b"]  # round 1: chunk i starts with form (i + 1) % 3
+    assert sorted(calls) == sorted((n, c * small_blocks.BATCH) for n in "abc" for c in range(4))
+    assert hooks[:2] == [("before", "b"), ("after", "b")] and len(hooks) == 2 * len(calls)
