@@ -11,8 +11,9 @@ process and one run:
   blocks, filled untimed, one of which is deleted (untimed) before each insert, so every
   insert's copies reuse memory just freed. Filled from empty instead, its inserts paid,
   or not, for fresh pages as malloc grew the heap, by the heap's state: 4 KiB dict puts
-  interleaved with the store's (below), 8 rounds a run, three runs each, medians 2.98-3.36
-  us without torch imported and 4.25-4.31 with it; at steady state 2.37-2.52 and 2.93-3.03.
+  interleaved with the store's (below), 8 rounds a run, medians of five runs each 2.98-3.53
+  us without torch imported and 3.79-4.31 with it; at steady state (two runs each)
+  2.37-2.52 and 2.93-3.03.
 * Cascade, SHM tier in ``/dev/shm`` (hot), its pages backed at open (``shm_prefault``, as
   in a store past its first fill, as the dict is at steady state):
   ``put(k, v, block_id=)`` one by one (``loop``) and
