@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config, ConfigError, CorruptBlock
+from cascade.models import BlockSpec
 from cascade.tiers import record_io
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.records import HEADER_BYTES
@@ -153,6 +154,54 @@ def test_a_run_cut_short_by_a_truncated_file_fails_only_the_records_it_cut(tmp_p
         assert all(np.array_equal(out[0], data) for out, data in list(zip(outs, blocks.values()))[:3])
 
 
+class _FailedRead:
+    """A queued read whose preadv failed (what :func:`record_io.submit` returns then)."""
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        raise OSError(5, "injected EIO")
+
+
+BIG = 3 * record_io.SCAN // 2  # a record read as pieces (over SCAN), but not one at a time (under STREAM_MIN)
+
+
+@pytest.mark.skipif(not record_io.COMPILED, reason="no reader threads: runs are read when finished")
+def test_a_batch_queues_the_pieces_of_its_big_records_and_fails_only_the_bad_ones(tmp_path, monkeypatch):
+    """Records over SCAN are queued as their pieces when started (their reads overlap the
+    hashing of the record before); a flipped byte, a file cut short and an I/O error in
+    one piece each fail only their own record, and no piece is read after its finish."""
+    with _leased_tier(tmp_path, 4, BIG) as (tier, blocks, leases):
+        keys = list(blocks)
+        outs = [[np.zeros(BIG, np.uint8)] for _ in keys]
+        started = [tier.start_leased_run([lease], [out]) for lease, out in zip(leases, outs)]
+        assert all(isinstance(job, record_io.InOrderRead) for _, _, job in started)
+        assert [tier.finish_leased_run(s) for s in started] == [[None]] * 4
+        assert all(np.array_equal(out[0], blocks[k]) for out, k in zip(outs, keys))
+
+        flipped, failing, cut = (tier._index[k] for k in keys[1:])  # the last record in the file is cut short
+        with open(tier._files[flipped.file_id].path, "r+b") as f:  # a byte in the flipped record's second piece
+            f.seek(flipped.offset + HEADER_BYTES + record_io.SCAN + 5)
+            f.write(bytes([blocks[keys[1]][record_io.SCAN + 5] ^ 0xFF]))
+        os.truncate(leases[3].file.path, cut.offset + HEADER_BYTES + BIG - 1000)
+        submit, failed = record_io.submit, []
+
+        def eio_in_a_piece(fd, offset, iov, spans):  # the failing record's second piece: an I/O error
+            if offset == failing.offset + record_io.SCAN:
+                failed.append(offset)
+                return _FailedRead()
+            return submit(fd, offset, iov, spans)
+
+        monkeypatch.setattr(record_io, "submit", eio_in_a_piece)
+        outs = [[np.zeros(BIG, np.uint8)] for _ in keys]
+        started = [tier.start_leased_run([lease], [out]) for lease, out in zip(leases, outs)]
+        verdicts = [tier.finish_leased_run(s)[0] for s in started]
+        assert failed and verdicts[0] is None and np.array_equal(outs[0][0], blocks[keys[0]])
+        assert all(isinstance(v, CorruptBlock) for v in verdicts[1:])
+        assert tier.counters["corrupt_reads"] == 2  # the flipped and the cut (an I/O error is no checksum failure)
+
+
 @contextmanager
 def _file_store(tmp_path, count: int) -> Iterator[tuple[CascadeStore, list, list[str]]]:
     """A store whose only tier is a buffered file tier, holding ``count`` blocks put in one batch."""
@@ -240,6 +289,23 @@ def test_a_batch_sharing_one_output_among_its_blocks_drops_nothing_as_corrupt(tm
         assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
         st = s.stats()
         assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 6 and st["hits"] == 6
+
+
+def test_a_batch_of_big_records_sharing_one_output_ends_as_a_loop_would(tmp_path):
+    """Big records' pieces are queued ahead of their hashing: a later record's read may
+    land in an output shared with the record being hashed. Its checksum then fails and it
+    is read again on its own: nothing is dropped, and the output ends as a loop leaves it."""
+    cfg = Config(shm_bytes=0, remote_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="buffered")
+    with CascadeStore(cfg, block_spec=BlockSpec.flat(2 * BIG)) as s:
+        blocks = [(np.full(s.spec.shape, i, s.spec.np_dtype), np.full(s.spec.shape, 100 + i, s.spec.np_dtype))
+                  for i in range(4)]
+        ids = s.put_many(blocks)
+        s.flush()
+        shared = s.spec.empty()
+        assert s.get_many_into(ids, [shared] * len(ids), max_workers=1) == [True] * 4
+        assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
+        st = s.stats()
+        assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 4 and st["hits"] == 4
 
 
 def test_a_direct_tier_refused_o_direct_reads_buffered_and_queues_its_runs(tmp_path, monkeypatch):

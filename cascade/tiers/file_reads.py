@@ -6,7 +6,9 @@ readahead for cold reads, memory speed for hot ones); ``direct`` and ``buffered`
 one (O_DIRECT falls back to buffered where the file system refuses it). O_DIRECT records
 of 8 MiB and more are read as chunks with several reads in flight; buffered records over
 1 MiB in order as 1 MiB pieces, hashed as they land, those of 8 MiB and more one at a
-time, in file order (see :mod:`.record_io`). A batch's buffered reads of small records
+time, in file order (see :mod:`.record_io`); a batch queues the pieces of its records
+under 8 MiB as it leases them, so they are read while it hashes the records before
+(:class:`~.record_io.InOrderRead`). A batch's buffered reads of small records
 lying back to back (blocks written together, read in the same order) go as runs of up
 to 128 KiB (:data:`RUN_BYTES`), one ``preadv`` each (:meth:`Reads.read_runs`), queued on
 the reader thread of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`). Every payload is
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from ..buffers import WRITABLE_C, as_byte_view
 from ..checksum import checksum
@@ -30,7 +33,7 @@ from ..errors import CascadeError, ConfigError, CorruptBlock
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
 from . import record_io
-from .record_io import READERS, SCAN, open_own, output_views, page_aligned, read_hashed
+from .record_io import READERS, SCAN, STREAM_MIN, open_own, output_views, page_aligned, read_hashed
 from .records import HEADER_BYTES, key_seed, pad
 
 log = logging.getLogger("cascade.tiers.file_tier")
@@ -268,15 +271,26 @@ class Reads:
         return self._verdicts(leases, outs, digests)
 
     def start_leased_run(self, leases: Sequence[Lease], outs: Sequence[Sequence[Any]]) -> Any:
-        """Queue a buffered run (:meth:`read_runs`) of up to :data:`~.record_io.SCAN` bytes
-        on the reader threads (:func:`~.record_io.submit`: the read and the hashing run
-        without the interpreter lock) into a scratch page of its own; other runs are read
-        in :meth:`finish_leased_run`."""
-        last = leases[-1].loc
-        if not self.reads_queued or self._odirect or last.offset + last.record_bytes - leases[0].loc.offset > SCAN:
+        """Queue a buffered run (:meth:`read_runs`) on the reader thread, its header pages
+        into a scratch page of its own: a run of up to :data:`~.record_io.SCAN` bytes as one
+        read (:func:`~.record_io.submit`: the read and the hashing run without the
+        interpreter lock), a record under :data:`~.record_io.STREAM_MIN` as its pieces
+        (:class:`~.record_io.InOrderRead`, hashed in :meth:`finish_leased_run`), so the
+        reads of a batch's next records overlap the hashing of the one before. Bigger
+        records (one at a time per tier, :class:`~.record_io.ReadStream`) and O_DIRECT
+        runs are read in :meth:`finish_leased_run`."""
+        first, last = leases[0].loc, leases[-1].loc
+        if not self.reads_queued or self._odirect:
             return leases, outs, None
-        iov, spans = _run_iov(leases, outs, memoryview(bytearray(HEADER_BYTES)))
-        return leases, outs, record_io.submit(leases[0].file.fd, leases[0].loc.offset, iov, spans)
+        if last.offset + last.record_bytes - first.offset <= SCAN:
+            iov, spans = _run_iov(leases, outs, memoryview(bytearray(HEADER_BYTES)))
+            return leases, outs, record_io.submit(leases[0].file.fd, first.offset, iov, spans)
+        if len(leases) > 1 or first.length >= STREAM_MIN:
+            return leases, outs, None
+        views = _outputs_for(first, outs[0])
+        hasher = xxhash.xxh3_64(seed=key_seed(*leases[0].key))
+        return leases, outs, record_io.InOrderRead(leases[0].file.fd, first.offset, memoryview(bytearray(HEADER_BYTES)),
+                                                   views, hasher)
 
     def finish_leased_run(self, started: Any) -> list[CorruptBlock | None]:
         leases, outs, job = started

@@ -344,32 +344,55 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
 def _read_in_order(fd: int, pos: int, lead: memoryview, views: Sequence[memoryview],
                    h: xxhash.xxh3_64) -> tuple[bool, int]:
     """``lead`` then ``views`` from ``pos`` on, as pieces of :data:`SCAN` bytes (the last
-    may be shorter) read one after another; each piece, less ``lead``, is hashed into
-    ``h`` as it lands. The pieces are queued on the reader thread (:func:`submit`), which
-    reads the next while this thread hashes the last (without reader threads,
-    :func:`queued_reads`, this thread reads each in turn)."""
-    pieces = _pieces(lead, views)
-    if not _queueing:
-        for iov in pieces:
-            if not _read_piece(fd, iov, pos, h, iov[0] is lead):
-                return False, 0
-            pos += sum(v.nbytes for v in iov)
-        return True, h.intdigest()
-    jobs = []
-    for iov in pieces:
-        jobs.append(submit(fd, pos, iov, ()))
+    may be shorter); each piece, less ``lead``, is hashed into ``h`` as it lands. With
+    reader threads (:func:`queued_reads`) the pieces are queued on them
+    (:class:`InOrderRead`); without, this thread reads each in turn."""
+    if _queueing:
+        digests = InOrderRead(fd, pos, lead, views, h).wait()
+        return (False, 0) if digests is None else (True, digests[0])
+    for iov in _pieces(lead, views):
+        if not _read_piece(fd, iov, pos, h, iov[0] is lead):
+            return False, 0
         pos += sum(v.nbytes for v in iov)
-    waited = 0
-    try:
-        for job, iov in zip(jobs, pieces):
-            waited += 1
-            if job.wait() is None:
-                return False, 0
-            for v in iov[1:] if iov[0] is lead else iov:
-                h.update(v)
-        return True, h.intdigest()
-    finally:
-        for job in jobs[waited:]:  # no read may go on into the outputs after this returns
+    return True, h.intdigest()
+
+
+class InOrderRead:
+    """A buffered read of ``lead`` then ``views`` from ``pos`` on, as pieces of
+    :data:`SCAN` bytes queued at once on the reader thread (:func:`submit`, which reads
+    the next piece while :meth:`wait` hashes the last into ``h``, less ``lead``). A batch
+    starts the reads of its next records before it waits for the first
+    (:meth:`~cascade.tiers.file_reads.Reads.start_leased_run`): their reads then overlap
+    its hashing and bookkeeping too. The same interface as :func:`submit`'s jobs."""
+
+    def __init__(self, fd: int, pos: int, lead: memoryview, views: Sequence[memoryview], h: xxhash.xxh3_64) -> None:
+        self._pieces, self._lead, self._hash = _pieces(lead, views), lead, h
+        self._jobs: list[Any] = []
+        try:
+            for iov in self._pieces:
+                self._jobs.append(submit(fd, pos, iov, ()))
+                pos += sum(v.nbytes for v in iov)
+        except BaseException:
+            self._wait_from(0)
+            raise
+
+    def wait(self) -> list[int] | None:
+        """[the payload's digest], or None when a piece fell short; an I/O error is raised.
+        Returns (or raises) only once no piece is still being read. Call it once."""
+        waited = 0
+        try:
+            for job, iov in zip(self._jobs, self._pieces):
+                waited += 1
+                if job.wait() is None:
+                    return None
+                for v in iov[1:] if iov[0] is self._lead else iov:
+                    self._hash.update(v)
+            return [self._hash.intdigest()]
+        finally:
+            self._wait_from(waited)  # no read may go on into the outputs after this returns
+
+    def _wait_from(self, first: int) -> None:
+        for job in self._jobs[first:]:
             try:
                 job.wait()
             except OSError:
