@@ -28,6 +28,7 @@ from . import manifest
 from .async_ops import AsyncCalls
 from .buffers import WRITABLE_C, host_array
 from .buffers.alloc import empty_like_kind
+from .buffers.hostcopy import plain_pairs
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
@@ -39,7 +40,7 @@ from .core.pools import Pools, spare_cores
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
+from .errors import BlockNotFound, BlockPinned, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
@@ -299,15 +300,20 @@ class CascadeStore(BatchCalls):
             plain.append(i)
         return plain
 
-    def _checked_out_pairs(self, outs: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    def _checked_out_pairs(self, outs: list[Sequence[Any]]) -> list[Sequence[Any]]:
         """Each ``(key_out, value_out)`` of ``outs`` checked as :meth:`_check_outs` checks
         it (:class:`InvalidBlock` for the first bad one): a pair of writable C-contiguous
-        numpy arrays of the spec, as it is (one inlined test per array, for batches of
-        small blocks), else what to copy into."""
-        shape, dtype = self.spec.shape, self.spec.np_dtype
-        return [pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
-                         and k.flags.num & WRITABLE_C == WRITABLE_C and v.flags.num & WRITABLE_C == WRITABLE_C)
-                else self._host_arrays(k, v, writable=True) or tuple(self._check_outs(*pair)) for pair in outs]
+        numpy arrays of the spec, as it is (the leading run of such pairs in one compiled
+        call, :func:`~cascade.buffers.hostcopy.plain_pairs`, for batches of small blocks),
+        else what to copy into."""
+        shape, dtype = self._shape, self._dtype
+        plain = plain_pairs(outs, np.ndarray, dtype, shape)
+        if plain == len(outs):
+            return outs
+        return outs[:plain] + [
+            pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
+                     and k.flags.num & WRITABLE_C == WRITABLE_C and v.flags.num & WRITABLE_C == WRITABLE_C)
+            else self._host_arrays(k, v, writable=True) or tuple(self._check_outs(*pair)) for pair in outs[plain:]]
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

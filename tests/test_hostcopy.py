@@ -243,3 +243,29 @@ def test_a_store_takes_cpu_tensors_without_its_general_checks(tmp_path, monkeypa
         assert all(store.get_into(b, *o) for b, o in zip(ids[3:], outs[3:]))
         for (k, v), (ko, vo) in zip(blocks, outs):
             assert torch.equal(k.view(torch.int16), ko.view(torch.int16)) and torch.equal(v.view(torch.int16), vo.view(torch.int16))
+
+
+PLAIN_PAIRS = {"compiled": getattr(hostcopy, "plain_pairs", None) if hostcopy.COMPILED else None,
+               "python": hostcopy.plain_pairs_python}
+
+
+@pytest.mark.parametrize("name", list(PLAIN_PAIRS))
+def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(name):
+    plain_pairs = PLAIN_PAIRS[name]
+    if plain_pairs is None:
+        pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
+    dtype, shape = np.dtype(np.float16), (4, 8)
+    good = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(3)]
+    read_only = np.zeros(shape, dtype)
+    read_only.flags.writeable = False
+    bad = {"read-only": read_only, "strided": np.zeros((4, 16), dtype)[:, ::2], "transposed": np.zeros((8, 4), dtype).T,
+           "shape": np.zeros((8, 4), dtype), "dtype": np.zeros(shape, np.float32), "bfloat16": np.zeros(shape, ml_dtypes.bfloat16),
+           "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
+    assert plain_pairs(good, np.ndarray, dtype, shape) == 3
+    assert plain_pairs([list(p) for p in good], np.ndarray, dtype, shape) == 3
+    assert plain_pairs([], np.ndarray, dtype, shape) == 0
+    for what, array in bad.items():
+        for pair in [(good[0][0], array), (array, good[0][1])]:
+            assert plain_pairs(good[:2] + [pair] + good[2:], np.ndarray, dtype, shape) == 2, what
+    assert plain_pairs(good[:1] + [good[1] + (good[1][0],)], np.ndarray, dtype, shape) == 1  # not a pair
+    assert plain_pairs(good[:1] + [iter(good[1])], np.ndarray, dtype, shape) == 1

@@ -82,6 +82,24 @@ def test_bad_outputs_on_the_hot_path_raise_like_the_leased_path_and_hold_nothing
     assert store.get_into(ident(2), key_out, value_out) is False  # a miss still answers
 
 
+def test_a_batch_checks_every_output_before_it_reads_any(store):
+    """A bad pair after good ones: nothing is read into the good ones, nothing counted;
+    CPU torch tensors after plain arrays are taken as the arrays are."""
+    ids = [ident(i) for i in range(4)]
+    blocks = [pair(store.spec, i) for i in range(4)]
+    store.put_many(blocks, block_ids=ids)
+    outs = [tuple(np.zeros(store.spec.shape, store.spec.np_dtype) for _ in range(2)) for _ in ids]
+    read_only = outs[2][1].copy()
+    read_only.flags.writeable = False
+    with pytest.raises(InvalidBlock):
+        store.get_many_into(ids, outs[:2] + [(outs[2][0], read_only)] + outs[3:])
+    assert not any(o.any() for p in outs for o in p) and store.stats()["gets"] == 0
+    torch = pytest.importorskip("torch")
+    mixed = outs[:3] + [(torch.from_numpy(outs[3][0]), torch.from_numpy(outs[3][1]))]
+    assert store.get_many_into(ids, mixed) == [True] * 4
+    assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+
+
 def test_bad_parts_on_the_hot_path_raise_and_store_nothing(store):
     key, value = pair(store.spec, 3)
     strided = np.empty((2, 4, 128), store.spec.np_dtype)[:, :, ::2]

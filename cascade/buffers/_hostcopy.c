@@ -8,6 +8,11 @@
  * interpreter lock released: the buffers stay exported meanwhile, so none of them can be
  * resized or freed.
  *
+ * plain_pairs(pairs, array_type, dtype, shape) counts the leading (key, value) pairs of
+ * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
+ * of ``shape`` and writable and C-contiguous: the checks a batch get makes of every
+ * output pair before it reads, without a Python-level attribute per check.
+ *
  * memory_at(address, nbytes, writable, owner) is a flat byte buffer over memory that
  * ``owner`` holds (a CPU tensor's data_ptr()): it keeps ``owner`` alive, and with it the
  * memory, as long as it or anything made over it (a numpy array) lives.
@@ -132,6 +137,69 @@ copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return slab_copy(args, nargs, 0);
 }
 
+#define MAX_DIMS 32
+
+static PyObject *dtype_name;  /* "dtype", interned at import */
+
+/* 1 when ``array`` is exactly of ``type``, of ``dtype``, of the ``ndim`` dimensions
+ * ``shape``, and writable and C-contiguous; 0 otherwise (no error left set). */
+static int
+plain_array(PyObject *array, PyTypeObject *type, PyObject *dtype, int ndim, const Py_ssize_t *shape)
+{
+    if (Py_TYPE(array) != type)
+        return 0;
+    PyObject *its = PyObject_GetAttr(array, dtype_name);
+    if (its == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(its);  /* only its identity is compared: the array holds it */
+    if (its != dtype)
+        return 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = view.ndim == ndim && (ndim == 0 || memcmp(view.shape, shape, (size_t)ndim * sizeof(Py_ssize_t)) == 0);
+    PyBuffer_Release(&view);
+    return ok;
+}
+
+static PyObject *
+plain_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[1]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "expected (pairs, array_type, dtype, shape tuple)");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[1];
+    Py_ssize_t ndim = PyTuple_GET_SIZE(args[3]);
+    Py_ssize_t shape[MAX_DIMS];
+    if (ndim > MAX_DIMS)
+        return PyLong_FromLong(0);
+    for (Py_ssize_t d = 0; d < ndim; d++) {
+        shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], d));
+        if (shape[d] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *fast = PySequence_Fast(args[0], "pairs must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), i;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (i = 0; i < n; i++) {
+        PyObject *pair = items[i];
+        if (!(PyTuple_CheckExact(pair) || PyList_CheckExact(pair)) || Py_SIZE(pair) != 2)
+            break;
+        PyObject **two = PySequence_Fast_ITEMS(pair);
+        if (!plain_array(two[0], type, args[2], (int)ndim, shape) || !plain_array(two[1], type, args[2], (int)ndim, shape))
+            break;
+    }
+    Py_DECREF(fast);
+    return PyLong_FromSsize_t(i);
+}
+
 /* Memory: a buffer over memory at an address, holding the object that owns it (a CPU
  * tensor) for as long as the Memory, or anything made over it, lives. */
 typedef struct {
@@ -202,6 +270,8 @@ static PyMethodDef methods[] = {
      "copy_out(slab, pos, last, outs) -> bool: slab bytes [pos, last) into the outputs, in order."},
     {"copy_in", (PyCFunction)(void (*)(void))copy_in, METH_FASTCALL,
      "copy_in(slab, pos, last, parts) -> bool: the parts, in order, into slab bytes [pos, last)."},
+    {"plain_pairs", (PyCFunction)(void (*)(void))plain_pairs, METH_FASTCALL,
+     "plain_pairs(pairs, array_type, dtype, shape) -> int: leading pairs of writable C-contiguous arrays of the kind."},
     {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,
      "memory_at(address, nbytes, writable, owner) -> Memory: a flat byte buffer over memory that owner keeps."},
     {NULL, NULL, 0, NULL},
@@ -215,6 +285,9 @@ PyMODINIT_FUNC
 PyInit__hostcopy(void)
 {
     if (PyType_Ready(&MemoryType) < 0)
+        return NULL;
+    dtype_name = PyUnicode_InternFromString("dtype");
+    if (dtype_name == NULL)
         return NULL;
     return PyModule_Create(&module);
 }
