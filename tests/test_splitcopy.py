@@ -14,11 +14,11 @@ import pytest
 
 from cascade import CascadeStore, Config
 from cascade.buffers import hostcopy, splitcopy
+from cascade.core.pools import BYTES_PER_WORKER
 from cascade.models import BlockSpec
 from cascade.tiers import slab_tier
 
-MIB = 1 << 20
-BIG = splitcopy.SPLIT_MIN  # a block's bytes: split
+BIG = max(splitcopy.SPLIT_MIN, BYTES_PER_WORKER)  # a block's bytes: split, and a batch of two gets two workers
 SPEC = BlockSpec.flat(BIG)
 COPIES = {"compiled": (hostcopy.copy_out, hostcopy.copy_in),
           "python": (hostcopy.copy_out_python, hostcopy.copy_in_python)}
@@ -38,7 +38,7 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("sizes", [[BIG // 2, BIG // 2], [BIG], [MIB, 5 * MIB, BIG - 6 * MIB],
+@pytest.mark.parametrize("sizes", [[BIG // 2, BIG // 2], [BIG], [BIG // 8, 5 * BIG // 8, BIG - 6 * BIG // 8],
                                    [BIG - 4096, 4096], [3, BIG - 3]])
 def test_halves_cover_the_range_and_buffers_exactly(monkeypatch, sizes):
     monkeypatch.setattr(splitcopy, "ENABLED", True)
@@ -62,7 +62,7 @@ def test_halves_cover_the_range_and_buffers_exactly(monkeypatch, sizes):
                                   "unsplit"])
 def test_copies_it_cannot_or_need_not_split_are_not(monkeypatch, case):
     monkeypatch.setattr(splitcopy, "ENABLED", case != "disabled")
-    size = BIG if case != "small" else BIG - 4096
+    size = BIG if case != "small" else splitcopy.SPLIT_MIN - 4096
     buffers = [np.zeros(size // 2, np.uint8), np.zeros(size // 2, np.uint8)]
     if case == "strided":
         buffers[1] = np.zeros(size, np.uint8)[::2]
@@ -84,7 +84,7 @@ def test_copies_it_cannot_or_need_not_split_are_not(monkeypatch, case):
     assert splitcopy.halves(0, size, buffers, writable=True) is None
 
 
-@pytest.mark.parametrize("sizes", [[BIG // 2, BIG // 2], [BIG], [MIB, 5 * MIB, BIG - 6 * MIB]])
+@pytest.mark.parametrize("sizes", [[BIG // 2, BIG // 2], [BIG], [BIG // 8, 5 * BIG // 8, BIG - 6 * BIG // 8]])
 def test_a_split_copy_moves_the_same_bytes_as_one_copy(copies, sizes):
     copy_out, copy_in = copies
     slab = memoryview(bytearray(BIG + 2 * 4096))

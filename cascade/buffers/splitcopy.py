@@ -4,8 +4,11 @@ one on a helper thread, when the compiled copies release the interpreter lock an
 process may run on two cores. One core's copy does not reach the memory system's rate
 on this project's 2-core VM: a 16 MiB block out of a ``/dev/shm`` mapping ran at
 8.8-9.1 GB/s on one thread and 9.3-12.5 GB/s as two halves (11.5-12.5 in two of three
-passes; a numpy copy: 8.4-9.3),
-while a 2 MiB one gained nothing (9.1-9.7 either way), hence the threshold. Threads
+passes; a numpy copy: 8.4-9.3). Hot ``get_into`` of 2 MiB blocks against ``np.copyto``
+of the same bytes, alternated (two runs each): the copy's time over the get's 0.92 and
+0.95 whole, 1.28 and 1.18 split; 1 MiB 0.90 and 0.94 against 0.96 and 1.06; 512 KiB 0.86
+and 0.86 against 0.74 and 0.70 (the hand-off costs more than the half saves), hence the
+threshold (8 MiB until an earlier measurement at 2 MiB, 9.1-9.7 GB/s either way). Threads
 that already share a batch's copies among the cores copy whole inside :func:`unsplit`
 (16 MiB batch gets on two workers, 6 alternated passes: 9.3 GB/s splitting, 10.8 not).
 Thread-safe; the helper thread is made on first use (again in a forked child).
@@ -24,7 +27,7 @@ import numpy as np
 from .hostcopy import COMPILED, MAX_BUFFERS
 
 #: Copies of this many bytes and more are split in two (where :func:`split_copy` may).
-SPLIT_MIN = 8 << 20
+SPLIT_MIN = 1 << 20
 
 _PAGE = 4096  # the halves meet on a page boundary of the range
 _helper: ThreadPoolExecutor | None = None
