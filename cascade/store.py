@@ -311,9 +311,9 @@ class CascadeStore(BatchCalls):
         if plain == len(outs):
             return outs
         return outs[:plain] + [
-            pair if (_plain_pair(k := pair[0], v := pair[1], shape, dtype)
-                     and k.flags.num & WRITABLE_C == WRITABLE_C and v.flags.num & WRITABLE_C == WRITABLE_C)
-            else self._host_arrays(k, v, writable=True) or tuple(self._check_outs(*pair)) for pair in outs[plain:]]
+            pair if plain_pairs((pair,), np.ndarray, dtype, shape)
+            else self._host_arrays(pair[0], pair[1], writable=True) or tuple(self._check_outs(*pair))
+            for pair in outs[plain:]]
 
     def view(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> ContextManager[list[Any] | None]:
         """``with store.view(id) as block:`` ``[key, value]`` read-only arrays over the

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from ..buffers import WRITABLE_C, as_byte_view
 from ..checksum import checksum
@@ -287,10 +286,8 @@ class Reads:
             return leases, outs, record_io.submit(leases[0].file.fd, first.offset, iov, spans)
         if len(leases) > 1 or first.length >= STREAM_MIN:
             return leases, outs, None
-        views = _outputs_for(first, outs[0])
-        hasher = xxhash.xxh3_64(seed=key_seed(*leases[0].key))
         return leases, outs, record_io.InOrderRead(leases[0].file.fd, first.offset, memoryview(bytearray(HEADER_BYTES)),
-                                                   views, hasher)
+                                                   _outputs_for(first, outs[0]), key_seed(*leases[0].key))
 
     def finish_leased_run(self, started: Any) -> list[CorruptBlock | None]:
         leases, outs, job = started

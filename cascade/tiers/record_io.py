@@ -307,11 +307,10 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
         if length + lead.nbytes <= SCAN:
             digests = preadv_hashed(fd, start, [lead, *views], ((1, len(views) + 1, seed),))
             return (False, 0) if digests is None else (True, digests[0])
-        h = xxhash.xxh3_64(seed=seed)
         if stream is None or length < STREAM_MIN:
-            return _read_in_order(fd, start, lead, views, h)
+            return _read_in_order(fd, start, lead, views, seed)
         with stream.turn(fd, start):
-            return _read_in_order(fd, start, lead, views, h)
+            return _read_in_order(fd, start, lead, views, seed)
     if not parallel or length < PARALLEL_MIN or READERS < 2:
         digests = preadv_hashed(fd, start, views, ((0, len(views), seed),))
         return (False, 0) if digests is None else (True, digests[0])
@@ -342,14 +341,15 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
 
 
 def _read_in_order(fd: int, pos: int, lead: memoryview, views: Sequence[memoryview],
-                   h: xxhash.xxh3_64) -> tuple[bool, int]:
+                   seed: int) -> tuple[bool, int]:
     """``lead`` then ``views`` from ``pos`` on, as pieces of :data:`SCAN` bytes (the last
-    may be shorter); each piece, less ``lead``, is hashed into ``h`` as it lands. With
-    reader threads (:func:`queued_reads`) the pieces are queued on them
+    may be shorter); each piece, less ``lead``, is hashed (XXH3 seeded with ``seed``) as
+    it lands. With reader threads (:func:`queued_reads`) the pieces are queued on them
     (:class:`InOrderRead`); without, this thread reads each in turn."""
     if _queueing:
-        digests = InOrderRead(fd, pos, lead, views, h).wait()
+        digests = InOrderRead(fd, pos, lead, views, seed).wait()
         return (False, 0) if digests is None else (True, digests[0])
+    h = xxhash.xxh3_64(seed=seed)
     for iov in _pieces(lead, views):
         if not _read_piece(fd, iov, pos, h, iov[0] is lead):
             return False, 0
@@ -360,13 +360,14 @@ def _read_in_order(fd: int, pos: int, lead: memoryview, views: Sequence[memoryvi
 class InOrderRead:
     """A buffered read of ``lead`` then ``views`` from ``pos`` on, as pieces of
     :data:`SCAN` bytes queued at once on the reader thread (:func:`submit`, which reads
-    the next piece while :meth:`wait` hashes the last into ``h``, less ``lead``). A batch
+    the next piece while :meth:`wait` hashes the last, less ``lead``, with XXH3 seeded
+    with ``seed``). A batch
     starts the reads of its next records before it waits for the first
     (:meth:`~cascade.tiers.file_reads.Reads.start_leased_run`): their reads then overlap
     its hashing and bookkeeping too. The same interface as :func:`submit`'s jobs."""
 
-    def __init__(self, fd: int, pos: int, lead: memoryview, views: Sequence[memoryview], h: xxhash.xxh3_64) -> None:
-        self._pieces, self._lead, self._hash = _pieces(lead, views), lead, h
+    def __init__(self, fd: int, pos: int, lead: memoryview, views: Sequence[memoryview], seed: int) -> None:
+        self._pieces, self._lead, self._hash = _pieces(lead, views), lead, xxhash.xxh3_64(seed=seed)
         self._jobs: list[Any] = []
         try:
             for iov in self._pieces:
