@@ -345,6 +345,12 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
             fastest_raw = max(row[f"raw_{how}_{form}_fastest_gbps"] for how in file_read_mode.RAW_HOWS)
             assert cell["fastest_vs_best_raw"] == pytest.approx(cell["fastest_gbps"] / fastest_raw)
             assert all(s[f"{mode}_{form}_sys_s_per_gb"] >= 0 for s in row["samples"])
+            way = cell["better_raw"]  # the raw way with the higher median rate; each round's ratio to it
+            assert way == max(file_read_mode.RAW_HOWS, key=lambda how: statistics.median(
+                s[f"raw_{how}_{form}_gbps"] for s in row["samples"]))
+            assert cell["vs_better_raw"] == pytest.approx(statistics.median(
+                s[f"{mode}_{form}_gbps"] / s[f"raw_{way}_{form}_gbps"] for s in row["samples"]))
+            assert cell["vs_better_raw"] >= cell["vs_best_raw"]  # one way never reads above the better of two
     for form in file_read_mode.FORMS:
         assert row[f"raw_odirect_{form}_gbps"] > 0 and row[f"raw_buffered_cold_{form}_gbps"] > 0
     records = row["records_loop"]  # the tier's own reads without the store: every record read and verified

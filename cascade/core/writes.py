@@ -199,7 +199,7 @@ class WritePath:
             if self._inflight.closing:
                 return None
             started = monotonic_ns()
-            done = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority)
+            done = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority, started)
             if done is _STORED:
                 self.metrics.hot_stored(self._nbytes, monotonic_ns() - started)
                 if self._demoter.enabled:  # (poke() checks it too: one call less per put when off)
@@ -225,7 +225,7 @@ class WritePath:
             try:
                 for i, (parts, block_id, parent) in enumerate(items):
                     try:
-                        put = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority)
+                        put = self._put_hot_locked(parts, (namespace, block_id), parent, ttl, priority, started)
                     except Exception as exc:  # this put's own error (counted): the others still run
                         done[i] = exc
                         continue
@@ -240,9 +240,10 @@ class WritePath:
         return done
 
     def _put_hot_locked(self, parts: Sequence[Any], key: BlockKey, parent: str | None, ttl: float | None,
-                        priority: int) -> object:
+                        priority: int, now_ns: int) -> object:
         """Under the lock, of an open store: the put of :meth:`put_hot` but for counting a
-        stored block and poking the demoter. :data:`_STORED` (a new block, admitted: not
+        stored block and poking the demoter; a new block is used at ``now_ns`` (the locked
+        step's start, ``time.monotonic_ns()``). :data:`_STORED` (a new block, admitted: not
         counted yet), :data:`_SETTLED` (a dedup, here or onto another rank's copy:
         counted) or :data:`_REFUSED` (not such a put: nothing counted or changed). A
         failed copy, admission or publish is counted as a rejected put and raised."""
@@ -271,7 +272,7 @@ class WritePath:
                 meta.priority = priority
             if not alone:
                 meta.checksum = peers.checksum(parts)
-            admitted = self._admit(meta, monotonic_ns() * 1e-9)
+            admitted = self._admit(meta, now_ns * 1e-9)
         except BaseException:
             self.metrics.counters.puts += 1
             self.metrics.rejected(None)
