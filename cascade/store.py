@@ -221,9 +221,7 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        if (namespace is not DEFAULT_NAMESPACE or parent is not None or ttl is not None
-                or priority.__class__ is not int or priority):  # (the defaults need no check: a call less per put)
-            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         plain = _plain_pair(key, value, self._shape, self._dtype)
         if not plain and (arrays := self._host_arrays(key, value, writable=False)) is not None:
             (key, value), plain = arrays, True  # CPU torch tensors: numpy arrays over their memory
