@@ -8,6 +8,12 @@
  * interpreter lock released: the buffers stay exported meanwhile, so none of them can be
  * resized or freed.
  *
+ * copy_out_many(slab, jobs) does one copy_out per job (pos, last, outs) of ``jobs``,
+ * all in one call: every job's buffers are taken and
+ * checked first, a job refused (False in the list returned) writes nothing, and the
+ * copies of the others run with the interpreter lock released once when they add up to
+ * BIG_COPY bytes or more (so two threads can copy two halves of a batch at once).
+ *
  * plain_pairs(pairs, array_type, dtype, shape) counts the leading (key, value) pairs of
  * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
  * of ``shape`` and writable and C-contiguous: the checks a batch get makes of every
@@ -135,6 +141,94 @@ static PyObject *
 copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     return slab_copy(args, nargs, 0);
+}
+
+/* copy_out_many's body (out != 0; the other way round otherwise): one slab_copy per job (pos, last, buffers). */
+static PyObject *
+slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "expected (slab, jobs)");
+        return NULL;
+    }
+    Py_buffer slab;
+    if (PyObject_GetBuffer(args[0], &slab, out ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
+        return NULL;
+    PyObject *fast = PySequence_Fast(args[1], "jobs must be a sequence");
+    if (fast == NULL) {
+        PyBuffer_Release(&slab);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), taken_jobs = 0, total = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject *result = NULL;
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1) * MAX_PARTS, sizeof(Py_buffer));
+    Py_ssize_t *counts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    char *ok = PyMem_Calloc((size_t)(n ? n : 1), 1);
+    if (views == NULL || counts == NULL || starts == NULL || ok == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; taken_jobs < n; taken_jobs++) {  /* take and check every job before a byte moves */
+        PyObject *job = items[taken_jobs];
+        if (!PyTuple_Check(job) || PyTuple_GET_SIZE(job) != 3) {
+            PyErr_SetString(PyExc_TypeError, "each job must be a tuple (pos, last, buffers)");
+            goto done;
+        }
+        Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 0)), last = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 1));
+        if ((pos == -1 || last == -1) && PyErr_Occurred())
+            goto done;
+        if (pos < 0 || last < pos || last > slab.len) {
+            PyErr_Format(PyExc_ValueError, "slab range [%zd, %zd) outside a slab of %zd bytes", pos, last, slab.len);
+            goto done;
+        }
+        Py_buffer *mine = views + taken_jobs * MAX_PARTS;
+        int taken = take_buffers(PyTuple_GET_ITEM(job, 2), mine, &counts[taken_jobs],
+                                 out ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS);
+        if (taken < 0)
+            goto done;
+        Py_ssize_t sum = 0;
+        for (Py_ssize_t i = 0; i < counts[taken_jobs]; i++)
+            sum += mine[i].len;
+        starts[taken_jobs] = pos;
+        ok[taken_jobs] = taken && sum == last - pos;
+        if (ok[taken_jobs])
+            total += sum;
+    }
+    if (total >= BIG_COPY) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (ok[j])
+                move(views + j * MAX_PARTS, counts[j], (char *)slab.buf + starts[j], out);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (ok[j])
+                move(views + j * MAX_PARTS, counts[j], (char *)slab.buf + starts[j], out);
+    }
+    result = PyList_New(n);
+    if (result != NULL)
+        for (Py_ssize_t j = 0; j < n; j++)
+            PyList_SET_ITEM(result, j, Py_NewRef(ok[j] ? Py_True : Py_False));
+done:
+    if (views != NULL && counts != NULL)
+        for (Py_ssize_t j = 0; j < taken_jobs; j++)
+            release_all(views + j * MAX_PARTS, counts[j]);
+    PyMem_Free(views);
+    PyMem_Free(counts);
+    PyMem_Free(starts);
+    PyMem_Free(ok);
+    Py_DECREF(fast);
+    PyBuffer_Release(&slab);
+    return result;
+}
+
+static PyObject *
+copy_out_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return slab_copy_many(args, nargs, 1);
 }
 
 #define MAX_DIMS 32
@@ -270,6 +364,8 @@ static PyMethodDef methods[] = {
      "copy_out(slab, pos, last, outs) -> bool: slab bytes [pos, last) into the outputs, in order."},
     {"copy_in", (PyCFunction)(void (*)(void))copy_in, METH_FASTCALL,
      "copy_in(slab, pos, last, parts) -> bool: the parts, in order, into slab bytes [pos, last)."},
+    {"copy_out_many", (PyCFunction)(void (*)(void))copy_out_many, METH_FASTCALL,
+     "copy_out_many(slab, jobs) -> list[bool]: copy_out of each job (pos, last, outs), checked first, in one call."},
     {"plain_pairs", (PyCFunction)(void (*)(void))plain_pairs, METH_FASTCALL,
      "plain_pairs(pairs, array_type, dtype, shape) -> int: leading pairs of writable C-contiguous arrays of the kind."},
     {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,

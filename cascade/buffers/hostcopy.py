@@ -6,7 +6,9 @@ and a block's buffers, and a byte view of memory given by its address.
 returns True when the buffers took exactly that range, and False, having written
 nothing, when one of them has no C-contiguous byte buffer (writable, for outputs), when
 their sizes do not add up to the range, or when there are more than :data:`MAX_BUFFERS`
-of them; a range outside the slab is a ValueError. ``memory_at(address, nbytes,
+of them; a range outside the slab is a ValueError. ``copy_out_many(slab, jobs)`` makes
+one ``copy_out`` per job ``(pos, last, outs)`` in one call and returns each job's verdict
+in a list: every job is checked before any is copied. ``memory_at(address, nbytes,
 writable, owner)`` is a flat byte buffer over memory that ``owner`` holds (a CPU
 tensor's ``data_ptr()``: :func:`cascade.buffers.views.host_array`); it keeps ``owner``
 alive as long as it, or an array made over it, lives. ``plain_pairs(pairs, array_type,
@@ -18,7 +20,8 @@ through numpy's attributes on this project's VM).
 They are the compiled ``_hostcopy`` module when the install built it (``make install``
 does, with the machine's C compiler): a 4 KiB block's two copies cost 0.18 us against
 1.1 us through memoryview slices on this project's VM, and copies of 256 KiB and more
-are made with the interpreter lock released, so other threads run meanwhile. Without it
+are made with the interpreter lock released, so other threads run meanwhile (a batch
+call's copies as one stretch once they add up to 256 KiB). Without it
 (no compiler, another Python) the versions below do the same, slower. :data:`COMPILED`
 says which is in use.
 """
@@ -91,6 +94,13 @@ def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any]) 
     return _copy_python(slab, pos, last, parts, out=False)
 
 
+def copy_out_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]]) -> list[bool]:
+    """:func:`copy_out_many` through :func:`copy_out` per job (the fallback)."""
+    for pos, last, _ in jobs:  # every range checked before a byte moves, as the compiled one does
+        _check_range(slab, pos, last)
+    return [copy_out(slab, pos, last, outs) for pos, last, outs in jobs]
+
+
 _OWNING_ARRAYS: dict[int, type] = {}  # nbytes -> a ctypes char array type that can hold an owner
 
 
@@ -119,9 +129,10 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
 
 
 try:
-    from ._hostcopy import copy_in, copy_out, memory_at, plain_pairs
+    from ._hostcopy import copy_in, copy_out, copy_out_many, memory_at, plain_pairs
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
+    copy_out_many = copy_out_many_python
     plain_pairs = plain_pairs_python
     COMPILED = False

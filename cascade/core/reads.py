@@ -22,6 +22,7 @@ import numpy as np
 
 
 from ..buffers import device_dtype, host_outputs, staging_buffer
+from ..buffers.splitcopy import BATCH_SPLIT_MIN
 from ..errors import CorruptBlock
 from ..identity import BlockKey
 from ..models import BlockSpec
@@ -51,6 +52,7 @@ class ReadPath(LeasedBatchReads):
         # whether read_hot may copy: a small block, and a tier that copies under the lock
         self._hot_size = nbytes <= HOT_COPY_MAX and any(tier.hot_reads for tier in chain.tiers)
         self._hot_batch = nbytes <= HOT_COPY_MAX and any(tier.hot_batch_reads for tier in chain.tiers)
+        self._defer_hot = self._hot_batch and any(tier.defers_hot_copies for tier in chain.tiers)
         self._hot_hit, self._touched_at = chain.metrics.hot_hit, chain.index.touched_at  # (read_hot's, bound once)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
@@ -92,21 +94,59 @@ class ReadPath(LeasedBatchReads):
         batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM, and the file tier's
         records in the page cache), and each only until it declines a block: the rest
         of its blocks are then read leased, in runs of back-to-back records (a cold batch
-        of file-tier records is read as it would be without this step, past its first)."""
+        of file-tier records is read as it would be without this step, past its first).
+        A batch of :data:`~cascade.buffers.splitcopy.BATCH_SPLIT_MIN` bytes or more
+        gathers the copies of a tier that defers them
+        (:attr:`~cascade.tiers.base.Tier.defers_hot_copies`: SHM) and makes them at the
+        end of the step, on two cores (:meth:`_copy_later`)."""
         if not self._hot_batch:
             return [False] * len(keys)
         copy, copied = self._copy_hot, []
         append = copied.append
         skip = [not tier.hot_batch_reads for tier in self._tiers]
+        later: list[tuple[int, Any, Any]] | None = (
+            [] if self._defer_hot and len(keys) * self._nbytes >= BATCH_SPLIT_MIN else None)
         with self._lock:
             started = monotonic_ns()
             try:
-                for key, out in zip(keys, outs):
-                    append(copy(key, out, skip))
+                if later is None:
+                    for key, out in zip(keys, outs):
+                        append(copy(key, out, skip))
+                else:
+                    self._read_hot_later(keys, outs, skip, later, copied)
             finally:
                 now = monotonic_ns()
                 self._count_hot_hits(copied, (now - started) // max(1, len(copied)), now)
         return [meta is not None for meta in copied]
+
+    def _read_hot_later(self, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]], skip: list[bool],
+                        later: list[tuple[int, Any, Any]], copied: list[BlockMeta | None]) -> None:
+        """Under the lock: :meth:`read_hot_many`'s loop, the copies of tiers that defer them
+        gathered in ``later`` as (index, tier, job) and made at its end
+        (:meth:`_copy_later`). If anything raises, no gathered block is a hit: each is
+        counted as a missed get (its copy was not made, or not known to be whole)."""
+        copy, append = self._copy_hot, copied.append
+        try:
+            for i, (key, out) in enumerate(zip(keys, outs)):
+                append(copy(key, out, skip, later, i))
+            self._copy_later(later, copied)
+        except BaseException:
+            for i, _, _ in later:
+                copied[i] = None
+                self.metrics.counters.gets += 1
+                self.metrics.miss()
+            raise
+
+    def _copy_later(self, later: Sequence[tuple[int, Any, Any]], copied: list[BlockMeta | None]) -> None:
+        """Under the lock: each tier's gathered copies in one call
+        (:meth:`~cascade.tiers.base.Tier.copy_hot_jobs`); a block whose outputs the copy
+        refused (nothing written) is no hit here: the batch reads it another way."""
+        tiers: dict[int, Any] = {id(tier): tier for _, tier, _ in later}
+        for tier in tiers.values():
+            mine = [(i, job) for i, t, job in later if t is tier]
+            for (i, _), took in zip(mine, tier.copy_hot_jobs([job for _, job in mine])):
+                if not took:
+                    copied[i] = None
 
     def _count_hot_hits(self, copied: Sequence[BlockMeta | None], share_ns: int, now_ns: int) -> None:
         """Under the lock: count the hits of ``copied`` (None: not a hit), each timed as
@@ -123,12 +163,16 @@ class ReadPath(LeasedBatchReads):
             if count:
                 self.metrics.hot_hit(t, nbytes[t], share_ns, count)
 
-    def _copy_hot(self, key: BlockKey, outs: Sequence[Any], skip: list[bool] | None = None) -> BlockMeta | None:
+    def _copy_hot(self, key: BlockKey, outs: Sequence[Any], skip: list[bool] | None = None,
+                  later: list[tuple[int, Any, Any]] | None = None, index: int = 0) -> BlockMeta | None:
         """Under the lock: copy block ``key`` into ``outs`` if that is a hot hit (see
         :meth:`read_hot`); its metadata then, else None with nothing counted or changed.
         An error of the copy itself is counted as a missed get and raised (as in
         :meth:`read`). ``skip``, of a batch (:meth:`read_hot_many`): per tier, whether
-        its blocks are left to the leased reads; a tier that declines a block is set so."""
+        its blocks are left to the leased reads; a tier that declines a block is set so.
+        ``later``, of a batch: a tier that defers its copies
+        (:attr:`~cascade.tiers.base.Tier.defers_hot_copies`) gives its job instead,
+        appended as (``index``, tier, job), not copied yet."""
         meta = self._blocks.get(key)
         if (meta is None or meta.ttl or meta.hints or (meta.tier and self._promote_on_hit)
                 or self._inflight.closing):
@@ -136,8 +180,16 @@ class ReadPath(LeasedBatchReads):
         t = meta.tier
         if skip is not None and skip[t]:
             return None
+        tier = self._tiers[t]
+        if later is not None and tier.defers_hot_copies:
+            job = tier.hot_copy_job(key, outs)
+            if job is None:
+                skip[t] = True
+                return None
+            later.append((index, tier, job))
+            return meta
         try:
-            if not self._tiers[t].read_hot(key, outs):
+            if not tier.read_hot(key, outs):
                 if skip is not None:
                     skip[t] = True
                 return None

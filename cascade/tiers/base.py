@@ -84,6 +84,9 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # declines one (the rest of its blocks are read leased, in runs).
     hot_reads: bool = False
     hot_batch_reads: bool = False
+    # A batch's hot reads can be gathered (hot_copy_job) and copied in one go at the end of
+    # its locked step (copy_hot_jobs: on two cores when that pays; SHM).
+    defers_hot_copies: bool = False
     # leased_view() gives a read-only view of a leased block's bytes in place (no copy)
     zero_copy: bool = False
     # Its blocks outlive the process: a store opened on the same place adopts them (warm
@@ -233,6 +236,18 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         to verify or failing): the caller then leases it (a first output may have been
         written meanwhile: the outputs hold no valid data until that read)."""
         return False
+
+    def hot_copy_job(self, key: BlockKey, outs: Sequence[Any]) -> Any:
+        """:meth:`read_hot` of a batch, not copied yet (:attr:`defers_hot_copies`): what
+        :meth:`copy_hot_jobs` copies, still under the same hold of the store's lock; None
+        when the tier holds no such block."""
+        return None
+
+    def copy_hot_jobs(self, jobs: Sequence[Any]) -> list[bool]:
+        """Copy the jobs of :meth:`hot_copy_job`, under the hold of the store's lock that
+        made them; whether each was copied (False: its outputs refused, nothing written
+        for it: the caller reads that block another way)."""
+        raise NotImplementedError(f"{self.name} does not defer hot copies")
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         """Store ``parts`` (``nbytes`` in all) as block ``key`` while the caller holds the

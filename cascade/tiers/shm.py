@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import buffers
 from ..buffers.hostcopy import COMPILED
+from ..buffers.splitcopy import ENABLED as SPLITS
 from ..config import default_shm_dir
 from ..errors import BlockNotFound, TierFull
 from .base import TierKind
@@ -166,6 +167,9 @@ class ShmTier(SlabTier):
         self._hot_host = None if verify else self._view
         self.hot_copies = self.hot_reads = self.hot_batch_reads = self._hot_host is not None
         self.copies_without_gil = self._hot_host is not None and COMPILED  # (read_leased)
+        # a batch's hot copies gathered and made at the end of its locked step, split over
+        # two cores when they add up to enough (splitcopy.split_copy_many)
+        self.defers_hot_copies = self._hot_host is not None and SPLITS and self._split_copies
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy
         if prefault:

@@ -14,8 +14,8 @@ import numpy as np
 from ..buffers import copy, copy_each
 from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
-from ..buffers.hostcopy import copy_in, copy_out
-from ..buffers.splitcopy import split_copy
+from ..buffers.hostcopy import copy_in, copy_out, copy_out_many
+from ..buffers.splitcopy import split_copy, split_copy_many
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Tier
@@ -185,6 +185,15 @@ class SlabTier(Tier):
         if self._hot_host is None or slot is None:
             return False
         return copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs)
+
+    def hot_copy_job(self, key: BlockKey, outs: Sequence[Any]) -> tuple[int, int, Sequence[Any]] | None:
+        slot = self._index.get(key)
+        if self._hot_host is None or slot is None:
+            return None
+        return slot.offset, slot.offset + slot.length, outs
+
+    def copy_hot_jobs(self, jobs: Sequence[tuple[int, int, Sequence[Any]]]) -> list[bool]:
+        return split_copy_many(copy_out_many, self._hot_host, jobs, allowed=self._split_copies)
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         # reserve() and commit() written out: this runs per put.
