@@ -9,10 +9,10 @@
  * resized or freed.
  *
  * copy_out_many(slab, jobs) does one copy_out per job (pos, last, outs) of ``jobs``,
- * all in one call: every job's buffers are taken and
- * checked first, a job refused (False in the list returned) writes nothing, and the
- * copies of the others run with the interpreter lock released once when they add up to
- * BIG_COPY bytes or more (so two threads can copy two halves of a batch at once).
+ * all in one call: every job's buffers are taken and checked first, a job refused (False
+ * in the list returned) writes nothing, and the copies of the others run with the
+ * interpreter lock released once when they add up to BIG_COPY bytes or more (so two
+ * threads can copy pieces of one batch at once).
  *
  * plain_pairs(pairs, array_type, dtype, shape) counts the leading (key, value) pairs of
  * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
@@ -83,6 +83,33 @@ move(Py_buffer *views, Py_ssize_t n, char *base, int out)
     }
 }
 
+/* Take ``buffers`` for a copy of slab bytes [pos, last) (out != 0: slab -> buffers, writable
+ * ones; else buffers -> slab). 1 when taken and adding up to the range (the caller releases
+ * them), 0 when refused (nothing held), -1 on an error (set; nothing held): a range
+ * outside the slab is a ValueError. */
+static int
+take_job(const Py_buffer *slab, Py_ssize_t pos, Py_ssize_t last, PyObject *buffers, Py_buffer *views,
+         Py_ssize_t *n, int out)
+{
+    *n = 0;
+    if (pos < 0 || last < pos || last > slab->len) {
+        PyErr_Format(PyExc_ValueError, "slab range [%zd, %zd) outside a slab of %zd bytes", pos, last, slab->len);
+        return -1;
+    }
+    int taken = take_buffers(buffers, views, n, out ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS);
+    if (taken <= 0)
+        return taken;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        total += views[i].len;
+    if (total != last - pos) {
+        release_all(views, *n);
+        *n = 0;
+        return 0;
+    }
+    return 1;
+}
+
 /* Shared body: out != 0 copies slab -> buffers, else buffers -> slab. */
 static PyObject *
 slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
@@ -97,22 +124,12 @@ slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
     Py_buffer slab;
     if (PyObject_GetBuffer(args[0], &slab, out ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
         return NULL;
-    PyObject *result = NULL;
-    if (pos < 0 || last < pos || last > slab.len) {
-        PyErr_Format(PyExc_ValueError, "slab range [%zd, %zd) outside a slab of %zd bytes", pos, last, slab.len);
-        goto done;
-    }
     Py_buffer views[MAX_PARTS];
-    Py_ssize_t n = 0;
-    int taken = take_buffers(args[3], views, &n, out ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS);
-    if (taken < 0)
-        goto done;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        total += views[i].len;
-    if (taken && total == last - pos) {
+    Py_ssize_t n;
+    int taken = take_job(&slab, pos, last, args[3], views, &n, out);
+    if (taken > 0) {
         char *base = (char *)slab.buf + pos;
-        if (total >= BIG_COPY) {
+        if (last - pos >= BIG_COPY) {
             Py_BEGIN_ALLOW_THREADS
             move(views, n, base, out);
             Py_END_ALLOW_THREADS
@@ -120,15 +137,10 @@ slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
         else {
             move(views, n, base, out);
         }
-        result = Py_NewRef(Py_True);
+        release_all(views, n);
     }
-    else {
-        result = Py_NewRef(Py_False);
-    }
-    release_all(views, n);
-done:
     PyBuffer_Release(&slab);
-    return result;
+    return taken < 0 ? NULL : Py_NewRef(taken ? Py_True : Py_False);
 }
 
 static PyObject *
@@ -143,7 +155,7 @@ copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return slab_copy(args, nargs, 0);
 }
 
-/* copy_out_many's body (out != 0; the other way round otherwise): one slab_copy per job (pos, last, buffers). */
+/* copy_out_many's body (out != 0; the other way round otherwise): slab_copy's for each job (pos, last, buffers). */
 static PyObject *
 slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
 {
@@ -179,22 +191,14 @@ slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
         Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 0)), last = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 1));
         if ((pos == -1 || last == -1) && PyErr_Occurred())
             goto done;
-        if (pos < 0 || last < pos || last > slab.len) {
-            PyErr_Format(PyExc_ValueError, "slab range [%zd, %zd) outside a slab of %zd bytes", pos, last, slab.len);
-            goto done;
-        }
-        Py_buffer *mine = views + taken_jobs * MAX_PARTS;
-        int taken = take_buffers(PyTuple_GET_ITEM(job, 2), mine, &counts[taken_jobs],
-                                 out ? (PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) : PyBUF_C_CONTIGUOUS);
+        int taken = take_job(&slab, pos, last, PyTuple_GET_ITEM(job, 2), views + taken_jobs * MAX_PARTS,
+                             &counts[taken_jobs], out);
         if (taken < 0)
             goto done;
-        Py_ssize_t sum = 0;
-        for (Py_ssize_t i = 0; i < counts[taken_jobs]; i++)
-            sum += mine[i].len;
         starts[taken_jobs] = pos;
-        ok[taken_jobs] = taken && sum == last - pos;
-        if (ok[taken_jobs])
-            total += sum;
+        ok[taken_jobs] = (char)taken;
+        if (taken)
+            total += last - pos;
     }
     if (total >= BIG_COPY) {
         Py_BEGIN_ALLOW_THREADS

@@ -38,6 +38,8 @@ from .hostcopy import COMPILED, MAX_BUFFERS
 SPLIT_MIN = 1 << 20
 #: Batches of copies (:func:`split_copy_many`) adding up to this many bytes are shared with the helper.
 BATCH_SPLIT_MIN = 2 << 20
+#: Bytes of each piece of such a batch (whole jobs), taken by whichever thread asks first.
+BATCH_PIECE = 512 << 10
 
 _PAGE = 4096  # the halves meet on a page boundary of the range
 _helper: ThreadPoolExecutor | None = None
@@ -146,11 +148,11 @@ def split_copy_many(copy_many: Callable[[memoryview, Sequence[tuple[int, int, Se
     """``copy_many(slab, jobs)`` (:func:`~.hostcopy.copy_out_many`: one copy per job
     ``(pos, last, buffers)``); each job's verdict, in order. When the jobs add up to
     :data:`BATCH_SPLIT_MIN` bytes or more and splitting is :data:`ENABLED`, ``allowed``
-    and not :func:`unsplit`, they are cut
-    into pieces of about :data:`BATCH_PIECE` bytes (whole jobs) that this thread and the
-    helper thread take in turn (:class:`_Pieces`): the helper joins when it wakes, and
-    this thread does not wait for a helper that has not started. Returns only once no
-    piece is being copied; the first error raised is raised."""
+    and not :func:`unsplit`, they are cut into pieces of about :data:`BATCH_PIECE` bytes
+    (whole jobs) that this thread and the helper thread take in turn (:class:`_Pieces`):
+    the helper joins when it wakes, and this thread does not wait for a helper that has
+    not started. Returns only once no piece is being copied; the first error raised is
+    raised."""
     total = sum(last - pos for pos, last, _ in jobs)
     if not (allowed and ENABLED and len(jobs) >= 2 and total >= BATCH_SPLIT_MIN) or getattr(_local, "unsplit", False):
         return copy_many(slab, jobs)
@@ -159,10 +161,6 @@ def split_copy_many(copy_many: Callable[[memoryview, Sequence[tuple[int, int, Se
     _helper_pool().submit(pieces.drain)
     pieces.drain()
     return pieces.finish()
-
-
-#: Bytes of each piece of a split batch of copies (:func:`split_copy_many`).
-BATCH_PIECE = 512 << 10
 
 
 class _Pieces:
