@@ -50,12 +50,15 @@ Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMP
 and refused (:class:`~cascade.errors.ConfigError`) when another user owns them or can
 write to them.
 
-``split_copies=True`` moves a single SHM block of 1 MiB or more (a get, a put, a
-promotion) as two halves at once, on the calling thread and one helper thread, when the
-copies are compiled and the process may run on two cores or more (16 MiB out of
-``/dev/shm`` on this project's 2-core VM: 8.8-9.1 GB/s on one thread, 9.3-12.5 GB/s
-split; 2 MiB hot gets 1.18-1.28x memcpy split, 0.92-0.95x not; :mod:`cascade.buffers.splitcopy`). It takes a second core for the copy's
-duration: set it False where the rank's other cores belong to the engine.
+``split_copies=True`` shares the copy of a single SHM block of 1 MiB or more (a get, a
+put, a promotion), and a batch get's gathered hot copies of 2 MiB or more, with one
+helper thread (pieces of 256 KiB taken in turn), when the copies are compiled and the
+process may run on two cores or more (16 MiB out of ``/dev/shm`` on this project's 2-core
+VM: 8.8-9.1 GB/s on one thread, 9.3-12.5 GB/s shared; hot gets of 2 MiB blocks 11.2 GB/s
+shared against 6.3 on one thread: :mod:`cascade.buffers.splitcopy`). It takes a second
+core for the copy's duration, and the helper stays awake 100 us after each copy (yielding
+the core to any thread that wants it): set it False where the rank's other cores belong
+to the engine.
 
 ``file_read_mode="auto"`` reads O_DIRECT on Lustre and through the page cache
 elsewhere: on this project's local virtio disk buffered cold reads led at 64 KiB and

@@ -1,12 +1,9 @@
-"""A batch's hot copies made in one go (cascade.buffers.hostcopy.copy_out_many,
-splitcopy.split_copy_many, ReadPath.read_hot_many's gathered copies): each job is
-checked before any byte moves and a refused one writes nothing, the pieces of a split
-batch come out as one call's, a failing piece is raised only once no piece is being
-copied, the caller never waits for a helper that has not started, and a store's batch
-gets return the same bytes and counts with the copies gathered, refused or failing."""
+"""A batch's hot copies made in one go (cascade.buffers.hostcopy.copy_out_many, shared
+with the copy helper thread from splitcopy.BATCH_SPLIT_MIN on; ReadPath.read_hot_many's
+gathered copies): each job is checked before any byte moves and a refused one writes
+nothing, a shared batch comes out as one thread's, and a store's batch gets return the
+same bytes and counts with the copies gathered, refused or failing."""
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -62,65 +59,17 @@ def test_copy_out_many_checks_every_range_before_it_copies(copy_many):
     assert copy_many(slab, []) == []
 
 
-@pytest.fixture
-def splitting(monkeypatch):
-    monkeypatch.setattr(splitcopy, "ENABLED", True)
-    monkeypatch.setattr(splitcopy, "BATCH_PIECE", 256 << 10)  # several pieces per batch
-
-
 @pytest.mark.parametrize("jobs, job_bytes", [(64, 64 << 10), (3, 1 << 20), (33, 96 << 10)])
-def test_a_split_batch_copies_the_same_as_one_call(copy_many, splitting, jobs, job_bytes):
+def test_a_shared_batch_copies_the_same_as_one_thread(copy_many, jobs, job_bytes):
     slab = filled_slab(jobs * job_bytes)
     outs = [[np.zeros(job_bytes, np.uint8)] for _ in range(jobs)]
     outs[jobs // 2] = [np.zeros(job_bytes - 1, np.uint8)]  # refused: its verdict stays in its place
-    verdicts = splitcopy.split_copy_many(copy_many, slab, [(i * job_bytes, (i + 1) * job_bytes, o)
-                                                           for i, o in enumerate(outs)])
+    verdicts = copy_many(slab, [(i * job_bytes, (i + 1) * job_bytes, o) for i, o in enumerate(outs)], True)
     assert verdicts == [i != jobs // 2 for i in range(jobs)]
     for i, (out,) in enumerate(outs):
         if i != jobs // 2:
             assert out.tobytes() == bytes(slab[i * job_bytes:(i + 1) * job_bytes])
     assert not outs[jobs // 2][0].any()
-
-
-def test_a_failing_piece_is_raised_once_no_piece_is_being_copied(splitting):
-    """Pieces after the failure are not taken; the piece the other thread is copying
-    ends before the error leaves."""
-    started = threading.Event()
-    copying: list[int] = []
-
-    def copy_many(slab, jobs):
-        if threading.current_thread().name.startswith("cascade-copy"):
-            copying.append(1)
-            started.set()
-            threading.Event().wait(0.3)  # a long piece, still going when the caller fails
-            copying.pop()
-            return [True] * len(jobs)
-        started.wait(30)
-        raise OSError("injected")
-
-    jobs = [(i << 20, (i + 1) << 20, []) for i in range(8)]
-    with pytest.raises(OSError, match="injected"):
-        splitcopy.split_copy_many(copy_many, memoryview(bytearray(8 << 20)), jobs)
-    assert copying == []  # the helper's piece had ended
-
-
-def test_the_caller_copies_every_piece_when_the_helper_has_not_started(splitting):
-    """A helper that is busy elsewhere joins late or never: the batch does not wait for it."""
-    held = threading.Event()
-    splitcopy._helper_pool().submit(held.wait, 60)  # the one helper thread is taken
-    copiers: set[str] = set()
-
-    def copy_many(slab, jobs):
-        copiers.add(threading.current_thread().name)
-        return [True] * len(jobs)
-
-    done: list[list[bool]] = []
-    runner = threading.Thread(target=lambda: done.append(splitcopy.split_copy_many(
-        copy_many, memoryview(bytearray(4 << 20)), [(i << 20, (i + 1) << 20, []) for i in range(4)])))
-    runner.start()
-    runner.join(30)
-    held.set()
-    assert done == [[True] * 4] and copiers == {runner.name}
 
 
 # -- a store's batch gets ------------------------------------------------------------------
@@ -183,21 +132,19 @@ def test_blocks_whose_gathered_copy_was_refused_are_read_another_way(store, monk
 
 
 @pytest.mark.parametrize("exc", [OSError, RuntimeError, KeyboardInterrupt])
-@pytest.mark.parametrize("where", ["caller", "helper"])
-def test_a_failing_gathered_copy_leaves_nothing_held_and_counts_every_block_missed(store, monkeypatch, exc, where):
-    real = hostcopy.copy_out_many
+def test_a_failing_gathered_copy_leaves_nothing_held_and_counts_every_block_missed(store, monkeypatch, exc):
+    shares = []
 
-    def faulty(slab, jobs):
-        if threading.current_thread().name.startswith("cascade-copy") == (where == "helper"):
-            raise exc("injected")
-        return real(slab, jobs)
+    def faulty(slab, jobs, share):
+        shares.append(share)
+        raise exc("injected")
 
     monkeypatch.setattr("cascade.tiers.slab_tier.copy_out_many", faulty)
-    monkeypatch.setattr(splitcopy, "BATCH_PIECE", 1 << 20)
     before = store.stats()
     with pytest.raises(exc, match="injected"):
         store.get_many_into(ids(), [SPEC.empty() for _ in range(COUNT)])
     monkeypatch.undo()
+    assert shares == [True]  # the batch's copies, shared with the helper, failed as one call
     stats = store.stats()
     assert stats["gets"] - before["gets"] == COUNT and stats["misses"] - before["misses"] == COUNT
     assert stats["hits"] == before["hits"]

@@ -14,6 +14,17 @@
  * interpreter lock released once when they add up to BIG_COPY bytes or more (so two
  * threads can copy pieces of one batch at once).
  *
+ * With ``share`` true (a fifth argument to copy_out and copy_in, a third to
+ * copy_out_many), a copy of BIG_COPY bytes or more is cut into pieces of PIECE bytes that
+ * the calling thread and one helper thread (a C thread of this module, started on first
+ * use, that never takes the interpreter lock) take in turn, each the next piece not yet
+ * taken: the helper joins when it wakes, and the caller never waits for a helper that has
+ * not started (it takes the work back), only for the one piece the helper may still be
+ * copying. After a copy the helper spins for up to SPIN_NS (yielding the core to any
+ * other thread that wants it) before it sleeps, so back-to-back copies find it awake.
+ * One copy at a time is shared: a caller that finds the helper taken copies alone.
+ * helper_pieces() counts the pieces the helper has copied.
+ *
  * plain_pairs(pairs, array_type, dtype, shape) counts the leading (key, value) pairs of
  * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
  * of ``shape`` and writable and C-contiguous: the checks a batch get makes of every
@@ -25,10 +36,16 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_PARTS 8
 #define BIG_COPY (256 * 1024)
+#define PIECE (256 * 1024)
+#define SPIN_NS 100000
 
 /* Take the buffers of ``seq`` (at most MAX_PARTS). 1 when all were taken; 0 when one has
  * no such buffer (the error cleared: a refusal), -1 on another error (set). */
@@ -83,6 +100,159 @@ move(Py_buffer *views, Py_ssize_t n, char *base, int out)
     }
 }
 
+/* ---- big copies shared with the helper thread ---- */
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t len;
+} Piece;
+
+/* One shared copy: its pieces, the next one not yet taken, and whether the helper has let
+ * go of it (it lives on the caller's stack: the caller returns only once the helper never
+ * touches it again). */
+typedef struct {
+    const Piece *pieces;
+    size_t count;
+    atomic_size_t next;
+    atomic_int let_go;
+} Shared;
+
+static pthread_mutex_t helper_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_cond = PTHREAD_COND_INITIALIZER;
+static _Atomic(Shared *) posted;    /* the copy offered to the helper, or NULL */
+static atomic_int helper_sleeping;  /* the helper waits on helper_cond */
+static int helper_running;          /* under helper_mutex */
+static atomic_ullong pieces_helped; /* pieces the helper has copied */
+
+/* Copy the next piece not yet taken until none is left; how many this thread copied. */
+static unsigned long long
+take_pieces(Shared *work)
+{
+    unsigned long long taken = 0;
+    for (;;) {
+        size_t i = atomic_fetch_add(&work->next, 1);
+        if (i >= work->count)
+            return taken;
+        memcpy(work->pieces[i].dst, work->pieces[i].src, work->pieces[i].len);
+        taken++;
+    }
+}
+
+static unsigned long long
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+static Shared *
+wait_for_work(void)
+{
+    Shared *work;
+    unsigned long long until = now_ns() + SPIN_NS;
+    while ((work = atomic_exchange(&posted, NULL)) == NULL && now_ns() < until)
+        sched_yield();
+    if (work != NULL)
+        return work;
+    pthread_mutex_lock(&helper_mutex);
+    atomic_store(&helper_sleeping, 1);
+    while ((work = atomic_exchange(&posted, NULL)) == NULL)
+        pthread_cond_wait(&helper_cond, &helper_mutex);
+    atomic_store(&helper_sleeping, 0);
+    pthread_mutex_unlock(&helper_mutex);
+    return work;
+}
+
+static void *
+helper_main(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        Shared *work = wait_for_work();
+        atomic_fetch_add(&pieces_helped, take_pieces(work));
+        atomic_store(&work->let_go, 1);
+    }
+    return NULL;
+}
+
+/* Whether the helper thread runs (started here on first use; 0 if it cannot be). */
+static int
+helper_started(void)
+{
+    pthread_mutex_lock(&helper_mutex);
+    if (!helper_running) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        if (pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            helper_running = pthread_create(&thread, &attr, helper_main, NULL) == 0;
+            pthread_attr_destroy(&attr);
+        }
+    }
+    int running = helper_running;
+    pthread_mutex_unlock(&helper_mutex);
+    return running;
+}
+
+/* In a forked child: the parent's helper thread is not there, and its lock may be held. */
+static void
+forget_helper(void)
+{
+    pthread_mutex_init(&helper_mutex, NULL);
+    pthread_cond_init(&helper_cond, NULL);
+    atomic_store(&posted, NULL);
+    atomic_store(&helper_sleeping, 0);
+    helper_running = 0;
+}
+
+/* Copy ``pieces`` on this thread and the helper's, interpreter lock released by the caller;
+ * returns once every piece is copied and the helper holds none. */
+static void
+copy_shared(const Piece *pieces, size_t count)
+{
+    Shared work = {pieces, count, 0, 0};
+    Shared *none = NULL;
+    int offered = count > 1 && helper_started() && atomic_compare_exchange_strong(&posted, &none, &work);
+    if (offered && atomic_load(&helper_sleeping)) {
+        pthread_mutex_lock(&helper_mutex);
+        pthread_cond_signal(&helper_cond);
+        pthread_mutex_unlock(&helper_mutex);
+    }
+    take_pieces(&work);
+    if (!offered)
+        return;
+    Shared *mine = &work;
+    if (atomic_compare_exchange_strong(&posted, &mine, NULL))
+        return;  /* the helper never took it */
+    while (!atomic_load(&work.let_go))  /* it took it: wait for its last piece */
+        sched_yield();
+}
+
+/* Cut one job's copy (its ``n`` buffers ``views``, slab bytes from ``base``) into pieces of at
+ * most PIECE bytes at ``pieces + *count``. */
+static void
+cut(Piece *pieces, size_t *count, const Py_buffer *views, Py_ssize_t n, char *base, int out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *buf = views[i].buf;
+        for (Py_ssize_t lo = 0; lo < views[i].len; lo += PIECE) {
+            size_t len = (size_t)(views[i].len - lo < PIECE ? views[i].len - lo : PIECE);
+            pieces[*count] = out ? (Piece){buf + lo, base + lo, len} : (Piece){base + lo, buf + lo, len};
+            (*count)++;
+        }
+        base += views[i].len;
+    }
+}
+
+/* Pieces for ``nbytes`` in at most ``buffers`` buffers. */
+static size_t
+pieces_for(Py_ssize_t nbytes, Py_ssize_t buffers)
+{
+    return (size_t)(nbytes / PIECE + buffers + 1);
+}
+
 /* Take ``buffers`` for a copy of slab bytes [pos, last) (out != 0: slab -> buffers, writable
  * ones; else buffers -> slab). 1 when taken and adding up to the range (the caller releases
  * them), 0 when refused (nothing held), -1 on an error (set; nothing held): a range
@@ -110,16 +280,63 @@ take_job(const Py_buffer *slab, Py_ssize_t pos, Py_ssize_t last, PyObject *buffe
     return 1;
 }
 
+/* The ``share`` argument at ``args[i]`` (absent: false); -1 on an error (set). */
+static int
+share_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t i)
+{
+    return nargs > i ? PyObject_IsTrue(args[i]) : 0;
+}
+
+/* Copy ``n`` jobs' taken buffers (``counts[j]`` of them at ``views + j * MAX_PARTS``, slab
+ * bytes from ``bases[j]``; jobs with ``ok[j]`` 0 skipped) of ``total`` bytes, shared with the
+ * helper when ``share`` and big enough. 0, or -1 with MemoryError set. */
+static int
+copy_jobs(Py_buffer *views, const Py_ssize_t *counts, char *const *bases, const char *ok, Py_ssize_t n,
+          Py_ssize_t total, int out, int share)
+{
+    if (total < BIG_COPY) {
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (ok[j])
+                move(views + j * MAX_PARTS, counts[j], bases[j], out);
+        return 0;
+    }
+    Piece *pieces = NULL;
+    size_t count = 0;
+    if (share) {
+        pieces = PyMem_Malloc(pieces_for(total, n * MAX_PARTS) * sizeof(Piece));
+        if (pieces == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (ok[j])
+                cut(pieces, &count, views + j * MAX_PARTS, counts[j], bases[j], out);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (share)
+        copy_shared(pieces, count);
+    else
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (ok[j])
+                move(views + j * MAX_PARTS, counts[j], bases[j], out);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(pieces);
+    return 0;
+}
+
 /* Shared body: out != 0 copies slab -> buffers, else buffers -> slab. */
 static PyObject *
 slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "expected (slab, pos, last, buffers)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "expected (slab, pos, last, buffers[, share])");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]), last = PyLong_AsSsize_t(args[2]);
     if ((pos == -1 || last == -1) && PyErr_Occurred())
+        return NULL;
+    int share = share_arg(args, nargs, 4);
+    if (share < 0)
         return NULL;
     Py_buffer slab;
     if (PyObject_GetBuffer(args[0], &slab, out ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
@@ -129,14 +346,9 @@ slab_copy(PyObject *const *args, Py_ssize_t nargs, int out)
     int taken = take_job(&slab, pos, last, args[3], views, &n, out);
     if (taken > 0) {
         char *base = (char *)slab.buf + pos;
-        if (last - pos >= BIG_COPY) {
-            Py_BEGIN_ALLOW_THREADS
-            move(views, n, base, out);
-            Py_END_ALLOW_THREADS
-        }
-        else {
-            move(views, n, base, out);
-        }
+        const char yes = 1;
+        if (copy_jobs(views, &n, &base, &yes, 1, last - pos, out, share) < 0)
+            taken = -1;
         release_all(views, n);
     }
     PyBuffer_Release(&slab);
@@ -159,10 +371,13 @@ copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "expected (slab, jobs)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "expected (slab, jobs[, share])");
         return NULL;
     }
+    int share = share_arg(args, nargs, 2);
+    if (share < 0)
+        return NULL;
     Py_buffer slab;
     if (PyObject_GetBuffer(args[0], &slab, out ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
         return NULL;
@@ -176,9 +391,9 @@ slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
     PyObject *result = NULL;
     Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1) * MAX_PARTS, sizeof(Py_buffer));
     Py_ssize_t *counts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
-    Py_ssize_t *starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    char **bases = PyMem_Calloc((size_t)(n ? n : 1), sizeof(char *));
     char *ok = PyMem_Calloc((size_t)(n ? n : 1), 1);
-    if (views == NULL || counts == NULL || starts == NULL || ok == NULL) {
+    if (views == NULL || counts == NULL || bases == NULL || ok == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -195,23 +410,13 @@ slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
                              &counts[taken_jobs], out);
         if (taken < 0)
             goto done;
-        starts[taken_jobs] = pos;
+        bases[taken_jobs] = (char *)slab.buf + pos;
         ok[taken_jobs] = (char)taken;
         if (taken)
             total += last - pos;
     }
-    if (total >= BIG_COPY) {
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (ok[j])
-                move(views + j * MAX_PARTS, counts[j], (char *)slab.buf + starts[j], out);
-        Py_END_ALLOW_THREADS
-    }
-    else {
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (ok[j])
-                move(views + j * MAX_PARTS, counts[j], (char *)slab.buf + starts[j], out);
-    }
+    if (copy_jobs(views, counts, bases, ok, n, total, out, share) < 0)
+        goto done;
     result = PyList_New(n);
     if (result != NULL)
         for (Py_ssize_t j = 0; j < n; j++)
@@ -222,7 +427,7 @@ done:
             release_all(views + j * MAX_PARTS, counts[j]);
     PyMem_Free(views);
     PyMem_Free(counts);
-    PyMem_Free(starts);
+    PyMem_Free(bases);
     PyMem_Free(ok);
     Py_DECREF(fast);
     PyBuffer_Release(&slab);
@@ -363,13 +568,22 @@ memory_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)memory;
 }
 
+static PyObject *
+helper_pieces(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(atomic_load(&pieces_helped));
+}
+
 static PyMethodDef methods[] = {
     {"copy_out", (PyCFunction)(void (*)(void))copy_out, METH_FASTCALL,
-     "copy_out(slab, pos, last, outs) -> bool: slab bytes [pos, last) into the outputs, in order."},
+     "copy_out(slab, pos, last, outs[, share]) -> bool: slab bytes [pos, last) into the outputs, in order."},
     {"copy_in", (PyCFunction)(void (*)(void))copy_in, METH_FASTCALL,
-     "copy_in(slab, pos, last, parts) -> bool: the parts, in order, into slab bytes [pos, last)."},
+     "copy_in(slab, pos, last, parts[, share]) -> bool: the parts, in order, into slab bytes [pos, last)."},
     {"copy_out_many", (PyCFunction)(void (*)(void))copy_out_many, METH_FASTCALL,
-     "copy_out_many(slab, jobs) -> list[bool]: copy_out of each job (pos, last, outs), checked first, in one call."},
+     "copy_out_many(slab, jobs[, share]) -> list[bool]: copy_out of each job (pos, last, outs), checked first, "
+     "in one call."},
+    {"helper_pieces", helper_pieces, METH_NOARGS,
+     "helper_pieces() -> int: pieces of shared copies the helper thread has copied in this process."},
     {"plain_pairs", (PyCFunction)(void (*)(void))plain_pairs, METH_FASTCALL,
      "plain_pairs(pairs, array_type, dtype, shape) -> int: leading pairs of writable C-contiguous arrays of the kind."},
     {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,
@@ -389,5 +603,8 @@ PyInit__hostcopy(void)
     dtype_name = PyUnicode_InternFromString("dtype");
     if (dtype_name == NULL)
         return NULL;
+    static int at_fork;
+    if (!at_fork && pthread_atfork(NULL, NULL, forget_helper) == 0)
+        at_fork = 1;
     return PyModule_Create(&module);
 }

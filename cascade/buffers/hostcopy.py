@@ -8,7 +8,10 @@ nothing, when one of them has no C-contiguous byte buffer (writable, for outputs
 their sizes do not add up to the range, or when there are more than :data:`MAX_BUFFERS`
 of them; a range outside the slab is a ValueError. ``copy_out_many(slab, jobs)`` makes
 one ``copy_out`` per job ``(pos, last, outs)`` in one call and returns each job's verdict
-in a list: every job is checked before any is copied. ``memory_at(address, nbytes,
+in a list: every job is checked before any is copied. With ``share`` true (a last
+argument to each), a copy of 256 KiB or more is shared, as pieces, with the compiled
+module's helper thread (:mod:`.splitcopy` says when); ``helper_pieces()`` counts the pieces
+that thread has copied in this process. ``memory_at(address, nbytes,
 writable, owner)`` is a flat byte buffer over memory that ``owner`` holds (a CPU
 tensor's ``data_ptr()``: :func:`cascade.buffers.views.host_array`); it keeps ``owner``
 alive as long as it, or an array made over it, lives. ``plain_pairs(pairs, array_type,
@@ -84,18 +87,20 @@ def _copy_python(slab: memoryview, pos: int, last: int, buffers: Sequence[Any], 
     return True
 
 
-def copy_out_python(slab: memoryview, pos: int, last: int, outs: Sequence[Any]) -> bool:
-    """:func:`copy_out` through memoryview slices (the fallback)."""
+def copy_out_python(slab: memoryview, pos: int, last: int, outs: Sequence[Any], share: bool = False) -> bool:
+    """:func:`copy_out` through memoryview slices (the fallback: on this thread, whatever ``share``)."""
     return _copy_python(slab, pos, last, outs, out=True)
 
 
-def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any]) -> bool:
-    """:func:`copy_in` through memoryview slices (the fallback)."""
+def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any], share: bool = False) -> bool:
+    """:func:`copy_in` through memoryview slices (the fallback: on this thread, whatever ``share``)."""
     return _copy_python(slab, pos, last, parts, out=False)
 
 
-def copy_out_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]]) -> list[bool]:
-    """:func:`copy_out_many` through :func:`copy_out` per job (the fallback)."""
+def copy_out_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]],
+                         share: bool = False) -> list[bool]:
+    """:func:`copy_out_many` through :func:`copy_out` per job (the fallback: on this thread,
+    whatever ``share``)."""
     for pos, last, _ in jobs:  # every range checked before a byte moves, as the compiled one does
         _check_range(slab, pos, last)
     return [copy_out(slab, pos, last, outs) for pos, last, outs in jobs]
@@ -118,6 +123,11 @@ def memory_at_python(address: int, nbytes: int, writable: bool, owner: Any) -> m
     return view if writable else view.toreadonly()
 
 
+def helper_pieces_python() -> int:
+    """:func:`helper_pieces` without the compiled module: no copy is shared."""
+    return 0
+
+
 def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape: tuple[int, ...]) -> int:
     """:func:`plain_pairs` through numpy's attributes (the fallback)."""
     for i, pair in enumerate(pairs):
@@ -129,10 +139,10 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
 
 
 try:
-    from ._hostcopy import copy_in, copy_out, copy_out_many, memory_at, plain_pairs
+    from ._hostcopy import copy_in, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
-    copy_out_many = copy_out_many_python
+    copy_out_many, helper_pieces = copy_out_many_python, helper_pieces_python
     plain_pairs = plain_pairs_python
     COMPILED = False

@@ -167,8 +167,8 @@ class ShmTier(SlabTier):
         self._hot_host = None if verify else self._view
         self.hot_copies = self.hot_reads = self.hot_batch_reads = self._hot_host is not None
         self.copies_without_gil = self._hot_host is not None and COMPILED  # (read_leased)
-        # a batch's hot copies gathered and made at the end of its locked step, split over
-        # two cores when they add up to enough (splitcopy.split_copy_many)
+        # a batch's hot copies gathered and made at the end of its locked step, shared with
+        # the copy helper thread when they add up to enough (splitcopy.BATCH_SPLIT_MIN)
         self.defers_hot_copies = self._hot_host is not None and SPLITS and self._split_copies
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self._pinnable = buffers.register_pinnable(self._bytes)  # cudaHostRegister'ed on first device copy

@@ -15,7 +15,7 @@ from ..buffers import copy, copy_each
 from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
 from ..buffers.hostcopy import copy_in, copy_out, copy_out_many
-from ..buffers.splitcopy import split_copy, split_copy_many
+from ..buffers.splitcopy import BATCH_SPLIT_MIN, shared
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from .base import BlockKey, Tier
@@ -36,7 +36,7 @@ class SlabTier(Tier):
 
     ``verify=True`` stores an XXH3 checksum per block and checks it on every read
     (costs about one extra pass over the data). ``split_copies=False`` keeps a big host
-    copy on the calling thread (:func:`~cascade.buffers.splitcopy.split_copy`).
+    copy on the calling thread (:func:`~cascade.buffers.splitcopy.shared`).
     """
 
     concurrent = True
@@ -112,8 +112,8 @@ class SlabTier(Tier):
         # host slab, no checksums, numpy parts, no device batch open (as read_leased):
         # one hostcopy call (as read_leased's)
         if (self._hot_host is not None and not batches_open() and all(type(p) is np.ndarray for p in parts)
-                and split_copy(copy_in, self._hot_host, slot.offset, slot.offset + slot.length, parts,
-                               writable=False, allowed=self._split_copies)):
+                and copy_in(self._hot_host, slot.offset, slot.offset + slot.length, parts,
+                            shared(slot.length, self._split_copies))):
             return
         sizes = [_nbytes(p) for p in parts]
         if sum(sizes) != slot.length:
@@ -145,8 +145,8 @@ class SlabTier(Tier):
         # copies in flight the generic copy would settle first): hostcopy, as read_hot's (from
         # 256 KiB without the interpreter lock where compiled; from 1 MiB on two cores: splitcopy)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
-                and split_copy(copy_out, self._hot_host, slot.offset, slot.offset + slot.length, outs,
-                               writable=True, allowed=self._split_copies)):
+                and copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs,
+                             shared(slot.length, self._split_copies))):
             return
         sizes = [_nbytes(o) for o in outs]
         if sum(sizes) != slot.length:
@@ -193,7 +193,8 @@ class SlabTier(Tier):
         return slot.offset, slot.offset + slot.length, outs
 
     def copy_hot_jobs(self, jobs: Sequence[tuple[int, int, Sequence[Any]]]) -> list[bool]:
-        return split_copy_many(copy_out_many, self._hot_host, jobs, allowed=self._split_copies)
+        total = sum(last - pos for pos, last, _ in jobs)
+        return copy_out_many(self._hot_host, jobs, shared(total, self._split_copies, BATCH_SPLIT_MIN))
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         # reserve() and commit() written out: this runs per put.
