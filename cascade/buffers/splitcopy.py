@@ -14,8 +14,9 @@ read_throughput), waited 66 us (median) per get for the helper's half. Those get
 shared pieces, alternated in one process (30 passes each, shuffled order): 11.2 GB/s
 against 7.2 (per-pass ratio 1.52, median), a get's median 185 us against 282, one thread
 alone 6.3; 16 MiB blocks (20 passes): 12.4 against 11.9 GB/s (ratio 1.07). A copy under
-:data:`SPLIT_MIN` is not shared: at 512 KiB the hand-off of halves cost more than the half
-saved (0.86x of a numpy copy's rate split, 0.74 not). Threads that already share a
+:data:`SPLIT_MIN` is not shared: at 512 KiB the pool thread's halves cost more than they
+saved (a get at 0.74x of a numpy copy's rate split, 0.86x whole; not measured again with
+the C helper). Threads that already share a
 batch's copies among the cores copy alone inside :func:`unsplit` (16 MiB batch gets on
 two workers: 9.3 GB/s splitting, 10.8 not). A batch get's hot copies, gathered into one
 call, are shared once they add up to :data:`BATCH_SPLIT_MIN` (64 copies of 64 KiB out
