@@ -29,7 +29,7 @@ ttl_mode                    ``"last_use"``   TTL clock: ``last_use`` or ``first_
 default_ttl                 0.0              seconds a block lives (0 = no TTL)
 verify_dram_reads           False            also checksum GPU/SHM/REMOTE reads (files always are)
 shm_prefault                False            back and map the whole SHM slab at open (no page faults on puts; commits shm_bytes)
-split_copies                True             copy an SHM block of 1 MiB or more on two cores (where the process may use two; see below)
+split_copies                True             copy an SHM block of 256 KiB or more on two cores (where the process may use two; see below)
 promote_on_hit              True             copy a block up to the fastest tier on a hit
 cache_cluster_reads         False            keep a private copy of blocks read from other ranks (hot keys)
 hint_fraction               1.0              most of the fastest tier that hinted blocks may hold
@@ -50,7 +50,7 @@ Perlmutter-class machines), else ``$TMPDIR/cascade-<uid>`` (``/tmp`` without TMP
 and refused (:class:`~cascade.errors.ConfigError`) when another user owns them or can
 write to them.
 
-``split_copies=True`` shares the copy of a single SHM block of 1 MiB or more (a get, a
+``split_copies=True`` shares the copy of a single SHM block of 256 KiB or more (a get, a
 put, a promotion), and a batch get's gathered hot copies of 2 MiB or more, with one
 helper thread (pieces of 256 KiB taken in turn), when the copies are compiled and the
 process may run on two cores or more (16 MiB out of ``/dev/shm`` on this project's 2-core

@@ -14,9 +14,12 @@ read_throughput), waited 66 us (median) per get for the helper's half. Those get
 shared pieces, alternated in one process (30 passes each, shuffled order): 11.2 GB/s
 against 7.2 (per-pass ratio 1.52, median), a get's median 185 us against 282, one thread
 alone 6.3; 16 MiB blocks (20 passes): 12.4 against 11.9 GB/s (ratio 1.07). A copy under
-:data:`SPLIT_MIN` is not shared: at 512 KiB the pool thread's halves cost more than they
-saved (a get at 0.74x of a numpy copy's rate split, 0.86x whole; not measured again with
-the C helper). Threads that already share a
+:data:`SPLIT_MIN` (256 KiB: the compiled copies release the interpreter lock from there
+on) is not shared. With the pool thread the threshold was 1 MiB (at 512 KiB its halves
+cost more than they saved: a get at 0.74x of a numpy copy's rate split, 0.86x whole);
+with the C helper, one thread and shared pieces alternated (20 passes of hot gets, 12 of
+puts, 32 MiB each): gets 1.37x faster shared at 256 KiB, 1.63x at 512 KiB, 2.0x at 1 MiB;
+puts 1.30x at 256 KiB, 1.67x at 1 MiB, 1.64x at 16 MiB. Threads that already share a
 batch's copies among the cores copy alone inside :func:`unsplit` (16 MiB batch gets on
 two workers: 9.3 GB/s splitting, 10.8 not). A batch get's hot copies, gathered into one
 call, are shared once they add up to :data:`BATCH_SPLIT_MIN` (64 copies of 64 KiB out
@@ -33,7 +36,7 @@ from contextlib import contextmanager
 from .hostcopy import COMPILED
 
 #: Copies of one block of this many bytes and more are shared (where :func:`shared` says so).
-SPLIT_MIN = 1 << 20
+SPLIT_MIN = 256 << 10
 #: A batch's gathered copies adding up to this many bytes are shared.
 BATCH_SPLIT_MIN = 2 << 20
 

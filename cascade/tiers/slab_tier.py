@@ -143,7 +143,7 @@ class SlabTier(Tier):
     def read_leased(self, slot: _Slot, outs: Sequence[Any]) -> None:
         # host slab, no checksums, numpy outputs, no device batch open in this process (whose
         # copies in flight the generic copy would settle first): hostcopy, as read_hot's (from
-        # 256 KiB without the interpreter lock where compiled; from 1 MiB on two cores: splitcopy)
+        # 256 KiB without the interpreter lock where compiled, and then on two cores: splitcopy)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
                 and copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs,
                              shared(slot.length, self._split_copies))):
