@@ -287,38 +287,43 @@ share_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t i)
     return nargs > i ? PyObject_IsTrue(args[i]) : 0;
 }
 
-/* Copy ``n`` jobs' taken buffers (``counts[j]`` of them at ``views + j * MAX_PARTS``, slab
- * bytes from ``bases[j]``; jobs with ``ok[j]`` 0 skipped) of ``total`` bytes, shared with the
- * helper when ``share`` and big enough. 0, or -1 with MemoryError set. */
+/* move() of each of ``n`` jobs' taken buffers (``counts[j]`` of them at ``views + j * MAX_PARTS``,
+ * slab bytes from ``bases[j]``), but those with ``ok[j]`` 0. */
+static void
+move_jobs(Py_buffer *views, const Py_ssize_t *counts, char *const *bases, const char *ok, Py_ssize_t n, int out)
+{
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (ok[j])
+            move(views + j * MAX_PARTS, counts[j], bases[j], out);
+}
+
+/* move_jobs() of ``total`` bytes: with the interpreter lock released from BIG_COPY bytes on,
+ * shared with the helper when ``share``. 0, or -1 with MemoryError set. */
 static int
 copy_jobs(Py_buffer *views, const Py_ssize_t *counts, char *const *bases, const char *ok, Py_ssize_t n,
           Py_ssize_t total, int out, int share)
 {
     if (total < BIG_COPY) {
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (ok[j])
-                move(views + j * MAX_PARTS, counts[j], bases[j], out);
+        move_jobs(views, counts, bases, ok, n, out);
         return 0;
     }
-    Piece *pieces = NULL;
-    size_t count = 0;
-    if (share) {
-        pieces = PyMem_Malloc(pieces_for(total, n * MAX_PARTS) * sizeof(Piece));
-        if (pieces == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (ok[j])
-                cut(pieces, &count, views + j * MAX_PARTS, counts[j], bases[j], out);
+    if (!share) {
+        Py_BEGIN_ALLOW_THREADS
+        move_jobs(views, counts, bases, ok, n, out);
+        Py_END_ALLOW_THREADS
+        return 0;
     }
+    Piece *pieces = PyMem_Malloc(pieces_for(total, n * MAX_PARTS) * sizeof(Piece));
+    if (pieces == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t count = 0;
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (ok[j])
+            cut(pieces, &count, views + j * MAX_PARTS, counts[j], bases[j], out);
     Py_BEGIN_ALLOW_THREADS
-    if (share)
-        copy_shared(pieces, count);
-    else
-        for (Py_ssize_t j = 0; j < n; j++)
-            if (ok[j])
-                move(views + j * MAX_PARTS, counts[j], bases[j], out);
+    copy_shared(pieces, count);
     Py_END_ALLOW_THREADS
     PyMem_Free(pieces);
     return 0;
