@@ -104,10 +104,13 @@ def working_set(nbytes: int) -> int:
     return max(2, -(-2 * llc_bytes() // max(nbytes, 1)))
 
 
-def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float]:
+def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float | None]:
     """numpy copies of ``nbytes`` (median GB/s), each from and to the next of
     :func:`working_set` pre-touched source and target buffers, so neither is cache-resident
-    (one buffer copied again and again would be served from the cache below ~LLC size)."""
+    (one buffer copied again and again would be served from the cache below ~LLC size).
+    ``streamed_gbps``: the same copies with non-temporal stores (Cascade's compiled
+    ``hostcopy`` with ``stream``; None where it is not built), the faster way to memory
+    where glibc's memcpy does not stream (this project's VM: see ``Config.stream_copies``)."""
     n = working_set(nbytes)
     src = np.ones(n * nbytes, dtype=np.uint8)
     dst = np.zeros(n * nbytes, dtype=np.uint8)
@@ -121,7 +124,24 @@ def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float]:
         copy()
     s = summarize(time_calls(copy, max(repeats, n)))
     return {"gbps": gbps(nbytes, s["median"]), "block_bytes": nbytes, "working_set_bytes": 2 * n * nbytes,
-            "llc_bytes": llc_bytes(), **{f"t_{k}": v for k, v in s.items()}}
+            "llc_bytes": llc_bytes(), **{f"t_{k}": v for k, v in s.items()},
+            "streamed_gbps": _streamed_gbps(src, dst, nbytes, n, max(repeats, n))}
+
+
+def _streamed_gbps(src: np.ndarray, dst: np.ndarray, nbytes: int, n: int, calls: int) -> float | None:
+    """:func:`memcpy_gbps`'s copies, streamed (median GB/s; None without the compiled copies)."""
+    from cascade.buffers import hostcopy
+
+    if not hostcopy.COMPILED:
+        return None
+    target = memoryview(dst)
+    slot = iter(range(1 << 62))
+
+    def copy() -> None:
+        lo = (next(slot) % n) * nbytes
+        hostcopy.copy_in(target, lo, lo + nbytes, [src[lo:lo + nbytes]], False, True)
+
+    return gbps(nbytes, summarize(time_calls(copy, calls))["median"])
 
 
 def odirect_plan(block_bytes: int) -> tuple[int, int]:

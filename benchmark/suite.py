@@ -252,6 +252,9 @@ def figures(workload: str, doc: dict[str, Any]) -> list[Figure]:
                 out.extend(_row_figures(row.get(tier, {}), {**bb, "tier": tier}))
             out.extend(({**bb, "tier": "ratios"}, k, float(v)) for k, v in row.get("ratios", {}).items() if _number(v))
             out.append(({"system": "limit", "block_bytes": row["block_bytes"]}, "memcpy_gbps", row["memcpy"]["gbps"]))
+            if _number(row["memcpy"].get("streamed_gbps")):
+                out.append(({"system": "limit", "block_bytes": row["block_bytes"]}, "streamed_copy_gbps",
+                            row["memcpy"]["streamed_gbps"]))
             out.extend(({"system": "limit", "block_bytes": row["block_bytes"]}, f"raw_file_{k}", float(v))
                        for k, v in row["raw_file"].items() if k.endswith("_gbps") and _number(v))
         mem = doc.get("memory_overhead") or {}

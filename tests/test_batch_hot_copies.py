@@ -135,7 +135,7 @@ def test_blocks_whose_gathered_copy_was_refused_are_read_another_way(store, monk
 def test_a_failing_gathered_copy_leaves_nothing_held_and_counts_every_block_missed(store, monkeypatch, exc):
     shares = []
 
-    def faulty(slab, jobs, share):
+    def faulty(slab, jobs, share, stream):
         shares.append(share)
         raise exc("injected")
 

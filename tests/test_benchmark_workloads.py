@@ -13,6 +13,7 @@ from benchmark import data, machine, run_benchmark
 from benchmark.workloads import read_latency, read_throughput, scaling, thread_scaling, trace_replay, write_throughput
 from benchmark.workloads.common import aligned_pair
 from cascade import CascadeStore, Config
+from cascade.buffers import hostcopy
 from cascade.models import BlockSpec
 
 SIZE = 64 << 10
@@ -47,6 +48,10 @@ def _check_common(result: dict, workload: str) -> None:
     assert {r["system"] for r in result["rows"]} == {"cascade", "hdf5"}
 
 
+#: The ratio to the streamed copy each DRAM figure has where the compiled copies are built.
+STREAMED = {"streamed_copy"} if hostcopy.COMPILED else set()
+
+
 def test_write_throughput(dirs) -> None:
     result = write_throughput.run(_options(dirs))
     _check_common(result, "write_throughput")
@@ -54,7 +59,7 @@ def test_write_throughput(dirs) -> None:
         assert row["mode"] == "put" and row["put_gbps"] > 0 and len(row["put_gbps_rounds"]) == 2
         assert row["stored_after_put"] == 4 and row["bytes_checked_blocks"] > 0
         assert {"p50", "p90", "p99", "max"} <= set(row["put_op_s"]) and len(row["samples"]["put_op_s"]) == 2
-        assert set(row["vs_limit"]) == {"memcpy", "raw_write"}
+        assert set(row["vs_limit"]) == {"memcpy", "raw_write"} | STREAMED
     cascade = next(r for r in result["rows"] if r["system"] == "cascade")
     assert cascade["vs_systems"]["hdf5"] > 0
     assert result["targets"][0]["met"] is None  # lmcache_cpu not part of this run
@@ -70,7 +75,9 @@ def test_read_throughput_hot_and_cold(dirs) -> None:
     for row in result["rows"]:
         assert row["get_gbps"] > 0 and row["misses"] == 0 and len(row["samples"]["get_op_s"]) == 2
         same = {"raw_read_same_mode"} if row["mode"] == "cold" else set()
-        assert set(row["vs_limit"]) == {"memcpy", "raw_odirect_read", "raw_buffered_cold_read"} | same
+        assert set(row["vs_limit"]) == {"memcpy", "raw_odirect_read", "raw_buffered_cold_read"} | same | STREAMED
+        if STREAMED:  # against the streamed copy of the same limits, measured where the copies are compiled
+            assert row["vs_limit"]["streamed_copy"] == row["get_gbps"] / lim["streamed_copy_gbps"]
     cold = next(r for r in result["rows"] if r["mode"] == "cold")
     # HDF5 (sec2 driver) reads through the page cache: its cold pass is held to the raw buffered cold read
     assert cold["read_mode"] == "buffered"
@@ -297,6 +304,7 @@ def test_limits_are_measured_the_way_cascade_reads(tmp_path) -> None:
         (record_io.CHUNK, record_io.READERS) if raw["odirect"] else (big, 1))
     mem = machine.memcpy_gbps(2 << 20, repeats=3)
     assert mem["working_set_bytes"] >= 4 * machine.llc_bytes() and mem["gbps"] > 0
+    assert (mem["streamed_gbps"] > 0) if hostcopy.COMPILED else mem["streamed_gbps"] is None
     assert not list(tmp_path.iterdir())
 
 
@@ -310,6 +318,11 @@ def test_tier_bandwidth_small(tmp_path) -> None:
         assert row[tier]["put_gbps"] > 0 and row[tier]["get_gbps"] > 0, tier
     assert row["store_put_hashed"]["put_gbps"] > 0
     assert row["ratios"]["shm_get_vs_memcpy"] == pytest.approx(row["shm"]["get_gbps"] / row["memcpy"]["gbps"])
+    if hostcopy.COMPILED:  # and against the streamed copy, the faster way to memory where glibc does not stream
+        streamed = row["memcpy"]["streamed_gbps"]
+        assert row["ratios"]["shm_put_vs_streamed_copy"] == pytest.approx(row["shm"]["put_gbps"] / streamed)
+    else:
+        assert "shm_put_vs_streamed_copy" not in row["ratios"]
     # cold file-tier gets: a whole pass against the better raw read of the mode the tier read in
     mode = row["lustre"]["read_mode"]
     key = "read_gbps" if mode == "direct" else "buffered_cold_read_gbps"

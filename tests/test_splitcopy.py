@@ -191,7 +191,7 @@ def test_a_failing_shared_store_copy_leaves_nothing_held(tmp_path, monkeypatch, 
     store.put(*block(0), block_id=bid(0))
     shares = []
 
-    def faulty(slab, pos, last, buffers, share):
+    def faulty(slab, pos, last, buffers, share, stream):
         shares.append(share)
         raise exc("injected")
 

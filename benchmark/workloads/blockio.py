@@ -258,11 +258,16 @@ def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
     (``raw_read_same_mode``)."""
     out: dict[str, float] = {}
     same = same_mode_limit(row)
+    streamed = lim.get("streamed_copy_gbps")
     if "put_gbps" in row:
         out["memcpy"] = row["put_gbps"] / lim["memcpy_gbps"]
+        if streamed:
+            out["streamed_copy"] = row["put_gbps"] / streamed
         out["raw_write"] = row["put_gbps"] / lim["raw_write_gbps"]
     if "get_gbps" in row:
         out["memcpy"] = row["get_gbps"] / lim["memcpy_gbps"]
+        if streamed:
+            out["streamed_copy"] = row["get_gbps"] / streamed
         out["raw_odirect_read"] = row["get_gbps"] / lim["raw_odirect_read_gbps"]
         out["raw_buffered_cold_read"] = row["get_gbps"] / lim["raw_buffered_cold_read_gbps"]
         if same:
@@ -277,7 +282,7 @@ def vs_limit(row: dict[str, Any], lim: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-_LIMIT_KEYS = {"memcpy": "memcpy_gbps", "raw_write": "raw_write_gbps", "raw_odirect_read": "raw_odirect_read_gbps",
+_LIMIT_KEYS = {"memcpy": "memcpy_gbps", "streamed_copy": "streamed_copy_gbps", "raw_write": "raw_write_gbps", "raw_odirect_read": "raw_odirect_read_gbps",
                "raw_buffered_cold_read": "raw_buffered_cold_read_gbps"}
 
 

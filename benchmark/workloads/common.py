@@ -106,6 +106,7 @@ def machine_limits(block_bytes: int, file_dir: str, total_bytes: int) -> dict[st
     mem = memcpy_gbps(block_bytes)
     raw = raw_file_gbps(file_dir, block_bytes, max(block_bytes, total_bytes))
     return {"memcpy_gbps": mem["gbps"], "memcpy_s_p50": mem["t_p50"], "memcpy_working_set_bytes": mem["working_set_bytes"],
+            "streamed_copy_gbps": mem["streamed_gbps"],
             "raw_odirect_read_gbps": raw["read_gbps"], "raw_buffered_cold_read_gbps": raw["buffered_cold_read_gbps"],
             "raw_write_gbps": raw["write_gbps"], "raw_odirect": raw["odirect"], "raw_total_bytes": raw["total_bytes"],
             "raw_odirect_request_bytes": raw["odirect_request_bytes"], "raw_odirect_in_flight": raw["odirect_in_flight"],
@@ -118,6 +119,8 @@ def merge_limits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     keys = ("memcpy_gbps", "raw_odirect_read_gbps", "raw_buffered_cold_read_gbps", "raw_write_gbps")
     out = {k: max(before[k], after[k]) for k in keys}
     out["memcpy_s_p50"] = min(before["memcpy_s_p50"], after["memcpy_s_p50"])
+    if before.get("streamed_copy_gbps") and after.get("streamed_copy_gbps"):
+        out["streamed_copy_gbps"] = max(before["streamed_copy_gbps"], after["streamed_copy_gbps"])
     for how in ("memcpy_working_set_bytes", "raw_odirect_request_bytes", "raw_odirect_in_flight"):
         if how in before:  # how the limits were measured (the same both times)
             out[how] = before[how]

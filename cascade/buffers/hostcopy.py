@@ -11,7 +11,12 @@ one ``copy_out`` per job ``(pos, last, outs)`` in one call and returns each job'
 in a list: every job is checked before any is copied. With ``share`` true (a last
 argument to each), a copy of 256 KiB or more is shared, as pieces, with the compiled
 module's helper thread (:mod:`.splitcopy` says when); ``helper_pieces()`` counts the pieces
-that thread has copied in this process. ``memory_at(address, nbytes,
+that thread has copied in this process. With ``stream`` true (the argument after
+``share``), a call copying :data:`STREAM_MIN` bytes or more in all writes with
+non-temporal stores on x86-64 (memcpy elsewhere), which bypass the cache: for a store's
+copies, whose destinations are seldom read again soon, up to twice memcpy's rate on this
+project's VM (Config ``stream_copies`` has the figures); ``streamed_copies()`` counts
+the calls that streamed. ``memory_at(address, nbytes,
 writable, owner)`` is a flat byte buffer over memory that ``owner`` holds (a CPU
 tensor's ``data_ptr()``: :func:`cascade.buffers.views.host_array`); it keeps ``owner``
 alive as long as it, or an array made over it, lives. ``plain_pairs(pairs, array_type,
@@ -38,6 +43,8 @@ import numpy as np
 
 #: The most buffers one call copies (a block's key and value, or a few parts of them).
 MAX_BUFFERS = 8
+#: A call copying this many bytes or more in all streams, when asked to (the C module's STREAM_MIN).
+STREAM_MIN = 16 << 10
 
 #: What taking a flat byte view of a buffer raises when it has none (no buffer protocol,
 #: strided, a format memoryview cannot cast, read-only where writing).
@@ -87,20 +94,24 @@ def _copy_python(slab: memoryview, pos: int, last: int, buffers: Sequence[Any], 
     return True
 
 
-def copy_out_python(slab: memoryview, pos: int, last: int, outs: Sequence[Any], share: bool = False) -> bool:
-    """:func:`copy_out` through memoryview slices (the fallback: on this thread, whatever ``share``)."""
+def copy_out_python(slab: memoryview, pos: int, last: int, outs: Sequence[Any], share: bool = False,
+                    stream: bool = False) -> bool:
+    """:func:`copy_out` through memoryview slices (the fallback: on this thread, through
+    the cache, whatever ``share`` and ``stream``)."""
     return _copy_python(slab, pos, last, outs, out=True)
 
 
-def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any], share: bool = False) -> bool:
-    """:func:`copy_in` through memoryview slices (the fallback: on this thread, whatever ``share``)."""
+def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any], share: bool = False,
+                   stream: bool = False) -> bool:
+    """:func:`copy_in` through memoryview slices (the fallback: on this thread, through
+    the cache, whatever ``share`` and ``stream``)."""
     return _copy_python(slab, pos, last, parts, out=False)
 
 
 def copy_out_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]],
-                         share: bool = False) -> list[bool]:
+                         share: bool = False, stream: bool = False) -> list[bool]:
     """:func:`copy_out_many` through :func:`copy_out` per job (the fallback: on this thread,
-    whatever ``share``)."""
+    through the cache, whatever ``share`` and ``stream``)."""
     for pos, last, _ in jobs:  # every range checked before a byte moves, as the compiled one does
         _check_range(slab, pos, last)
     return [copy_out(slab, pos, last, outs) for pos, last, outs in jobs]
@@ -128,6 +139,11 @@ def helper_pieces_python() -> int:
     return 0
 
 
+def streamed_copies_python() -> int:
+    """:func:`streamed_copies` without the compiled module: no copy streams."""
+    return 0
+
+
 def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape: tuple[int, ...]) -> int:
     """:func:`plain_pairs` through numpy's attributes (the fallback)."""
     for i, pair in enumerate(pairs):
@@ -139,10 +155,11 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
 
 
 try:
-    from ._hostcopy import copy_in, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs
+    from ._hostcopy import copy_in, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs, streamed_copies
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
     copy_out_many, helper_pieces = copy_out_many_python, helper_pieces_python
+    streamed_copies = streamed_copies_python
     plain_pairs = plain_pairs_python
     COMPILED = False

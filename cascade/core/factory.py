@@ -43,7 +43,8 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
         if config.shm_bytes > 0:
             try:
                 fast.append(ShmTier(config.shm_bytes, config.shm_dir, verify=config.verify_dram_reads,
-                                    prefault=config.shm_prefault, split_copies=config.split_copies))
+                                    prefault=config.shm_prefault, split_copies=config.split_copies,
+                                    stream_copies=config.stream_copies))
             except (TierFull, OSError) as exc:  # a full or missing /dev/shm: run on the other tiers
                 log.warning("SHM tier off: %s", exc)
         if config.file_bytes > 0:

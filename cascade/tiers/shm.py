@@ -125,14 +125,14 @@ class ShmTier(SlabTier):
     :func:`default_shm_dir`; created 0700 if missing, refused with a :class:`ConfigError` if another user owns it
     or can write to it). Memory is committed as ranges are first handed out (see the
     module docstring; ``prefault`` backs it all at open); :class:`TierFull` when the file
-    system cannot back a range. ``split_copies``: see :class:`~.slab_tier.SlabTier`."""
+    system cannot back a range. ``split_copies``, ``stream_copies``: see :class:`~.slab_tier.SlabTier`."""
 
     name = "shm"
     kind = TierKind.SHM
 
     def __init__(self, capacity: int, directory: str | None = None, *, verify: bool = False,
-                 prefault: bool = False, split_copies: bool = True) -> None:
-        super().__init__(capacity, verify=verify, split_copies=split_copies)
+                 prefault: bool = False, split_copies: bool = True, stream_copies: bool = True) -> None:
+        super().__init__(capacity, verify=verify, split_copies=split_copies, stream_copies=stream_copies)
         directory = ensure_private_dir(slab_dir(directory or default_shm_dir()), "shm_dir")
         name = f"cascade-{os.getpid()}-{secrets.token_hex(16)}"
         self.path = os.path.join(directory, name)

@@ -36,16 +36,20 @@ class SlabTier(Tier):
 
     ``verify=True`` stores an XXH3 checksum per block and checks it on every read
     (costs about one extra pass over the data). ``split_copies=False`` keeps a big host
-    copy on the calling thread (:func:`~cascade.buffers.splitcopy.shared`).
+    copy on the calling thread (:func:`~cascade.buffers.splitcopy.shared`);
+    ``stream_copies=False`` writes every host copy through the cache (``stream`` of
+    :mod:`~cascade.buffers.hostcopy`).
     """
 
     concurrent = True
     zero_copy = True
     reads_into_device = True  # a slab copy goes between any two buffers (cascade.buffers.copy)
 
-    def __init__(self, capacity: int, *, verify: bool = False, split_copies: bool = True) -> None:
+    def __init__(self, capacity: int, *, verify: bool = False, split_copies: bool = True,
+                 stream_copies: bool = True) -> None:
         self._capacity = capacity
         self._split_copies = split_copies
+        self._stream = stream_copies
         self._alloc = SlabAllocator(capacity)
         self._index: dict[BlockKey, _Slot] = {}
         self._used = 0
@@ -113,7 +117,7 @@ class SlabTier(Tier):
         # one hostcopy call (as read_leased's)
         if (self._hot_host is not None and not batches_open() and all(type(p) is np.ndarray for p in parts)
                 and copy_in(self._hot_host, slot.offset, slot.offset + slot.length, parts,
-                            shared(slot.length, self._split_copies))):
+                            shared(slot.length, self._split_copies), self._stream)):
             return
         sizes = [_nbytes(p) for p in parts]
         if sum(sizes) != slot.length:
@@ -146,7 +150,7 @@ class SlabTier(Tier):
         # 256 KiB without the interpreter lock where compiled, and then on two cores: splitcopy)
         if (self._hot_host is not None and not batches_open() and all(type(o) is np.ndarray for o in outs)
                 and copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs,
-                             shared(slot.length, self._split_copies))):
+                             shared(slot.length, self._split_copies), self._stream)):
             return
         sizes = [_nbytes(o) for o in outs]
         if sum(sizes) != slot.length:
@@ -184,7 +188,7 @@ class SlabTier(Tier):
         slot = self._index.get(key)
         if self._hot_host is None or slot is None:
             return False
-        return copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs)
+        return copy_out(self._hot_host, slot.offset, slot.offset + slot.length, outs, False, self._stream)
 
     def hot_copy_job(self, key: BlockKey, outs: Sequence[Any]) -> tuple[int, int, Sequence[Any]] | None:
         slot = self._index.get(key)
@@ -194,7 +198,7 @@ class SlabTier(Tier):
 
     def copy_hot_jobs(self, jobs: Sequence[tuple[int, int, Sequence[Any]]]) -> list[bool]:
         total = sum(last - pos for pos, last, _ in jobs)
-        return copy_out_many(self._hot_host, jobs, shared(total, self._split_copies, BATCH_SPLIT_MIN))
+        return copy_out_many(self._hot_host, jobs, shared(total, self._split_copies, BATCH_SPLIT_MIN), self._stream)
 
     def store_hot(self, key: BlockKey, parts: Sequence[Any], nbytes: int) -> bool:
         # reserve() and commit() written out: this runs per put.
@@ -209,7 +213,7 @@ class SlabTier(Tier):
         try:  # the room is this call's own until its commit: given back on every other way out
             if pos + nbytes > self._backed:
                 self._back(pos + nbytes)
-            if copy_in(host, pos, pos + nbytes, parts):
+            if copy_in(host, pos, pos + nbytes, parts, False, self._stream):
                 index = self._index
                 if key in index:
                     self._release(key)
