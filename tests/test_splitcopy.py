@@ -212,25 +212,13 @@ def test_a_failing_shared_store_copy_leaves_nothing_held(tmp_path, monkeypatch, 
     store.close(timeout=120)
 
 
-def copying_threads(monkeypatch) -> set[str]:
-    """Names of the threads that run slab copies out from now on."""
-    names: set[str] = set()
-    real = slab_tier.copy_out
-
-    def spy(*args):
-        names.add(threading.current_thread().name)
-        time.sleep(0.05)  # long enough that every worker of a batch takes a block
-        return real(*args)
-
-    monkeypatch.setattr(slab_tier, "copy_out", spy)
-    return names
-
-
-def test_a_batch_of_memory_copies_runs_on_every_core_and_file_reads_do_not(tmp_path, monkeypatch):
-    """SHM blocks of a batch (copies without the interpreter lock) go to the I/O workers
-    up to every core; file-tier blocks keep the spare-core cap (1 on two cores: inline)."""
+def test_a_batch_of_shm_blocks_is_one_shared_copy_and_file_reads_stay_inline(tmp_path, monkeypatch):
+    """The SHM blocks of a batch get (copies without the interpreter lock) are one run,
+    copied in one compiled call on the calling thread and shared with the copy helper;
+    file-tier blocks keep the spare-core cap (1 on two cores: inline)."""
     if not hostcopy.COMPILED:
         pytest.skip("the SHM tier's copies hold the interpreter lock without the compiled module")
+    monkeypatch.setattr(splitcopy, "ENABLED", True)
     with open_store(tmp_path, "shm+file") as store:
         assert store.tiers[0].copies_without_gil and not store.tiers[1].copies_without_gil
         store._pools._memory_cores, store._pools._cores = 2, 1  # this machine kind: 2 cores
@@ -239,10 +227,13 @@ def test_a_batch_of_memory_copies_runs_on_every_core_and_file_reads_do_not(tmp_p
         in_files = [b for b in ids if store._meta[("default", b)].tier == 1]
         in_shm = [b for b in ids if store._meta[("default", b)].tier == 0]
         assert in_files and len(in_shm) >= 2
-        names = copying_threads(monkeypatch)
+        calls = []
+        real = slab_tier.copy_out_many
+        monkeypatch.setattr(slab_tier, "copy_out_many", lambda slab, jobs, share, stream: (
+            calls.append((threading.current_thread().name, len(jobs), share)), real(slab, jobs, share, stream))[1])
         outs = [SPEC.empty() for _ in in_shm]
         assert all(store.get_many_into(in_shm, outs))
-        assert len(names) == 2 and names - {threading.current_thread().name} <= {"cascade-io_0"}
+        assert calls == [(threading.current_thread().name, len(in_shm), True)]
         for b, (key, value) in zip(in_shm, outs):
             assert np.array_equal(value, block(ids.index(b))[1])
         reads = []

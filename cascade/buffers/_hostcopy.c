@@ -9,13 +9,14 @@
  * resized or freed.
  *
  * copy_out_many(slab, jobs) does one copy_out per job (pos, last, outs) of ``jobs``,
- * all in one call: every job's buffers are taken and checked first, a job refused (False
- * in the list returned) writes nothing, and the copies of the others run with the
- * interpreter lock released once when they add up to BIG_COPY bytes or more (so two
- * threads can copy pieces of one batch at once).
+ * all in one call, and copy_in_many(slab, jobs) one copy_in per job (pos, last, parts):
+ * every job's buffers are taken and checked first, a job refused (False in the list
+ * returned) writes nothing, and the copies of the others run with the interpreter lock
+ * released once when they add up to BIG_COPY bytes or more (so two threads can copy
+ * pieces of one batch at once).
  *
  * With ``share`` true (a fifth argument to copy_out and copy_in, a third to
- * copy_out_many), a copy of BIG_COPY bytes or more is cut into pieces of PIECE bytes that
+ * copy_out_many and copy_in_many), a copy of BIG_COPY bytes or more is cut into pieces of PIECE bytes that
  * the calling thread and one helper thread (a C thread of this module, started on first
  * use, that never takes the interpreter lock) take in turn, each the next piece not yet
  * taken: the helper joins when it wakes, and the caller never waits for a helper that has
@@ -26,7 +27,7 @@
  * helper_pieces() counts the pieces the helper has copied.
  *
  * With ``stream`` true (a sixth argument to copy_out and copy_in, a fourth to
- * copy_out_many), a copy of STREAM_MIN bytes or more in all writes its destination with
+ * copy_out_many and copy_in_many), a copy of STREAM_MIN bytes or more in all writes its destination with
  * non-temporal stores (x86-64; elsewhere memcpy): they go to memory without first reading
  * each destination line into the cache, nor keeping it there. For a store's copies, whose
  * destinations (the slab, or outputs of a batch) are seldom read again from the cache,
@@ -437,7 +438,7 @@ copy_in(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return slab_copy(args, nargs, 0);
 }
 
-/* copy_out_many's body (out != 0; the other way round otherwise): slab_copy's for each job (pos, last, buffers). */
+/* copy_out_many's body (out != 0; copy_in_many's otherwise): slab_copy's for each job (pos, last, buffers). */
 static PyObject *
 slab_copy_many(PyObject *const *args, Py_ssize_t nargs, int out)
 {
@@ -508,6 +509,12 @@ static PyObject *
 copy_out_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     return slab_copy_many(args, nargs, 1);
+}
+
+static PyObject *
+copy_in_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return slab_copy_many(args, nargs, 0);
 }
 
 #define MAX_DIMS 32
@@ -660,6 +667,9 @@ static PyMethodDef methods[] = {
     {"copy_out_many", (PyCFunction)(void (*)(void))copy_out_many, METH_FASTCALL,
      "copy_out_many(slab, jobs[, share[, stream]]) -> list[bool]: copy_out of each job (pos, last, outs), checked first, "
      "in one call."},
+    {"copy_in_many", (PyCFunction)(void (*)(void))copy_in_many, METH_FASTCALL,
+     "copy_in_many(slab, jobs[, share[, stream]]) -> list[bool]: copy_in of each job (pos, last, parts), checked "
+     "first, in one call."},
     {"helper_pieces", helper_pieces, METH_NOARGS,
      "helper_pieces() -> int: pieces of shared copies the helper thread has copied in this process."},
     {"streamed_copies", streamed_copies, METH_NOARGS,

@@ -8,7 +8,8 @@ nothing, when one of them has no C-contiguous byte buffer (writable, for outputs
 their sizes do not add up to the range, or when there are more than :data:`MAX_BUFFERS`
 of them; a range outside the slab is a ValueError. ``copy_out_many(slab, jobs)`` makes
 one ``copy_out`` per job ``(pos, last, outs)`` in one call and returns each job's verdict
-in a list: every job is checked before any is copied. With ``share`` true (a last
+in a list: every job is checked before any is copied; ``copy_in_many(slab, jobs)`` the
+same with one ``copy_in`` per job ``(pos, last, parts)``. With ``share`` true (a last
 argument to each), a copy of 256 KiB or more is shared, as pieces, with the compiled
 module's helper thread (:mod:`.splitcopy` says when); ``helper_pieces()`` counts the pieces
 that thread has copied in this process. With ``stream`` true (the argument after
@@ -108,13 +109,26 @@ def copy_in_python(slab: memoryview, pos: int, last: int, parts: Sequence[Any], 
     return _copy_python(slab, pos, last, parts, out=False)
 
 
+def _copy_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]], *, out: bool) -> list[bool]:
+    """The batch fallbacks' body: :func:`_copy_python` of each job, every range checked
+    before a byte moves, as the compiled ones do."""
+    for pos, last, _ in jobs:
+        _check_range(slab, pos, last)
+    return [_copy_python(slab, pos, last, buffers, out=out) for pos, last, buffers in jobs]
+
+
 def copy_out_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]],
                          share: bool = False, stream: bool = False) -> list[bool]:
-    """:func:`copy_out_many` through :func:`copy_out` per job (the fallback: on this thread,
-    through the cache, whatever ``share`` and ``stream``)."""
-    for pos, last, _ in jobs:  # every range checked before a byte moves, as the compiled one does
-        _check_range(slab, pos, last)
-    return [copy_out(slab, pos, last, outs) for pos, last, outs in jobs]
+    """:func:`copy_out_many` through memoryview slices per job (the fallback: on this
+    thread, through the cache, whatever ``share`` and ``stream``)."""
+    return _copy_many_python(slab, jobs, out=True)
+
+
+def copy_in_many_python(slab: memoryview, jobs: Sequence[tuple[int, int, Sequence[Any]]],
+                        share: bool = False, stream: bool = False) -> list[bool]:
+    """:func:`copy_in_many` through memoryview slices per job (the fallback: on this
+    thread, through the cache, whatever ``share`` and ``stream``)."""
+    return _copy_many_python(slab, jobs, out=False)
 
 
 _OWNING_ARRAYS: dict[int, type] = {}  # nbytes -> a ctypes char array type that can hold an owner
@@ -155,11 +169,12 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
 
 
 try:
-    from ._hostcopy import copy_in, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs, streamed_copies
+    from ._hostcopy import (copy_in, copy_in_many, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs,
+                            streamed_copies)
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
-    copy_out_many, helper_pieces = copy_out_many_python, helper_pieces_python
+    copy_out_many, copy_in_many, helper_pieces = copy_out_many_python, copy_in_many_python, helper_pieces_python
     streamed_copies = streamed_copies_python
     plain_pairs = plain_pairs_python
     COMPILED = False

@@ -38,7 +38,10 @@ class BatchCalls:
         is raised. With ids known, device inputs bound for a device tier are one batch
         (:meth:`~cascade.core.writes.WritePath.put_device_many`): their copies are
         synchronised once per stream before any of them is committed, and a failed copy
-        or synchronisation stores none of them. Local."""
+        or synchronisation stores none of them. With ids known and no ``max_workers``,
+        host blocks bound for the SHM tier above the hot size are claimed, copied in one
+        compiled call (on two cores where the copy helper runs) and committed in the
+        calling thread (:meth:`~cascade.core.writes.WritePath.put_host_many`). Local."""
         pairs = list(pairs)
         if block_ids is not None:
             block_ids = [check_id(b) for b in block_ids]
@@ -83,9 +86,12 @@ class BatchCalls:
                     results[i] = got
                 self._tick()
                 rest = [i for i in rest if results[i] is None]
+        in_memory = self._chain.tiers[0].copies_without_gil  # into the SHM tier, unless it is full
+        if block_ids is not None and in_memory and max_workers is None and rest:
+            self._put_host_many(pairs, ids, parents, rest, namespace, results)
+            rest = []
         errors = [r for r in results if isinstance(r, BaseException)]
         try:
-            in_memory = self._chain.tiers[0].copies_without_gil  # into the SHM tier, unless it is full
             for i, got in zip(rest, self._pools.parallel(put_one, rest, max_workers, item_bytes=self.spec.block_bytes,
                                                          in_memory=in_memory)):
                 results[i] = got
@@ -94,6 +100,24 @@ class BatchCalls:
         if errors:
             raise errors[0]
         return results
+
+    def _put_host_many(self, pairs: list[tuple[Any, Any]], ids: Sequence[str], parents: Sequence[str | None],
+                       indices: Sequence[int], namespace: str, results: list[Any]) -> None:
+        """The puts ``indices`` of a batch with ids into an SHM tier, each checked, in one
+        :meth:`~cascade.core.writes.WritePath.put_host_many`: their copies made in one
+        call, on two cores where the copy helper runs. Each put's id or error goes into
+        ``results``."""
+        items, checked = [], []
+        for i in indices:
+            try:
+                self._check_put_options(namespace, parents[i], 0, None)
+                items.append((self._check_pair(*pairs[i]), ids[i], parents[i]))
+                checked.append(i)
+            except Exception as exc:  # this put's own error: the others still run
+                results[i] = exc
+        for i, got in zip(checked, self._writes.put_host_many(items, namespace, ttl=None, priority=0)):
+            results[i] = got
+        self._tick()
 
     def _device_pair(self, key: Any, value: Any) -> bool:
         """Whether a put of ``(key, value)`` is a copy from device memory into a device tier."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from time import monotonic_ns
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from contextlib import ExitStack
 from typing import Any
@@ -110,36 +110,58 @@ class WritePath:
         synchronisation gives back every claim not yet committed (no block with
         unfinished bytes is ever visible) and is raised. Otherwise each entry is the id
         or the error of that put alone (the others still run)."""
+        return self._put_claimed_many(items, namespace, ttl, priority, "device puts", _fill_on_streams)
+
+    def put_host_many(self, items: Sequence[tuple[list[Any], str, str | None]], namespace: str, *,
+                      ttl: float | None, priority: int) -> list[str | BaseException]:
+        """Puts of ``(parts, block_id, parent)`` (checked by the caller) whose parts are
+        host buffers, in the calling thread: room claimed for all, the copies into each
+        tier's room made in one call per tier (:meth:`~cascade.tiers.base.Tier.fill_many`:
+        one compiled copy of a host slab's, shared with the copy helper and streamed as
+        one copy of their sum), then all committed. Per block this saves :meth:`put`'s
+        in-flight guard, its extra locked step, and a copy call. Each entry is the id or
+        the error of that put alone (a failed fill included: the others still run); an
+        interruption during the copies gives back every claim not yet committed and is
+        raised."""
+        return self._put_claimed_many(items, namespace, ttl, priority, "puts", _fill_by_tier)
+
+    def _put_claimed_many(self, items: Sequence[tuple[list[Any], str, str | None]], namespace: str,
+                          ttl: float | None, priority: int, what: str,
+                          fill_all: Callable[[list[tuple[Claim, list[Any]]]], list[Exception | None]]
+                          ) -> list[str | BaseException]:
+        """The body of :meth:`put_device_many` and :meth:`put_host_many`: each put
+        settled as a dedup or given a claim, then ``fill_all`` of the claims and their
+        parts (each fill's error in its place; raising: nothing of the batch is
+        committed), then each filled claim committed."""
         started = time.perf_counter()
         done: list[str | BaseException | None] = [None] * len(items)
         claims: dict[int, Claim] = {}
-        with self._inflight.hold(f"a batch of {len(items)} device puts in namespace {namespace!r}"), \
-                ExitStack() as held:
+        with self._inflight.hold(f"a batch of {len(items)} {what} in namespace {namespace!r}"), ExitStack() as held:
             sums = [self.chain.peers.checksum(parts) for parts, _, _ in items]  # before any copy is deferred
-            try:
-                with one_sync([p for parts, _, _ in items for p in parts], sources=True) as batch:
-                    fill = batch.bind(Claim.fill)
-                    for i, (parts, block_id, parent) in enumerate(items):
-                        key = (namespace, block_id)
-                        try:
-                            with self._lock:
-                                self._inflight.check_open()
-                                self.index.check_parent(key, parent)
-                                self.metrics.counters.puts += 1
-                                if self._settled(key, parts):
-                                    done[i] = block_id
-                                    continue
-                            claims[i] = held.enter_context(self.chain.claim_for_put(key, self._nbytes, parent))
-                        except Exception as exc:  # this put's own error
-                            done[i] = self._rejected(exc, None)
+            for i, (parts, block_id, parent) in enumerate(items):
+                key = (namespace, block_id)
+                try:
+                    with self._lock:
+                        self._inflight.check_open()
+                        self.index.check_parent(key, parent)
+                        self.metrics.counters.puts += 1
+                        if self._settled(key, parts):
+                            done[i] = block_id
                             continue
-                        fill(claims[i], parts)  # into a device tier only enqueued; a failed copy fails the batch
-            except BaseException:  # a copy or synchronisation failed: nothing of the batch is committed
+                    claims[i] = held.enter_context(self.chain.claim_for_put(key, self._nbytes, parent))
+                except Exception as exc:  # this put's own error
+                    done[i] = self._rejected(exc, None)
+            try:
+                failed = fill_all([(claim, items[i][0]) for i, claim in claims.items()])
+            except BaseException:  # nothing of the batch is committed
                 with self._lock:
                     for claim in claims.values():
                         claim.discard()
                         self.metrics.rejected(None)
                 raise
+            for i, error in zip(list(claims), failed):
+                if error is not None:
+                    done[i] = self._rejected(error, claims.pop(i))
             for i, claim in claims.items():
                 parts, block_id, parent = items[i]
                 key = (namespace, block_id)
@@ -369,3 +391,29 @@ class WritePath:
             wait([pending])
             raise
         return claim, pending.result()
+
+
+def _fill_on_streams(claims: list[tuple[Claim, list[Any]]]) -> list[Exception | None]:
+    """Every claim's copy enqueued on its parts' streams, each stream synchronised once
+    (:func:`~cascade.buffers.one_sync`): any failure is raised, for all of them."""
+    with one_sync([p for _, parts in claims for p in parts], sources=True) as batch:
+        fill = batch.bind(Claim.fill)
+        for claim, parts in claims:
+            fill(claim, parts)
+    return [None] * len(claims)
+
+
+def _fill_by_tier(claims: list[tuple[Claim, list[Any]]]) -> list[Exception | None]:
+    """The claims of each tier filled in one call (:meth:`~cascade.tiers.base.Tier.fill_many`):
+    each fill's error in its place."""
+    errors: list[Exception | None] = [None] * len(claims)
+    by_tier: dict[int, list[int]] = {}
+    for j, (claim, _) in enumerate(claims):
+        by_tier.setdefault(claim.t, []).append(j)
+    for members in by_tier.values():
+        tier = claims[members[0]][0].tier
+        filled = tier.fill_many([claims[j][0].handle for j in members], [claims[j][1] for j in members])
+        for j, error in zip(members, filled):
+            errors[j] = error
+            claims[j][0].filled = error is None
+    return errors

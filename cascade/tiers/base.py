@@ -22,11 +22,13 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import BlockNotFound, CorruptBlock, TierFull
 from ..buffers import as_byte_view
 from ..identity import BlockKey
+
+E = TypeVar("E", bound=BaseException)
 
 
 class _Deferred:
@@ -218,15 +220,7 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         """:meth:`read_leased` of each lease of a run (see :meth:`read_runs`) into the
         matching ``outs``: each block's verification failure is returned in its place;
         any other error is raised."""
-        errors: list[CorruptBlock | None] = []
-        for lease, out in zip(leases, outs):
-            try:
-                self.read_leased(lease, out)
-            except CorruptBlock as exc:
-                errors.append(exc)
-            else:
-                errors.append(None)
-        return errors
+        return _errors_in_place(self.read_leased, leases, outs, CorruptBlock)
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
@@ -271,6 +265,11 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def fill(self, handle: Any, parts: Sequence[Any]) -> None:
         """Copy ``parts`` into reserved room (on a concurrent tier, from any thread)."""
         handle.parts = parts
+
+    def fill_many(self, handles: Sequence[Any], parts: Sequence[Sequence[Any]]) -> list[Exception | None]:
+        """:meth:`fill` of each reserved room with the matching ``parts``: each fill's
+        error in its place (None: filled); anything but an :class:`Exception` is raised."""
+        return _errors_in_place(self.fill, handles, parts, Exception)
 
     def commit(self, key: BlockKey, handle: Any) -> None:
         """Publish a filled reservation under ``key`` (replacing a block of that key)."""
@@ -318,3 +317,18 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _errors_in_place(call: Callable[[Any, Any], None], firsts: Sequence[Any], seconds: Sequence[Any],
+                     caught: type[E]) -> list[E | None]:
+    """``call(a, b)`` for each pair of ``firsts`` and ``seconds`` in order: each error of
+    kind ``caught`` in its place (None: done); any other error is raised."""
+    errors: list[E | None] = []
+    for first, second in zip(firsts, seconds):
+        try:
+            call(first, second)
+        except caught as exc:
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors

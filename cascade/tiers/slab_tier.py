@@ -5,7 +5,7 @@ class does the copies, the index, allocation, accounting and optional checksums.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 from ..buffers import copy, copy_each
 from ..buffers import nbytes as _nbytes
 from ..buffers.batch import batches_open
-from ..buffers.hostcopy import copy_in, copy_out, copy_out_many
+from ..buffers.hostcopy import copy_in, copy_in_many, copy_out, copy_out_many
 from ..buffers.splitcopy import BATCH_SPLIT_MIN, shared
 from ..checksum import checksum
 from ..errors import BlockNotFound, CorruptBlock, TierFull
@@ -130,6 +130,19 @@ class SlabTier(Tier):
         if self._verify:
             slot.checksum = checksum([self._slab_view(slot.offset, slot.length)])
 
+    def fill_many(self, slots: Sequence[_Slot], parts: Sequence[Sequence[Any]]) -> list[Exception | None]:
+        """A host slab's (no checksums) fills of numpy parts in one compiled call
+        (``copy_in_many``: shared with the copy helper and streamed as one copy of their
+        sum), unless a device batch is open (as :meth:`fill`); a fill that call refuses
+        (other parts, wrong sizes) is made on its own, by :meth:`fill`."""
+        if self._hot_host is None or batches_open():
+            return super().fill_many(slots, parts)
+        rest = self._copy_gathered(copy_in_many, slots, parts)
+        errors: list[Exception | None] = [None] * len(slots)
+        for j, error in zip(rest, super().fill_many([slots[j] for j in rest], [parts[j] for j in rest])):
+            errors[j] = error
+        return errors
+
     def commit(self, key: BlockKey, slot: _Slot) -> None:
         if key in self._index:
             self._release(key)
@@ -163,6 +176,35 @@ class SlabTier(Tier):
             copies.append((out, self._region(pos, size)))
             pos += size
         copy_each(copies)  # device outputs: one synchronisation per stream for the block
+
+    def read_runs(self, leases: Sequence[_Slot]) -> list[range]:
+        """A host slab (no checksums) reads a batch's leased blocks in one run (:meth:`read_leased_run`)."""
+        if self._hot_host is None or not self.copies_without_gil:
+            return super().read_runs(leases)
+        return [range(len(leases))] if leases else []
+
+    def read_leased_run(self, leases: Sequence[_Slot], outs: Sequence[Sequence[Any]]) -> list[CorruptBlock | None]:
+        """A run's copies into numpy outputs in one compiled call (``copy_out_many``:
+        shared with the copy helper and streamed as one copy of their sum), unless a
+        device batch is open (as :meth:`read_leased`); a block that call refuses (other
+        outputs, wrong sizes) is read on its own, by :meth:`read_leased`."""
+        if self._hot_host is None or batches_open():
+            return super().read_leased_run(leases, outs)
+        rest = self._copy_gathered(copy_out_many, leases, outs)
+        super().read_leased_run([leases[j] for j in rest], [outs[j] for j in rest])  # raises what they raise
+        return [None] * len(leases)
+
+    def _copy_gathered(self, copy_many: Callable[..., list[bool]], slots: Sequence[_Slot],
+                       buffers: Sequence[Sequence[Any]]) -> list[int]:
+        """One ``copy_many`` call (``copy_in_many`` or ``copy_out_many``) between the host
+        slab and every slot's buffers that are all numpy arrays, shared with the copy
+        helper and streamed as one copy of their sum; the indices it did not copy (other
+        buffers, or refused: nothing written)."""
+        plain = [all(type(b) is np.ndarray for b in bufs) for bufs in buffers]
+        jobs = [(slot.offset, slot.offset + slot.length, bufs) for slot, bufs, ok in zip(slots, buffers, plain) if ok]
+        total = sum(slot.length for slot, ok in zip(slots, plain) if ok)
+        took = iter(copy_many(self._hot_host, jobs, shared(total, self._split_copies), self._stream))
+        return [j for j, ok in enumerate(plain) if not ok or not next(took)]
 
     def leased_view(self, slot: _Slot) -> Any:
         if self._verify and checksum([self._slab_view(slot.offset, slot.length)]) != slot.checksum:
