@@ -47,7 +47,7 @@ def same(got, want) -> bool:
 
 
 def test_a_batch_put_and_get_of_big_shm_blocks_copy_in_one_call_each(tmp_path, monkeypatch):
-    with open_store(tmp_path) as store:
+    with open_store(tmp_path, blocks=32) as store:  # claims of up to a quarter of the tier at once: 8 blocks
         puts, gets = spy(monkeypatch, "copy_in_many"), spy(monkeypatch, "copy_out_many")
         assert store.put_many([block(n) for n in range(6)], block_ids=[bid(n) for n in range(6)]) == \
             [bid(n) for n in range(6)]
@@ -59,6 +59,26 @@ def test_a_batch_put_and_get_of_big_shm_blocks_copy_in_one_call_each(tmp_path, m
         st = store.stats()
         assert (st["puts"], st["gets"], st["hits"], st["misses"]) == (6, 6, 6, 0)
         assert store.tiers[0].used == 6 * SPEC.block_bytes
+
+
+@pytest.mark.parametrize("tiers", ["shm", "shm+file"])
+def test_a_batch_bigger_than_the_shm_tier_stores_as_the_same_puts_one_by_one(tmp_path, monkeypatch, tiers):
+    """The claims of a gathered batch are taken a chunk at a time (a quarter of the tier),
+    so a batch of 3x the tier's room evicts (or demotes) its own first blocks for its
+    last ones, without an error, as a loop of puts does."""
+    puts = spy(monkeypatch, "copy_in_many")
+    file_bytes = 64 * (SPEC.block_bytes + 8192) if "file" in tiers else 0
+    config = Config(shm_bytes=8 * (SPEC.block_bytes + 4096), file_bytes=file_bytes, remote_bytes=0,
+                    shm_dir=str(tmp_path), file_dir=str(tmp_path / "files"), promote_on_hit=False)
+    ids = [bid(n) for n in range(24)]
+    with CascadeStore(config, block_spec=SPEC) as store:
+        assert store.put_many([block(n) for n in range(24)], block_ids=ids) == ids
+        assert puts and max(puts) <= 2  # 8 blocks of room: claims of 2 at a time
+        assert all(store.contains(b) for b in ids[-8:])  # the last ones are cached (in SHM)
+        assert all(same(store.get(b), block(n)) for n, b in enumerate(ids) if store.contains(b))
+        if file_bytes:
+            assert all(store.contains(b) for b in ids)  # the first ones demoted, none lost
+        assert len(store._inflight) == 0
 
 
 def test_each_put_of_a_gathered_batch_keeps_its_own_error(tmp_path):
