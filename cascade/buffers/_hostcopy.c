@@ -696,5 +696,8 @@ PyInit__hostcopy(void)
     static int at_fork;
     if (!at_fork && pthread_atfork(NULL, NULL, forget_helper) == 0)
         at_fork = 1;
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddIntConstant(created, "STREAM_MIN", STREAM_MIN) < 0)
+        Py_CLEAR(created);
+    return created;
 }

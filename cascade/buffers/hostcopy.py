@@ -44,8 +44,6 @@ import numpy as np
 
 #: The most buffers one call copies (a block's key and value, or a few parts of them).
 MAX_BUFFERS = 8
-#: A call copying this many bytes or more in all streams, when asked to (the C module's STREAM_MIN).
-STREAM_MIN = 16 << 10
 
 #: What taking a flat byte view of a buffer raises when it has none (no buffer protocol,
 #: strided, a format memoryview cannot cast, read-only where writing).
@@ -169,12 +167,13 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
 
 
 try:
-    from ._hostcopy import (copy_in, copy_in_many, copy_out, copy_out_many, helper_pieces, memory_at, plain_pairs,
-                            streamed_copies)
+    from ._hostcopy import (STREAM_MIN, copy_in, copy_in_many, copy_out, copy_out_many, helper_pieces, memory_at,
+                            plain_pairs, streamed_copies)
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
     copy_out_many, copy_in_many, helper_pieces = copy_out_many_python, copy_in_many_python, helper_pieces_python
     streamed_copies = streamed_copies_python
+    STREAM_MIN = 16 << 10  # what the compiled copies stream from (the fallbacks never stream)
     plain_pairs = plain_pairs_python
     COMPILED = False
