@@ -114,18 +114,26 @@ def memcpy_gbps(nbytes: int, repeats: int = 7) -> dict[str, float | None]:
     n = working_set(nbytes)
     src = np.ones(n * nbytes, dtype=np.uint8)
     dst = np.zeros(n * nbytes, dtype=np.uint8)
-    slot = iter(range(1 << 62))
-
-    def copy() -> None:
-        lo = (next(slot) % n) * nbytes
-        np.copyto(dst[lo:lo + nbytes], src[lo:lo + nbytes])
-
-    for _ in range(n):  # one untimed pass: every page mapped
-        copy()
-    s = summarize(time_calls(copy, max(repeats, n)))
+    calls = max(repeats, n)
+    s = summarize(time_calls(_rotating(np.copyto, src, dst, nbytes, n), calls))
     return {"gbps": gbps(nbytes, s["median"]), "block_bytes": nbytes, "working_set_bytes": 2 * n * nbytes,
             "llc_bytes": llc_bytes(), **{f"t_{k}": v for k, v in s.items()},
-            "streamed_gbps": _streamed_gbps(src, dst, nbytes, n, max(repeats, n))}
+            "streamed_gbps": _streamed_gbps(src, dst, nbytes, n, calls)}
+
+
+def _rotating(copy: Callable[[Any, Any], Any], src: np.ndarray, dst: np.ndarray, nbytes: int,
+              n: int) -> Callable[[], None]:
+    """A call of ``copy(target, source)`` from and to the next of ``n`` slots of
+    ``nbytes`` in ``src`` and ``dst``, after one untimed pass over them all (every page mapped)."""
+    slot = iter(range(1 << 62))
+
+    def one() -> None:
+        lo = (next(slot) % n) * nbytes
+        copy(dst[lo:lo + nbytes], src[lo:lo + nbytes])
+
+    for _ in range(n):
+        one()
+    return one
 
 
 def _streamed_gbps(src: np.ndarray, dst: np.ndarray, nbytes: int, n: int, calls: int) -> float | None:
@@ -134,14 +142,11 @@ def _streamed_gbps(src: np.ndarray, dst: np.ndarray, nbytes: int, n: int, calls:
 
     if not hostcopy.COMPILED:
         return None
-    target = memoryview(dst)
-    slot = iter(range(1 << 62))
 
-    def copy() -> None:
-        lo = (next(slot) % n) * nbytes
-        hostcopy.copy_in(target, lo, lo + nbytes, [src[lo:lo + nbytes]], False, True)
+    def streamed(target: np.ndarray, source: np.ndarray) -> None:
+        hostcopy.copy_in(target.data, 0, nbytes, [source], False, True)
 
-    return gbps(nbytes, summarize(time_calls(copy, calls))["median"])
+    return gbps(nbytes, summarize(time_calls(_rotating(streamed, src, dst, nbytes, n), calls))["median"])
 
 
 def odirect_plan(block_bytes: int) -> tuple[int, int]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 
 from cascade import Config
+from cascade.buffers import hostcopy
 from cascade.testing import mpich_segments
 
 
@@ -16,6 +18,26 @@ def tiny_config(tmp_path) -> Config:
     no background demoter (tests count where each block lands; tests/test_background_demotion.py)."""
     return Config(model="tiny", shm_bytes=64 * 4096, file_bytes=256 * 8192,
                   file_dir=str(tmp_path / "files"), file_segment_bytes=1 << 20, demote_high=1.0)
+
+
+@pytest.fixture
+def compiled_hostcopy() -> None:
+    """Skips the test where the compiled host copies (cascade.buffers._hostcopy) are not built."""
+    if not hostcopy.COMPILED:
+        pytest.skip("not built here (test_hostcopy.test_the_compiled_copies_were_built says why)")
+
+
+@pytest.fixture(params=["compiled", "python"])
+def hostcopy_impl(request) -> SimpleNamespace:
+    """Both host-copy implementations: ``copy_out``, ``copy_in``, ``copy_out_many`` and
+    ``copy_in_many`` of the compiled module (skipped where it is not built) and the Python
+    fallbacks (which take ``share`` and ``stream`` and copy on the calling thread, through
+    the cache)."""
+    names = ("copy_out", "copy_in", "copy_out_many", "copy_in_many")
+    if request.param == "compiled":
+        request.getfixturevalue("compiled_hostcopy")
+        return SimpleNamespace(**{name: getattr(hostcopy, name) for name in names})
+    return SimpleNamespace(**{name: getattr(hostcopy, f"{name}_python") for name in names})
 
 
 @pytest.fixture

@@ -21,23 +21,6 @@ from cascade.tiers import slab_tier
 
 BIG = max(splitcopy.SPLIT_MIN, BYTES_PER_WORKER)  # a block's bytes: shared, and a batch of two gets two workers
 SPEC = BlockSpec.flat(BIG)
-COPIES = {"compiled": (hostcopy.copy_out, hostcopy.copy_in),
-          "python": (hostcopy.copy_out_python, hostcopy.copy_in_python)}
-
-
-def compiled() -> None:
-    if not hostcopy.COMPILED:
-        pytest.skip("not built here (test_hostcopy.test_the_compiled_copies_were_built says why)")
-
-
-@pytest.fixture(params=list(COPIES))
-def copies(request):
-    """Both implementations (the fallbacks take ``share`` and copy on the calling thread)."""
-    if request.param == "compiled":
-        compiled()
-    return COPIES[request.param]
-
-
 def pattern(nbytes: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
@@ -58,8 +41,8 @@ def test_only_big_copies_allowed_outside_a_batchs_workers_are_shared(monkeypatch
 
 @pytest.mark.parametrize("sizes", [[BIG // 2, BIG // 2], [BIG], [BIG // 8, 5 * BIG // 8, BIG - 6 * BIG // 8],
                                    [3, BIG - 3], [BIG + 12345, 7 * BIG + 3]])
-def test_a_shared_copy_moves_the_same_bytes_as_one_thread(copies, sizes):
-    copy_out, copy_in = copies
+def test_a_shared_copy_moves_the_same_bytes_as_one_thread(hostcopy_impl, sizes):
+    copy_out, copy_in = hostcopy_impl.copy_out, hostcopy_impl.copy_in
     total = sum(sizes)
     slab = memoryview(bytearray(total + 2 * 4096))
     parts = [pattern(n, i) for i, n in enumerate(sizes)]
@@ -73,8 +56,8 @@ def test_a_shared_copy_moves_the_same_bytes_as_one_thread(copies, sizes):
 
 
 @pytest.mark.parametrize("case", ["strided", "read-only", "no buffer", "short", "too many"])
-def test_a_shared_copy_that_is_refused_writes_nothing(copies, case):
-    copy_out, _ = copies
+def test_a_shared_copy_that_is_refused_writes_nothing(hostcopy_impl, case):
+    copy_out = hostcopy_impl.copy_out
     slab = memoryview(bytearray(b"\x07" * BIG))
     outs = [np.zeros(BIG // 2, np.uint8), np.zeros(BIG // 2, np.uint8)]
     if case == "strided":
@@ -91,8 +74,7 @@ def test_a_shared_copy_that_is_refused_writes_nothing(copies, case):
     assert not any(o.any() for o in outs if isinstance(o, np.ndarray))
 
 
-def test_the_helper_thread_takes_pieces_of_shared_copies():
-    compiled()
+def test_the_helper_thread_takes_pieces_of_shared_copies(compiled_hostcopy):
     slab = memoryview(bytearray(16 << 20))
     out = np.zeros(16 << 20, np.uint8)
     before = hostcopy.helper_pieces()
@@ -106,10 +88,9 @@ def test_the_helper_thread_takes_pieces_of_shared_copies():
     assert hostcopy.helper_pieces() == quiet  # copies not shared never reach it
 
 
-def test_threads_sharing_copies_at_once_each_get_their_own_bytes():
+def test_threads_sharing_copies_at_once_each_get_their_own_bytes(compiled_hostcopy):
     """One copy at a time is offered to the helper: the others copy alone, none waits
     on another's pieces or takes them."""
-    compiled()
     nbytes = 3 << 20
     slabs = [memoryview(bytearray(pattern(nbytes, t).tobytes())) for t in range(4)]
     wrong: list[int] = []
@@ -142,8 +123,7 @@ def _share_in_a_child(queue) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the point here
-def test_a_forked_child_shares_copies_with_a_helper_of_its_own():
-    compiled()
+def test_a_forked_child_shares_copies_with_a_helper_of_its_own(compiled_hostcopy):
     slab = memoryview(bytearray(BIG))
     assert hostcopy.copy_out(slab, 0, BIG, [np.zeros(BIG, np.uint8)], True)  # the parent's helper runs
     ctx = multiprocessing.get_context("fork")
@@ -171,7 +151,7 @@ def bid(n: int) -> str:
     return f"{n + 1:032x}"
 
 
-def test_a_store_moves_big_blocks_exactly_split_or_not(tmp_path, copies, monkeypatch):
+def test_a_store_moves_big_blocks_exactly_split_or_not(tmp_path, hostcopy_impl, monkeypatch):
     with open_store(tmp_path, "shm") as store:
         for n in range(3):
             store.put(*block(n), block_id=bid(n))

@@ -1,7 +1,8 @@
 """Streamed slab copies (``stream`` of cascade.buffers.hostcopy: non-temporal stores for a
 call of STREAM_MIN bytes or more): the same bytes as memcpy's at every alignment and
 length, nothing written outside the range or on a refusal, only calls asked to and big
-enough stream, and a store streams its SHM copies unless ``stream_copies=False``."""
+enough stream, and a store streams its SHM copies unless ``stream_copies=False``. Both
+implementations (``hostcopy_impl``, tests/conftest.py) take ``stream``."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,21 +14,6 @@ from cascade.models import BlockSpec
 from cascade.tiers import slab_tier
 
 MIN = hostcopy.STREAM_MIN
-COPIES = {"compiled": (hostcopy.copy_out, hostcopy.copy_in, hostcopy.copy_out_many),
-          "python": (hostcopy.copy_out_python, hostcopy.copy_in_python, hostcopy.copy_out_many_python)}
-
-
-def compiled() -> None:
-    if not hostcopy.COMPILED:
-        pytest.skip("not built here (test_hostcopy.test_the_compiled_copies_were_built says why)")
-
-
-@pytest.fixture(params=list(COPIES))
-def copies(request):
-    """Both implementations (the fallbacks take ``stream`` and copy through the cache)."""
-    if request.param == "compiled":
-        compiled()
-    return COPIES[request.param]
 
 
 def pattern(nbytes: int, seed: int) -> np.ndarray:
@@ -38,8 +24,8 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("sizes", [[MIN], [MIN - 1, 1], [1, MIN + 63], [MIN + 15, 17, 3 * MIN + 5],
                                    [7, 9, 31], [(1 << 20) + 3, 61], [5 << 20]])
 @pytest.mark.parametrize("offset", [0, 1, 15, 16, 4095])
-def test_a_streamed_copy_moves_the_same_bytes_at_any_alignment(copies, sizes, offset, share):
-    copy_out, copy_in, _ = copies
+def test_a_streamed_copy_moves_the_same_bytes_at_any_alignment(hostcopy_impl, sizes, offset, share):
+    copy_out, copy_in = hostcopy_impl.copy_out, hostcopy_impl.copy_in
     total = sum(sizes)
     guard = 4096
     slab = memoryview(bytearray(b"\x5a" * (offset + total + 2 * guard)))
@@ -58,8 +44,8 @@ def test_a_streamed_copy_moves_the_same_bytes_at_any_alignment(copies, sizes, of
         assert (back[:offset] == 0xA5).all() and (back[offset + n:] == 0xA5).all()
 
 
-def test_a_streamed_batch_copy_moves_each_jobs_bytes(copies):
-    _, copy_in, copy_out_many = copies
+def test_a_streamed_batch_copy_moves_each_jobs_bytes(hostcopy_impl):
+    copy_in, copy_out_many = hostcopy_impl.copy_in, hostcopy_impl.copy_out_many
     sizes = [MIN // 4 + 1, 2 * MIN + 7, 64, (1 << 20) + 5]
     slab = memoryview(bytearray(sum(sizes) + 4096))
     jobs, pos = [], 0
@@ -75,8 +61,8 @@ def test_a_streamed_batch_copy_moves_each_jobs_bytes(copies):
 
 
 @pytest.mark.parametrize("case", ["read-only", "short", "too many"])
-def test_a_streamed_copy_that_is_refused_writes_nothing(copies, case):
-    copy_out, copy_in, _ = copies
+def test_a_streamed_copy_that_is_refused_writes_nothing(hostcopy_impl, case):
+    copy_out, copy_in = hostcopy_impl.copy_out, hostcopy_impl.copy_in
     slab = memoryview(bytearray(b"\x07" * (4 * MIN)))
     outs = [np.zeros(2 * MIN, np.uint8), np.zeros(2 * MIN, np.uint8)]
     if case == "read-only":
@@ -92,8 +78,7 @@ def test_a_streamed_copy_that_is_refused_writes_nothing(copies, case):
 
 
 @pytest.mark.parametrize("case", ["streamed", "not asked", "under the threshold", "batch under", "batch over"])
-def test_only_calls_asked_to_and_big_enough_stream(case):
-    compiled()
+def test_only_calls_asked_to_and_big_enough_stream(compiled_hostcopy, case):
     slab = memoryview(bytearray(4 * MIN))
     before = hostcopy.streamed_copies()
     if case.startswith("batch"):
@@ -106,8 +91,7 @@ def test_only_calls_asked_to_and_big_enough_stream(case):
     assert hostcopy.streamed_copies() - before == (case in ("streamed", "batch over"))
 
 
-def test_stream_must_be_a_truth_value_and_arguments_are_counted():
-    compiled()
+def test_stream_must_be_a_truth_value_and_arguments_are_counted(compiled_hostcopy):
     slab = memoryview(bytearray(MIN))
 
     class NoTruth:

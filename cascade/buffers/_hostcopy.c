@@ -16,24 +16,25 @@
  * pieces of one batch at once).
  *
  * With ``share`` true (a fifth argument to copy_out and copy_in, a third to
- * copy_out_many and copy_in_many), a copy of BIG_COPY bytes or more is cut into pieces of PIECE bytes that
- * the calling thread and one helper thread (a C thread of this module, started on first
- * use, that never takes the interpreter lock) take in turn, each the next piece not yet
- * taken: the helper joins when it wakes, and the caller never waits for a helper that has
- * not started (it takes the work back), only for the one piece the helper may still be
- * copying. After a copy the helper spins for up to SPIN_NS (yielding the core to any
- * other thread that wants it) before it sleeps, so back-to-back copies find it awake.
- * One copy at a time is shared: a caller that finds the helper taken copies alone.
- * helper_pieces() counts the pieces the helper has copied.
+ * copy_out_many and copy_in_many), a copy of BIG_COPY bytes or more is cut into pieces
+ * of PIECE bytes that the calling thread and one helper thread (a C thread of this
+ * module, started on first use, that never takes the interpreter lock) take in turn,
+ * each the next piece not yet taken: the helper joins when it wakes, and the caller
+ * never waits for a helper that has not started (it takes the work back), only for the
+ * one piece the helper may still be copying. After a copy the helper spins for up to
+ * SPIN_NS (yielding the core to any other thread that wants it) before it sleeps, so
+ * back-to-back copies find it awake. One copy at a time is shared: a caller that finds
+ * the helper taken copies alone. helper_pieces() counts the pieces the helper has
+ * copied.
  *
  * With ``stream`` true (a sixth argument to copy_out and copy_in, a fourth to
- * copy_out_many and copy_in_many), a copy of STREAM_MIN bytes or more in all writes its destination with
- * non-temporal stores (x86-64; elsewhere memcpy): they go to memory without first reading
- * each destination line into the cache, nor keeping it there. For a store's copies, whose
- * destinations (the slab, or outputs of a batch) are seldom read again from the cache,
- * that is up to twice the rate of memcpy on this project's VM (whose glibc takes its
- * shared cache for 320 MiB and never streams below 240 MiB). streamed_copies() counts the
- * calls that streamed.
+ * copy_out_many and copy_in_many), a copy of STREAM_MIN bytes or more in all writes its
+ * destination with non-temporal stores (x86-64; elsewhere memcpy): they go to memory
+ * without first reading each destination line into the cache, nor keeping it there. For
+ * a store's copies, whose destinations (the slab, or outputs of a batch) are seldom read
+ * again from the cache, that is up to twice the rate of memcpy on this project's VM
+ * (whose glibc takes its shared cache for 320 MiB and never streams below 240 MiB).
+ * streamed_copies() counts the calls that streamed.
  *
  * plain_pairs(pairs, array_type, dtype, shape) counts the leading (key, value) pairs of
  * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
@@ -167,9 +168,9 @@ typedef struct {
     size_t len;
 } Piece;
 
-/* One shared copy: its pieces, whether they stream, the next one not yet taken, and whether the helper has let
- * go of it (it lives on the caller's stack: the caller returns only once the helper never
- * touches it again). */
+/* One shared copy: its pieces, whether they stream, the next one not yet taken, and
+ * whether the helper has let go of it (it lives on the caller's stack: the caller returns
+ * only once the helper never touches it again). */
 typedef struct {
     const Piece *pieces;
     size_t count;

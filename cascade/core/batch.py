@@ -70,15 +70,7 @@ class BatchCalls:
             rest = [i for i, got in enumerate(results) if got is None]
             device = [i for i in rest if self._device_pair(*pairs[i])]
             if device:  # device inputs into a device tier: one synchronisation per stream, then the commits
-                items, failed = [], []
-                for i in device:
-                    try:
-                        self._check_put_options(namespace, parents[i], 0, None)
-                        items.append((self._check_pair(*pairs[i]), ids[i], parents[i]))
-                    except Exception as exc:
-                        results[i] = exc
-                        failed.append(i)
-                device = [i for i in device if i not in failed]
+                items, device = self._checked_puts(pairs, ids, parents, device, namespace, results)
                 try:
                     stored = self._writes.put_device_many(items, namespace, ttl=None, priority=0)
                 except Exception as exc:  # a copy or synchronisation failed: none of these was stored
@@ -111,20 +103,29 @@ class BatchCalls:
         a batch bigger than the tier still makes room for its last blocks by evicting
         its first ones, as the same puts one by one do. Each put's id or error goes into
         ``results``."""
-        items, checked = [], []
-        for i in indices:
-            try:
-                self._check_put_options(namespace, parents[i], 0, None)
-                items.append((self._check_pair(*pairs[i]), ids[i], parents[i]))
-                checked.append(i)
-            except Exception as exc:  # this put's own error: the others still run
-                results[i] = exc
+        items, checked = self._checked_puts(pairs, ids, parents, indices, namespace, results)
         step = self._host_chunk()
         for lo in range(0, len(items), step):
             for i, got in zip(checked[lo:lo + step],
                               self._writes.put_host_many(items[lo:lo + step], namespace, ttl=None, priority=0)):
                 results[i] = got
         self._tick()
+
+    def _checked_puts(self, pairs: list[tuple[Any, Any]], ids: Sequence[str], parents: Sequence[str | None],
+                      indices: Sequence[int], namespace: str, results: list[Any]
+                      ) -> tuple[list[tuple[list[Any], str, str | None]], list[int]]:
+        """The puts ``indices`` of a batch checked (options and pair): ``(parts, id,
+        parent)`` of each that passed, and their indices; each one's own error goes
+        into ``results`` (the others still run)."""
+        items, checked = [], []
+        for i in indices:
+            try:
+                self._check_put_options(namespace, parents[i], 0, None)
+                items.append((self._check_pair(*pairs[i]), ids[i], parents[i]))
+                checked.append(i)
+            except Exception as exc:
+                results[i] = exc
+        return items, checked
 
     def _host_chunk(self) -> int:
         """Blocks one :meth:`~cascade.core.writes.WritePath.put_host_many` call claims at

@@ -179,7 +179,7 @@ class SlabTier(Tier):
 
     def read_runs(self, leases: Sequence[_Slot]) -> list[range]:
         """A host slab (no checksums) reads a batch's leased blocks in one run (:meth:`read_leased_run`)."""
-        if self._hot_host is None or not self.copies_without_gil:
+        if self._hot_host is None:
             return super().read_runs(leases)
         return [range(len(leases))] if leases else []
 
