@@ -221,7 +221,9 @@ class CascadeStore(BatchCalls):
         with ``block_id`` that the SHM tier has room for as it is: that put is one short
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
-        priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
+        if not (namespace is DEFAULT_NAMESPACE and parent is None and ttl is None and priority.__class__ is int
+                and not priority):  # (the defaults need no check: tested here, per put)
+            priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         plain = _plain_pair(key, value, self._shape, self._dtype)
         if not plain and (arrays := self._host_arrays(key, value, writable=False)) is not None:
             (key, value), plain = arrays, True  # CPU torch tensors: numpy arrays over their memory

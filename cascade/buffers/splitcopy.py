@@ -21,10 +21,16 @@ with the C helper, one thread and shared pieces alternated (20 passes of hot get
 puts, 32 MiB each): gets 1.37x faster shared at 256 KiB, 1.63x at 512 KiB, 2.0x at 1 MiB;
 puts 1.30x at 256 KiB, 1.67x at 1 MiB, 1.64x at 16 MiB. Threads that already share a
 batch's copies among the cores copy alone inside :func:`unsplit` (16 MiB batch gets on
-two workers: 9.3 GB/s splitting, 10.8 not). A batch get's hot copies, gathered into one
-call, are shared once they add up to :data:`BATCH_SPLIT_MIN` (64 copies of 64 KiB out
-of a slab: 0.64 and 0.73 of one thread's time in halves; 16 KiB copies, 1 MiB in all:
-1.00). Thread-safe; a forked child starts a helper of its own.
+two workers: 9.3 GB/s splitting, 10.8 not). A batch get's hot copies are gathered into
+one call and shared once they add up to :data:`BATCH_SPLIT_MIN`. It was 2 MiB (64
+copies of 64 KiB out of a slab took 0.64 and 0.73 of one thread's time in halves) until
+copies streamed (:mod:`~.hostcopy`); since, hot batches of 64 KiB blocks into outputs
+just zeroed (as benchmark small_blocks; six interleaved rounds a run, two runs each, the
+batch's time over the same gets in a loop) ran at 0.92 and 1.00 of the loop shared, 64
+a call (4 MiB), against 0.89-0.91 copied one by one or gathered on one thread; at 128 a
+call (8 MiB), 0.73-0.82 shared against 0.86-0.87 one by one; 8 MiB of 16 KiB or 4 KiB
+blocks ran alike either way (0.57-0.72). Thread-safe; a forked child starts a helper of
+its own.
 """
 from __future__ import annotations
 
@@ -37,8 +43,8 @@ from .hostcopy import COMPILED
 
 #: Copies of one block of this many bytes and more are shared (where :func:`shared` says so).
 SPLIT_MIN = 256 << 10
-#: A batch's gathered copies adding up to this many bytes are shared.
-BATCH_SPLIT_MIN = 2 << 20
+#: A batch's hot copies adding up to this many bytes are gathered into one call and shared.
+BATCH_SPLIT_MIN = 8 << 20
 
 _local = threading.local()  # .unsplit: this thread copies alone (see unsplit())
 
