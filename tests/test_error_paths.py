@@ -345,7 +345,8 @@ def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hi
         assert s.get_many_into(ids, outs[:5]) == [True, True, False, True, True]  # dropped: a plain miss now
 
 
-@pytest.mark.parametrize("method", ["read_leased", "read_leased_run", "start_leased_run", "finish_leased_run"])
+@pytest.mark.parametrize("method", ["will_read", "read_leased", "read_leased_run", "start_leased_run",
+                                    "finish_leased_run"])
 @pytest.mark.usefixtures("leased_file_batches")
 def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(config, monkeypatch, method):
     with CascadeStore(config.replace(shm_bytes=0)) as s:

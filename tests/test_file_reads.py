@@ -10,7 +10,7 @@ import pytest
 
 from cascade import CascadeStore, Config, ConfigError, CorruptBlock
 from cascade.models import BlockSpec
-from cascade.tiers import record_io
+from cascade.tiers import file_reads, record_io
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.records import HEADER_BYTES
 
@@ -421,3 +421,76 @@ def test_a_batch_reads_small_records_from_the_page_cache_until_one_is_not_there(
         runs.clear()
         assert s.get_many_into(ids[4:], outs[4:]) == [True] * 4  # the next batch asks the page cache again
         assert seen == [True] * 4 and runs == []
+
+
+def _advice_spied(monkeypatch) -> list[tuple[int, int, int]]:
+    """The (fd, offset, length) of each POSIX_FADV_WILLNEED the file tier gives, in order."""
+    calls = []
+    monkeypatch.setattr(file_reads, "_FADVISE", lambda fd, offset, length, advice:
+                        calls.append((fd, offset, length)) if advice == os.POSIX_FADV_WILLNEED else None)
+    return calls
+
+
+def _span(leases) -> tuple[int, int]:
+    """Where the back-to-back records of ``leases`` start, and their bytes in all."""
+    return leases[0].loc.offset, leases[-1].loc.offset + leases[-1].loc.record_bytes - leases[0].loc.offset
+
+
+def test_a_batch_advises_the_kernel_of_each_stretch_of_its_small_records(tmp_path, monkeypatch):
+    """will_read: one WILLNEED per stretch of back-to-back records, up to ADVISE_BYTES in
+    all; nothing under ADVISE_MIN, for records over SCAN or in O_DIRECT mode."""
+    with _leased_tier(tmp_path, 20, 64 << 10) as (tier, _, leases):
+        calls, fd = _advice_spied(monkeypatch), leases[0].file.fd
+        monkeypatch.setattr(file_reads, "ADVISE_MIN", 4 * leases[0].loc.record_bytes)
+        tier.will_read(leases)
+        assert calls == [(fd, *_span(leases))]
+        calls.clear()
+        tier.will_read(leases[:5] + leases[6:])  # block 5 skipped: a gap
+        assert calls == [(fd, *_span(leases[:5])), (fd, *_span(leases[6:]))]
+        calls.clear()
+        monkeypatch.setattr(file_reads, "ADVISE_BYTES", 5 * leases[0].loc.record_bytes)
+        tier.will_read(leases)
+        assert calls == [(fd, *_span(leases[:5]))]
+        calls.clear()
+        tier.will_read(leases[:3])  # under ADVISE_MIN: the kernel's readahead alone
+        monkeypatch.setattr(file_reads, "SCAN", leases[0].loc.record_bytes - 1)
+        tier.will_read(leases)
+        monkeypatch.setattr(file_reads, "SCAN", record_io.SCAN)
+        monkeypatch.setattr(tier, "_odirect", True)
+        tier.will_read(leases)
+        assert calls == []
+
+
+def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monkeypatch):
+    with _leased_tier(tmp_path, 20, 64 << 10) as (tier, blocks, leases):
+        def refused(*args):
+            raise OSError(22, "Invalid argument")
+
+        monkeypatch.setattr(file_reads, "_FADVISE", refused)
+        tier.will_read(leases)
+        outs = [[np.zeros(64 << 10, np.uint8)] for _ in blocks]
+        assert tier.read_leased_run(leases, outs) == [None] * 20
+        assert all(np.array_equal(out[0], data) for out, data in zip(outs, blocks.values()))
+
+
+@pytest.mark.usefixtures("leased_file_batches")
+def test_a_store_batch_advises_the_kernel_before_it_reads_its_cold_records(tmp_path, monkeypatch):
+    """A batch get's leased file-tier blocks are advised (each leased chunk before its
+    runs start), and read back exactly."""
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
+    monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
+    with _file_store(tmp_path, 10) as (s, blocks, ids):
+        tier, calls, runs = s.tiers[0], _advice_spied(monkeypatch), []  # runs: (advices given, blocks) as each starts
+        for name in ("start_leased_run", "read_leased_run"):
+            real = getattr(tier, name)
+            monkeypatch.setattr(tier, name, lambda leases, outs, real=real:
+                                runs.append((len(calls), len(leases))) or real(leases, outs))
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 10
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        locs = [tier._index[("default", b)] for b in ids]
+        advised = sorted((offset, offset + length) for _, offset, length in calls)
+        assert advised[0][0] == locs[0].offset and advised[-1][1] == locs[-1].offset + locs[-1].record_bytes
+        assert sum(end - start for start, end in advised) == sum(loc.record_bytes for loc in locs)
+        assert len(calls) == 3 and runs[0][0] == 1  # chunks of 4, 4 and 2, each advised before its runs start
+        assert sum(n for _, n in runs) == 10

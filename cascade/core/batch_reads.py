@@ -114,6 +114,7 @@ class LeasedBatchReads:
                         leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                         self.metrics.counters.gets += 1
                     op.what = f"a batch get holding {len(leased)} leases"
+                _will_read(leased[first:])
                 for run in _runs(leased[first:]):
                     run = range(first + run.start, first + run.stop)
                     tier = leased[run.start][1].tier
@@ -183,6 +184,15 @@ class LeasedBatchReads:
             if hits:
                 self.metrics.hits(leases[0].t, nbytes, share, hits)
         return counted
+
+
+def _will_read(leased: Sequence[tuple[int, Lease]]) -> None:
+    """:meth:`~cascade.tiers.base.Tier.will_read` of each tier's leases among ``leased``, in order."""
+    tiers: dict[int, tuple[Tier, list[Any]]] = {}
+    for _, lease in leased:
+        tiers.setdefault(id(lease.tier), (lease.tier, []))[1].append(lease.handle)
+    for tier, handles in tiers.values():
+        tier.will_read(handles)
 
 
 def _runs(leased: Sequence[tuple[int, Lease]]) -> list[range]:

@@ -199,6 +199,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def release(self, lease: Any) -> None:
         """End a lease; frees the bytes of a block deleted while leased."""
 
+    def will_read(self, leases: Sequence[Any]) -> None:
+        """A batch is about to read these leased blocks, in this order: a tier may start
+        fetching them now (a hint: it raises nothing). Here nothing happens."""
+
     def read_runs(self, leases: Sequence[Any]) -> list[range]:
         """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
         reads in one go: here each lease alone; the file tier joins adjacent records."""
