@@ -25,12 +25,12 @@ two workers: 9.3 GB/s splitting, 10.8 not). A batch get's hot copies are gathere
 one call and shared once they add up to :data:`BATCH_SPLIT_MIN`. It was 2 MiB (64
 copies of 64 KiB out of a slab took 0.64 and 0.73 of one thread's time in halves) until
 copies streamed (:mod:`~.hostcopy`); since, hot batches of 64 KiB blocks into outputs
-just zeroed (as benchmark small_blocks; six interleaved rounds a run, two runs each, the
-batch's time over the same gets in a loop) ran at 0.92 and 1.00 of the loop shared, 64
-a call (4 MiB), against 0.89-0.91 copied one by one or gathered on one thread; at 128 a
-call (8 MiB), 0.73-0.82 shared against 0.86-0.87 one by one; 8 MiB of 16 KiB or 4 KiB
-blocks ran alike either way (0.57-0.72). Thread-safe; a forked child starts a helper of
-its own.
+just zeroed (as benchmark small_blocks; six interleaved rounds a run, two to six runs
+each, the batch's time over the same gets in a loop) ran at 0.92-1.00 of the loop
+shared, 64 a call (4 MiB), against 0.88-0.90 copied one by one and 0.89-0.91 gathered on
+one thread; at 128 a call (8 MiB), 0.73-0.82 shared against 0.84-0.87 one by one; 8 MiB
+of 16 KiB or 4 KiB blocks ran alike either way (0.57-0.72). Thread-safe; a forked child
+starts a helper of its own.
 """
 from __future__ import annotations
 
