@@ -169,9 +169,6 @@ class CascadeStore(BatchCalls):
     @staticmethod
     def _check_put_options(namespace: str, parent: str | None, priority: int,
                            ttl: float | None) -> tuple[int, float | None]:
-        if (namespace is DEFAULT_NAMESPACE and parent is None and ttl is None and priority.__class__ is int
-                and not priority):
-            return 0, None  # the defaults need no check (per put)
         check_namespace(namespace)
         if parent is not None:
             check_id(parent)
@@ -222,7 +219,7 @@ class CascadeStore(BatchCalls):
         locked step (:meth:`~cascade.core.writes.WritePath.put_hot`).
         """
         if not (namespace is DEFAULT_NAMESPACE and parent is None and ttl is None and priority.__class__ is int
-                and not priority):  # (the defaults need no check: tested here, per put)
+                and not priority):  # the defaults need no check (tested here, not by a call: per put)
             priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
         plain = _plain_pair(key, value, self._shape, self._dtype)
         if not plain and (arrays := self._host_arrays(key, value, writable=False)) is not None:

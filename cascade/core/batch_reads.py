@@ -187,22 +187,27 @@ class LeasedBatchReads:
 
 
 def _will_read(leased: Sequence[tuple[int, Lease]]) -> None:
-    """:meth:`~cascade.tiers.base.Tier.will_read` of each tier's leases among ``leased``, in order."""
-    tiers: dict[int, tuple[Tier, list[Any]]] = {}
-    for _, lease in leased:
-        tiers.setdefault(id(lease.tier), (lease.tier, []))[1].append(lease.handle)
-    for tier, handles in tiers.values():
-        tier.will_read(handles)
+    """:meth:`~cascade.tiers.base.Tier.will_read` of each stretch of ``leased`` in one tier, in order."""
+    for lo, hi in _tier_stretches(leased):
+        leased[lo][1].tier.will_read([lease.handle for _, lease in leased[lo:hi]])
 
 
 def _runs(leased: Sequence[tuple[int, Lease]]) -> list[range]:
     """Indices into ``leased`` cut into runs its tiers read in one go
     (:meth:`~cascade.tiers.base.Tier.read_runs`), each within one tier."""
     runs: list[range] = []
+    for lo, hi in _tier_stretches(leased):
+        tier = leased[lo][1].tier
+        runs += [range(lo + r.start, lo + r.stop) for r in tier.read_runs([lease.handle for _, lease in leased[lo:hi]])]
+    return runs
+
+
+def _tier_stretches(leased: Sequence[tuple[int, Lease]]) -> list[tuple[int, int]]:
+    """``(lo, hi)`` of each stretch ``leased[lo:hi]`` of leases in one tier, in order."""
+    stretches: list[tuple[int, int]] = []
     lo = 0
     for hi in range(1, len(leased) + 1):
         if hi == len(leased) or leased[hi][1].tier is not leased[lo][1].tier:
-            tier = leased[lo][1].tier
-            runs += [range(lo + r.start, lo + r.stop) for r in tier.read_runs([lease.handle for _, lease in leased[lo:hi]])]
+            stretches.append((lo, hi))
             lo = hi
-    return runs
+    return stretches
