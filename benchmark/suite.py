@@ -28,11 +28,12 @@ from .results import RESULTS_DIR, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "thread_scaling", "tier_bandwidth", "small_blocks", "file_read_mode", "device_io", "cluster_serving",
+             "thread_scaling", "tier_bandwidth", "small_blocks", "file_read_mode", "read_stall", "device_io",
+             "cluster_serving",
              "mpi_micro", "cross_node", "stress_mpi", "faults", "restart", "run")
 #: Workloads whose results files hold rows of their own shape: every number of each row
 #: becomes a figure, named by its path (per-pass samples left out), keyed by ``ROW_KEYS``.
-OWN_ROWS = ("small_blocks", "file_read_mode", "device_io", "cluster_serving")
+OWN_ROWS = ("small_blocks", "file_read_mode", "read_stall", "device_io", "cluster_serving")
 ROW_KEYS = ("size", "block_bytes", "blocks")
 #: MPI workloads launched directly under mpiexec: (ranks, extra environment).
 MPI_WORKLOADS: dict[str, tuple[int, dict[str, str]]] = {
@@ -67,6 +68,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
                 "--set", "file_bytes=2G"],  # as `make run`
         "small_blocks": ["--rounds", "6"],  # a multiple of 2 and 3: each form of a pair or triple goes first as often
         "file_read_mode": ["--rounds", "7"],  # its medians sit near the 0.9 target: more rounds, less of the VM's spread
+        "read_stall": ["--rounds", "3"],
         "device_io": ["--rounds", "5"],
         "cluster_serving": [],
         "restart": ["--gib", "1"],  # four cases (1:1, 4:4, 4:1, 1:4) of 1 GiB: about a minute here
@@ -88,6 +90,7 @@ SIZES: dict[str, dict[str, list[str]]] = {
                 "--set", "file_bytes=512M"],
         "small_blocks": ["--sizes", "4K,2M", "--rounds", "1"],
         "file_read_mode": ["--sizes", "64K,2M", "--rounds", "1", "--blocks", "64"],
+        "read_stall": ["--rounds", "1", "--blocks", "512"],
         "device_io": ["--sizes", "64K", "--rounds", "2"],
         "cluster_serving": ["--sizes", "64K", "--blocks", "16", "--requests", "40"],
         "restart": ["--gib", "0.125", "--cases", "1:1,4:1"],
@@ -102,6 +105,7 @@ SIZES["tiny"] = {**SIZES["quick"],
                  "stress_mpi": ["--hits", "600", "--seconds", "5"],
                  "small_blocks": ["--sizes", "4K", "--rounds", "1", "--blocks", "16"],
                  "file_read_mode": ["--sizes", "64K", "--rounds", "1", "--blocks", "16"],
+                 "read_stall": ["--rounds", "1", "--blocks", "64"],
                  "cluster_serving": ["--sizes", "8K", "--blocks", "8", "--requests", "12"],
                  "restart": ["--gib", "0.0625", "--cases", "1:1,2:1"],
                  # 8 MiB SHM per rank: some gets still come from the file tier

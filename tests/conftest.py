@@ -40,14 +40,6 @@ def hostcopy_impl(request) -> SimpleNamespace:
     return SimpleNamespace(**{name: getattr(hostcopy, f"{name}_python") for name in names})
 
 
-@pytest.fixture
-def leased_file_batches(monkeypatch) -> None:
-    """File tiers opened in the test read no record from the page cache in the store's
-    locked step, as where preadv2 lacks RWF_NOWAIT: every batch goes as leased runs
-    (the tests of those runs use small blocks, which batches read in the locked step)."""
-    monkeypatch.setattr("cascade.tiers.file_tier.NOWAIT", None)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _private_tmpdir(tmp_path_factory):
     """Point TMPDIR (this process's tempfile module and every subprocess, e.g. ``cascade

@@ -13,7 +13,7 @@ from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config
                      InvalidBlock, TierFull, block_id)
 from cascade.core import batch_reads, reads
 from cascade.errors import StoreClosed
-from cascade.tiers import record_io, slab_tier
+from cascade.tiers import slab_tier
 from cascade.tiers.file_tier import FileTier
 from cascade.tiers.shm import ShmTier
 
@@ -347,7 +347,6 @@ def test_a_corrupt_record_in_a_file_tier_batch_is_a_counted_miss_and_the_rest_hi
 
 @pytest.mark.parametrize("method", ["will_read", "read_leased", "read_leased_run", "start_leased_run",
                                     "finish_leased_run"])
-@pytest.mark.usefixtures("leased_file_batches")
 def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(config, monkeypatch, method):
     with CascadeStore(config.replace(shm_bytes=0)) as s:
         ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
@@ -377,7 +376,6 @@ def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(co
         assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
-@pytest.mark.usefixtures("leased_file_batches")
 def test_an_error_counting_a_file_tier_run_ends_every_lease_and_counts_each_get_once(config, monkeypatch):
     with CascadeStore(config.replace(shm_bytes=0)) as s:
         ids = [s.put(*make_block(s.spec, i)) for i in range(4)]
@@ -404,28 +402,15 @@ def test_an_error_counting_a_file_tier_run_ends_every_lease_and_counts_each_get_
         assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 4
 
 
-@pytest.mark.parametrize("path", ["leased", "page_cache"])
-def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch, path):
-    """A file-tier get, leased and read outside the store's lock or read under it from the
-    page cache (FileTier.read_hot): an error of the read ends what the get holds, counts
-    a miss and is raised; another thread then gets the lock at once."""
+def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, monkeypatch):
+    """A file-tier get (leased and read outside the store's lock, from the page cache
+    too): an error of the read ends what the get holds, counts a miss and is raised;
+    another thread then gets the lock at once."""
     with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier
         bid = s.put(*make_block(s.spec, 1))
         s.flush()
         tier = s.tiers[0]
-        if path == "leased":
-            monkeypatch.setattr(tier, "hot_reads", False)
-            monkeypatch.setattr(tier, "read_leased", lambda lease, outs: (_ for _ in ()).throw(RuntimeError("injected")))
-        else:
-            assert tier.hot_reads
-            real = record_io.preadv_hashed
-
-            def fail_hot(*args):  # only the page-cache read passes preadv2 flags
-                if len(args) == 5:
-                    raise RuntimeError("injected")
-                return real(*args)
-
-            monkeypatch.setattr(record_io, "preadv_hashed", fail_hot)
+        monkeypatch.setattr(tier, "read_leased", lambda lease, outs: (_ for _ in ()).throw(RuntimeError("injected")))
         with pytest.raises(RuntimeError, match="injected"):
             s.get_into(bid, *s.spec.empty())
         st = s.stats()
@@ -435,36 +420,6 @@ def test_an_error_in_a_file_tier_get_ends_its_lease_and_counts_a_miss(config, mo
         assert lock_free_to_another_thread(s)
         monkeypatch.undo()
         assert same(s.get(bid), make_block(s.spec, 1))
-
-
-def test_an_error_in_a_file_tier_batch_read_from_the_page_cache_counts_the_hits_before_it(config, monkeypatch):
-    """A batch's page-cache reads (FileTier.read_hot, all in the batch's locked step): an
-    error of one counts the hits before it and a miss, and is raised; nothing stays held
-    and another thread then gets the lock at once."""
-    with CascadeStore(config.replace(shm_bytes=0)) as s:  # every block lives in the file tier
-        ids = [s.put(*make_block(s.spec, i)) for i in range(3)]
-        s.flush()
-        tier = s.tiers[0]
-        assert tier.hot_batch_reads
-        real, failing = record_io.preadv_hashed, tier._index[("default", ids[1])].offset
-
-        def fail_second(*args):  # only the page-cache read passes preadv2 flags
-            if len(args) == 5 and args[1] == failing:
-                raise RuntimeError("injected")
-            return real(*args)
-
-        monkeypatch.setattr(record_io, "preadv_hashed", fail_second)
-        outs = [s.spec.empty() for _ in ids]
-        with pytest.raises(RuntimeError, match="injected"):
-            s.get_many_into(ids, outs)
-        st = s.stats()
-        assert st["gets"] == 2 and st["hits"] == 1 and st["misses"] == 1 and same(outs[0], make_block(s.spec, 0))
-        assert all(f.users == 0 for f in tier._files.values()) and len(s._inflight) == 0
-        assert all(s._index.get(("default", bid)).readers == 0 for bid in ids)
-        assert lock_free_to_another_thread(s)
-        monkeypatch.undo()
-        assert s.get_many_into(ids, outs) == [True] * 3
-        assert all(same(out, make_block(s.spec, i)) for i, out in enumerate(outs))
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["get_into", "get_many_into"])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -170,8 +171,9 @@ BIG = 3 * record_io.SCAN // 2  # a record read as pieces (over SCAN), but not on
 @pytest.mark.skipif(not record_io.COMPILED, reason="no reader threads: runs are read when finished")
 def test_a_batch_queues_the_pieces_of_its_big_records_and_fails_only_the_bad_ones(tmp_path, monkeypatch):
     """Records over SCAN are queued as their pieces when started (their reads overlap the
-    hashing of the record before); a flipped byte, a file cut short and an I/O error in
-    one piece each fail only their own record, and no piece is read after its finish."""
+    hashing of the record before); a flipped byte and a file cut short each fail only
+    their own record, an I/O error in one queued piece has its record read again on its
+    own (whole here), and no piece is read after its finish."""
     with _leased_tier(tmp_path, 4, BIG) as (tier, blocks, leases):
         keys = list(blocks)
         outs = [[np.zeros(BIG, np.uint8)] for _ in keys]
@@ -198,7 +200,8 @@ def test_a_batch_queues_the_pieces_of_its_big_records_and_fails_only_the_bad_one
         started = [tier.start_leased_run([lease], [out]) for lease, out in zip(leases, outs)]
         verdicts = [tier.finish_leased_run(s)[0] for s in started]
         assert failed and verdicts[0] is None and np.array_equal(outs[0][0], blocks[keys[0]])
-        assert all(isinstance(v, CorruptBlock) for v in verdicts[1:])
+        assert verdicts[2] is None and np.array_equal(outs[2][0], blocks[keys[2]])  # the queued piece's EIO
+        assert isinstance(verdicts[1], CorruptBlock) and isinstance(verdicts[3], CorruptBlock)
         assert tier.counters["corrupt_reads"] == 2  # the flipped and the cut (an I/O error is no checksum failure)
 
 
@@ -214,7 +217,6 @@ def _file_store(tmp_path, count: int) -> Iterator[tuple[CascadeStore, list, list
         yield s, blocks, ids
 
 
-@pytest.mark.usefixtures("leased_file_batches")
 def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tmp_path, monkeypatch):
     with _file_store(tmp_path, 10) as (s, blocks, ids):
         runs = []
@@ -229,7 +231,6 @@ def test_a_store_batch_of_file_tier_blocks_reads_back_to_back_records_in_runs(tm
         assert st["hits"] == 10 and st["tiers"]["file"]["hits"] == 10
 
 
-@pytest.mark.usefixtures("leased_file_batches")
 def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monkeypatch):
     """Queued runs: the batch leases its next blocks and starts their runs while the
     reader thread reads, and counts each run once it has landed."""
@@ -248,7 +249,6 @@ def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monke
 
 
 @pytest.mark.parametrize("fails", ["start", "finish"])
-@pytest.mark.usefixtures("leased_file_batches")
 def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails):
     monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     with _file_store(tmp_path, 12) as (s, blocks, ids):
@@ -332,59 +332,60 @@ def test_a_direct_tier_refused_o_direct_reads_buffered_and_queues_its_runs(tmp_p
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
 
 
-def _hot_reads_spied(tier, monkeypatch) -> list[bool]:
-    """What each of ``tier``'s page-cache reads (read_hot) returned, in order."""
-    seen, read_hot = [], tier.read_hot
-    monkeypatch.setattr(tier, "read_hot", lambda key, outs: seen.append(read_hot(key, outs)) or seen[-1])
-    return seen
-
-
-def test_a_small_record_in_the_page_cache_is_read_under_the_lock_in_one_step(tmp_path, monkeypatch):
-    """A get of a small block whose record is in the page cache is read in the store's
-    locked step (preadv2 RWF_NOWAIT, hashed, verified): no lease, no second step."""
-    with _file_store(tmp_path, 3) as (s, blocks, ids):
-        tier = s.tiers[0]
-        assert tier.hot_reads == hasattr(os, "RWF_NOWAIT")
-        seen = _hot_reads_spied(tier, monkeypatch)
-        monkeypatch.setattr(tier, "read_leased", lambda lease, outs: pytest.fail("leased read of a cached record"))
-        for bid, block in zip(ids, blocks):
-            out = s.spec.empty()
-            assert s.get_into(bid, *out)
-            assert np.array_equal(out[0], block[0]) and np.array_equal(out[1], block[1])
-        assert seen == [True] * 3
-        st = s.stats()
-        assert st["hits"] == 3 and st["tiers"]["file"]["hits"] == 3 and st["gets"] == 3
-
-
-@pytest.mark.parametrize("how", ["not_cached", "corrupt", "refused"])
-def test_a_record_the_page_cache_cannot_serve_is_read_leased(tmp_path, monkeypatch, how):
-    """Not all in the page cache (EAGAIN), failing its checksum, or a file system that
-    refuses RWF_NOWAIT: the locked step declines and the leased read decides (a corrupt
-    record is dropped and counted as a miss; a refusal turns page-cache reads off)."""
+def test_a_get_of_a_record_in_the_page_cache_reads_it_outside_the_lock(tmp_path, monkeypatch):
+    """No file read runs under the store's lock, not even of a record in the page cache
+    (a read there can still wait for the disk): while a get's read waits, another thread
+    takes the lock, gets and puts; the get then ends with the block's bytes, counted once."""
     with _file_store(tmp_path, 2) as (s, blocks, ids):
-        tier = s.tiers[0]
-        seen = _hot_reads_spied(tier, monkeypatch)
-        real = record_io.preadv_hashed
-        if how == "corrupt":
-            loc = tier._index[("default", ids[0])]
-            with open(tier._files[loc.file_id].path, "r+b") as f:  # a byte of block 0's payload, in the page cache
-                f.seek(loc.offset + HEADER_BYTES + 5)
-                f.write(bytes([blocks[0][0].tobytes()[5] ^ 0xFF]))
-        else:
-            error = BlockingIOError(11, "not in the page cache") if how == "not_cached" else OSError(95, "refused")
-            monkeypatch.setattr(record_io, "preadv_hashed", lambda *args: (_ for _ in ()).throw(error)
-                                if len(args) == 5 else real(*args))
-        out = s.spec.empty()
-        hit = s.get_into(ids[0], *out)
-        assert seen == [False]
+        reading, go, real = threading.Event(), threading.Event(), record_io.preadv_hashed
+
+        def held(*args):  # the first read waits until the other thread is done
+            monkeypatch.setattr(record_io, "preadv_hashed", real)
+            reading.set()
+            assert go.wait(10)
+            return real(*args)
+
+        monkeypatch.setattr(record_io, "preadv_hashed", held)
+        out, got = s.spec.empty(), []
+        reader = threading.Thread(target=lambda: got.append(s.get_into(ids[0], *out)))
+        reader.start()
+        try:
+            assert reading.wait(10)
+            assert s._lock.acquire(timeout=5)
+            s._lock.release()
+            other = s.spec.empty()
+            assert s.get_into(ids[1], *other) and np.array_equal(other[1], blocks[1][1])
+            fresh = (np.full(s.spec.shape, 7, s.spec.np_dtype), np.full(s.spec.shape, 8, s.spec.np_dtype))
+            assert s.contains(s.put(*fresh))
+        finally:
+            go.set()
+            reader.join(10)
+        assert got == [True] and np.array_equal(out[0], blocks[0][0]) and np.array_equal(out[1], blocks[0][1])
         st = s.stats()
-        assert st["gets"] == 1
-        if how == "corrupt":
-            assert not hit and st["misses"] == 1 and st["tiers"]["file"]["corruptions"] == 1 and not s.contains(ids[0])
-            return
-        assert hit and np.array_equal(out[0], blocks[0][0]) and np.array_equal(out[1], blocks[0][1])
-        assert st["hits"] == 1 and tier.hot_reads == (how == "not_cached")
-        assert s.get_into(ids[1], *out) and seen == [False, False]  # refused: declined at once, no read tried
+        assert st["gets"] == st["hits"] == st["tiers"]["file"]["hits"] == 2
+
+
+def test_a_batch_of_records_in_the_page_cache_reads_them_outside_the_lock(tmp_path, monkeypatch):
+    """A batch's records in the page cache go as leased runs too, read outside the store's
+    lock: while the batch waits for a run, another thread takes the lock at once."""
+    with _file_store(tmp_path, 6) as (s, blocks, ids):
+        tier, free = s.tiers[0], []
+        runs, finish = _leased_keys_spied(tier, monkeypatch), tier.finish_leased_run
+
+        def checked(started):  # the lock is free to others while the batch finishes a run
+            taken = []
+            other = threading.Thread(target=lambda: taken.append(s._lock.acquire(timeout=5) and s._lock.release() is None))
+            other.start()
+            other.join()
+            free.append(taken == [True])
+            return finish(started)
+
+        monkeypatch.setattr(tier, "finish_leased_run", checked)
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 6
+        assert free and all(free) and sorted(k for run in runs for k in run) == sorted(ids)
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        assert s.stats()["tiers"]["file"]["hits"] == 6
 
 
 def _leased_keys_spied(tier, monkeypatch) -> list[list[str]]:
@@ -395,32 +396,6 @@ def _leased_keys_spied(tier, monkeypatch) -> list[list[str]]:
         monkeypatch.setattr(tier, name, lambda leases, outs, real=real:
                             runs.append([lease.key[1] for lease in leases]) or real(leases, outs))
     return runs
-
-
-@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no preadv2 RWF_NOWAIT here")
-def test_a_batch_reads_small_records_from_the_page_cache_until_one_is_not_there(tmp_path, monkeypatch):
-    """A batch reads its small records that are in the page cache in its locked step, as
-    single gets do, until one is not all there: that one and every later one of the tier
-    go to the leased reads, as one run of back-to-back records (a cold batch is read as
-    runs, past its first record)."""
-    with _file_store(tmp_path, 8) as (s, blocks, ids):
-        tier = s.tiers[0]
-        assert tier.hot_batch_reads
-        seen, runs = _hot_reads_spied(tier, monkeypatch), _leased_keys_spied(tier, monkeypatch)
-        real, uncached = record_io.preadv_hashed, tier._index[("default", ids[3])].offset
-        monkeypatch.setattr(record_io, "preadv_hashed", lambda *args: (_ for _ in ()).throw(
-            BlockingIOError(11, "not in the page cache")) if len(args) == 5 and args[1] == uncached else real(*args))
-        outs = [s.spec.empty() for _ in ids]
-        assert s.get_many_into(ids, outs) == [True] * 8
-        assert seen == [True] * 3 + [False]
-        assert runs == [ids[3:]]
-        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
-        st = s.stats()
-        assert st["gets"] == st["hits"] == st["tiers"]["file"]["hits"] == 8
-        seen.clear()
-        runs.clear()
-        assert s.get_many_into(ids[4:], outs[4:]) == [True] * 4  # the next batch asks the page cache again
-        assert seen == [True] * 4 and runs == []
 
 
 def _advice_spied(monkeypatch) -> list[tuple[int, int, int]]:
@@ -473,7 +448,6 @@ def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monke
         assert all(np.array_equal(out[0], data) for out, data in zip(outs, blocks.values()))
 
 
-@pytest.mark.usefixtures("leased_file_batches")
 def test_a_store_batch_advises_the_kernel_before_it_reads_its_cold_records(tmp_path, monkeypatch):
     """A batch get's leased file-tier blocks are advised (each leased chunk before its
     runs start), and read back exactly."""

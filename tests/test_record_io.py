@@ -1,6 +1,7 @@
 """record_io's buffered read path: records over SCAN bytes are read in order as pieces,
-each hashed as it lands, those of STREAM_MIN bytes and more taking their turn in the
-tier's stream; every byte and the digest must come out as one whole read would give
+each hashed as it lands (by the reading thread, or queued on the reader thread when a
+batch starts the read ahead), a lone read of STREAM_MIN bytes and more taking its turn
+in the tier's stream; every byte and the digest must come out as one whole read would give
 them, and a short file must fail the read. The stream grants waiting reads in file
 order."""
 from __future__ import annotations
@@ -49,18 +50,22 @@ def _record_file(tmp_path, payload: bytes) -> int:
     return os.open(path, os.O_RDONLY)
 
 
-@pytest.fixture(params=["queued", "inline"])
-def queueing(request, monkeypatch):
-    """Big records' pieces queued on the reader thread (hashed here as they land), or read
-    here one after another (no reader threads, or no compiled module)."""
-    if request.param == "queued" and not record_io.queued_reads():
-        pytest.skip("cascade.tiers._recordread not built here")
-    monkeypatch.setattr(record_io, "_queueing", request.param == "queued")
+def _read(fd: int, size: int, views: list[memoryview], how: str, stream: _Recorder) -> tuple[bool, int]:
+    """A record's payload read as a lone read does (:func:`record_io.read_hashed`: pieces
+    read by this thread, big ones in ``stream``), or as a batch starts it ahead
+    (:class:`record_io.InOrderRead`: the pieces queued on the reader thread)."""
+    lead = memoryview(bytearray(HEADER_BYTES))
+    if how == "lone":
+        return record_io.read_hashed(fd, HEADER_BYTES, size, views, 7, lead=lead, stream=stream)
+    record_io.queued_reads()
+    digests = record_io.InOrderRead(fd, 0, lead, views, 7).wait()
+    return (False, 0) if digests is None else (True, digests[0])
 
 
+@pytest.mark.parametrize("how", ["lone", "started"])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("parts", [1, 3])
-def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, parts, queueing):
+def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, parts, how):
     payload = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes()
     fd = _record_file(tmp_path, payload)
     cuts = sorted({0, size, *(size * k // parts + k for k in range(1, parts))} & set(range(size + 1)))
@@ -68,22 +73,22 @@ def test_buffered_reads_give_every_byte_and_the_whole_digest(tmp_path, size, par
     views = [memoryview(out)[a:b] for a, b in zip(cuts, cuts[1:])]
     stream = _Recorder()
     try:
-        ok, digest = record_io.read_hashed(fd, HEADER_BYTES, size, views, 7,
-                                           lead=memoryview(bytearray(HEADER_BYTES)), stream=stream)
+        ok, digest = _read(fd, size, views, how, stream)
     finally:
         os.close(fd)
     assert ok and bytes(out) == payload
     assert digest == checksum([payload], 7)
-    assert stream.entered == (1 if size >= record_io.STREAM_MIN else 0) and not stream.held
+    big_lone_read = how == "lone" and size >= record_io.STREAM_MIN
+    assert stream.entered == (1 if big_lone_read else 0) and not stream.held
 
 
+@pytest.mark.parametrize("how", ["lone", "started"])
 @pytest.mark.parametrize("size", [4096, 3 * SCAN + 4097, record_io.STREAM_MIN + 1])
-def test_a_truncated_record_fails_the_read(tmp_path, size, queueing):
+def test_a_truncated_record_fails_the_read(tmp_path, size, how):
     payload = os.urandom(size)
     fd = _record_file(tmp_path, payload[:-1])  # the file ends one byte early
     try:
-        ok, _ = record_io.read_hashed(fd, HEADER_BYTES, size, [memoryview(bytearray(size))], 7,
-                                      lead=memoryview(bytearray(HEADER_BYTES)), stream=_Recorder())
+        ok, _ = _read(fd, size, [memoryview(bytearray(size))], how, _Recorder())
     finally:
         os.close(fd)
     assert not ok

@@ -134,45 +134,12 @@ def test_a_job_dropped_unwaited_keeps_its_buffers_until_its_read_ends(data_file)
     assert bytes(out[:-1]) == data[:1 << 20] and len(ticks) == 1000
 
 
-@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="os has no RWF_NOWAIT (not Linux 4.14+)")
-def test_flags_go_to_preadv2_a_cached_read_matches_and_one_needing_the_disk_raises(impl, tmp_path):
-    """preadv_hashed(..., flags) reads with preadv2: RWF_NOWAIT gives the same bytes and
-    digest from the page cache, and BlockingIOError (nothing returned) where the bytes
-    are not cached; flags the kernel does not know are its error."""
-    read, _ = impl
-    data = np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
-    path = tmp_path / "cached.bin"
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        buf = bytearray(65536)
-        assert read(fd, 4096, [buf], [(0, 1, 9)], os.RWF_NOWAIT) == [xxhash.xxh3_64_intdigest(data[4096:69632], 9)]
-        assert bytes(buf) == data[4096:69632]
-        with pytest.raises(OSError) as unknown:
-            read(fd, 0, [buf], [(0, 1, 9)], 1 << 30)
-        assert unknown.value.errno in (22, 95)  # EINVAL, EOPNOTSUPP
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        try:
-            os.preadv(fd, [bytearray(4096)], 512 << 10, os.RWF_NOWAIT)
-            pytest.skip("this file system kept the file in the page cache after POSIX_FADV_DONTNEED")
-        except BlockingIOError:
-            pass
-        with pytest.raises(BlockingIOError):
-            read(fd, 512 << 10, [bytearray(65536)], [(0, 1, 9)], os.RWF_NOWAIT)
-    finally:
-        os.close(fd)
-
-
-def test_a_negative_flags_argument_is_refused_before_any_read(data_file):
+def test_a_flags_argument_is_refused_before_any_read(data_file):
     if not record_io.COMPILED:
         pytest.skip("not built here (test_the_compiled_reads_were_built says why)")
     fd, _ = data_file
     buf = bytearray(8)
-    with pytest.raises(ValueError, match="flags"):
-        record_io.preadv_hashed(fd, 0, [buf], [(0, 1, 0)], -1)
-    with pytest.raises(TypeError, match="expected"):
-        record_io.submit(fd, 0, [buf], [(0, 1, 0)], 0)  # queued reads take no flags
+    for call in (record_io.preadv_hashed, record_io.submit):
+        with pytest.raises(TypeError, match="expected"):
+            call(fd, 0, [buf], [(0, 1, 0)], 0)
     assert bytes(buf) == bytes(8)

@@ -57,8 +57,7 @@ class ReadPath(LeasedBatchReads):
 
     def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
         """A hit on a small block (:data:`HOT_COPY_MAX`) in a tier that copies under the
-        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM, and the file tier
-        when the record is in the page cache), in one locked
+        store's lock (:meth:`~cascade.tiers.base.Tier.read_hot`: SHM), in one locked
         step: look it up, copy it into ``outs``, count the hit, tell the policy. The lock
         held throughout stands in for the lease and in-flight count (close() cannot pass
         it, nothing can move or free the bytes). False, with nothing counted or changed,
@@ -91,10 +90,8 @@ class ReadPath(LeasedBatchReads):
         with one pair of clock readings: each hit is timed as an equal share of the step,
         used at its end, and counted with the others of its tier in one call. Hits copied
         before a copy that raised are counted too. Only tiers whose hot reads serve
-        batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM, and the file tier's
-        records in the page cache), and each only until it declines a block: the rest
-        of its blocks are then read leased, in runs of back-to-back records (a cold batch
-        of file-tier records is read as it would be without this step, past its first).
+        batches (:attr:`~cascade.tiers.base.Tier.hot_batch_reads`: SHM), and each only
+        until it declines a block: the rest of its blocks are then read leased.
         A batch of :data:`~cascade.buffers.splitcopy.BATCH_SPLIT_MIN` bytes or more
         gathers the copies of a tier that defers them
         (:attr:`~cascade.tiers.base.Tier.defers_hot_copies`: SHM) and makes them at the
@@ -247,7 +244,9 @@ class ReadPath(LeasedBatchReads):
         another tier, a closing store): the caller then takes :meth:`read`. An error of
         the copy that is not a corrupt copy ends both, is counted as a missed get and is
         raised. This saves the generic path's guards (about a third of a warm 64 KiB
-        file-tier get, and of a GPU-tier get into device memory, on this project's VM)."""
+        file-tier get, and of a GPU-tier get into device memory, on this project's VM);
+        a get of a file-tier block in the page cache comes this way too (no file read
+        runs under the lock: :mod:`cascade.tiers.file_reads`)."""
         started = time.perf_counter()
         lock = self._lock
         with lock:
@@ -298,7 +297,8 @@ class ReadPath(LeasedBatchReads):
     def _cached(self, key: BlockKey) -> BlockMeta | None:
         """Under the lock: the cached block of ``key``; an expired one is dropped."""
         meta = self.index.get(key)
-        if meta is not None and self.index.expired(meta, time.monotonic()) and self.chain.withdraw_and_drop(meta):
+        if (meta is not None and meta.ttl > 0 and self.index.expired(meta, time.monotonic())
+                and self.chain.withdraw_and_drop(meta)):
             self.metrics.counters.expired += 1
             return None
         return meta

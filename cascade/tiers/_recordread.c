@@ -1,9 +1,7 @@
 /* File-tier record reads in one call: cascade.tiers.record_io.preadv_hashed.
  *
- * preadv_hashed(fd, offset, iov, spans[, flags]) reads the file's bytes from ``offset`` into the
- * buffers of ``iov`` in order (one preadv, continued after a short read; preadv2 with
- * ``flags`` when given and not 0, e.g. os.RWF_NOWAIT: BlockingIOError when bytes are not
- * in the page cache), then hashes each
+ * preadv_hashed(fd, offset, iov, spans) reads the file's bytes from ``offset`` into the
+ * buffers of ``iov`` in order (one preadv, continued after a short read), then hashes each
  * span (first, stop, seed): the buffers iov[first:stop] as one payload, XXH3-64 seeded with
  * ``seed``. It returns the spans' digests, or None when the file ended before every buffer
  * was filled; an I/O error is an OSError. The read and the hashing run with the interpreter
@@ -49,17 +47,15 @@ typedef struct {
     uint64_t seed, digest;
 } Span;
 
-/* Read ``total`` bytes into ``vec`` (n entries) from ``offset`` (preadv2 with ``flags`` if
- * not 0): 0 when all landed, 1 when the file ended first, -1 with errno set on an error.
- * Runs without the interpreter lock. */
+/* Read ``total`` bytes into ``vec`` (n entries) from ``offset``: 0 when all landed, 1 when
+ * the file ended first, -1 with errno set on an error. Runs without the interpreter lock. */
 static int
-read_all(int fd, off_t offset, struct iovec *vec, int n, size_t total, int flags)
+read_all(int fd, off_t offset, struct iovec *vec, int n, size_t total)
 {
     size_t done = 0;
     while (done < total) {
         int count = n > IOV_MAX ? IOV_MAX : n;
-        ssize_t got = flags ? preadv2(fd, vec, count, offset + (off_t)done, flags)
-                            : preadv(fd, vec, count, offset + (off_t)done);
+        ssize_t got = preadv(fd, vec, count, offset + (off_t)done);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
@@ -147,7 +143,7 @@ fail:
 /* A read of buffers from a file, then the digests of spans of them. */
 typedef struct JobObject {
     PyObject_HEAD
-    int fd, flags;  /* flags: preadv2's, 0 for a plain preadv */
+    int fd;
     off_t offset;
     Py_ssize_t nviews, nspans;
     Py_buffer *views;  /* taken: nviews of them, until released */
@@ -176,7 +172,7 @@ static unsigned long long next_seq;  /* the seq of the next job queued */
 static void
 run_job(JobObject *job)
 {
-    job->status = read_all(job->fd, job->offset, job->vec, (int)job->nviews, job->total, job->flags);
+    job->status = read_all(job->fd, job->offset, job->vec, (int)job->nviews, job->total);
     job->err = errno;
     if (job->status == 0 && hash_spans(job->views, job->spans, job->nspans) < 0)
         job->status = 2;
@@ -253,22 +249,16 @@ wait_finished(JobObject *job)
 
 /* A job over ``iov`` and ``spans`` with every buffer taken, not yet run; NULL on an error. */
 static JobObject *
-make_job(PyObject *const *args, Py_ssize_t nargs, int with_flags)
+make_job(PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 && !(with_flags && nargs == 5)) {
-        PyErr_SetString(PyExc_TypeError, with_flags ? "expected (fd, offset, iov, spans[, flags])"
-                                                    : "expected (fd, offset, iov, spans)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "expected (fd, offset, iov, spans)");
         return NULL;
     }
     long fd = PyLong_AsLong(args[0]);
     long long offset = PyLong_AsLongLong(args[1]);
-    long flags = nargs == 5 ? PyLong_AsLong(args[4]) : 0;
     if (PyErr_Occurred())
         return NULL;
-    if (flags < 0 || flags > INT_MAX) {
-        PyErr_Format(PyExc_ValueError, "not preadv2 flags: %ld", flags);
-        return NULL;
-    }
     if (fd < 0 || fd > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", fd);
         return NULL;
@@ -287,7 +277,6 @@ make_job(PyObject *const *args, Py_ssize_t nargs, int with_flags)
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     job->fd = (int)fd;
-    job->flags = (int)flags;
     job->offset = (off_t)offset;
     job->nviews = 0;
     job->nspans = 0;
@@ -351,7 +340,7 @@ static PyObject *
 preadv_hashed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    JobObject *job = make_job(args, nargs, 1);
+    JobObject *job = make_job(args, nargs);
     if (job == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -366,7 +355,7 @@ static PyObject *
 submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    JobObject *job = make_job(args, nargs, 0);
+    JobObject *job = make_job(args, nargs);
     if (job == NULL)
         return NULL;
     pthread_mutex_lock(&queue_lock);
@@ -529,7 +518,7 @@ find_xxh3(void)
 
 static PyMethodDef methods[] = {
     {"preadv_hashed", (PyCFunction)(void (*)(void))preadv_hashed, METH_FASTCALL,
-     "preadv_hashed(fd, offset, iov, spans, flags=0) -> list[int] | None: read into the buffers of iov from offset (preadv2 with flags), "
+     "preadv_hashed(fd, offset, iov, spans) -> list[int] | None: read into the buffers of iov from offset, "
      "then the XXH3-64 digest of each span (first, stop, seed) of them; None if the file ended first."},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(fd, offset, iov, spans) -> Job: preadv_hashed on a reader thread; job.wait() gives its result."},

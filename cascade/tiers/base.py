@@ -80,8 +80,8 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # store_hot() can copy (a slab in host memory); else it always declines, and the
     # store's small-block puts skip it (and its locked step)
     hot_copies: bool = False
-    # read_hot() can copy a block under the store's lock (SHM: a slab in host memory; the
-    # file tier: records in the page cache); else it always declines, and gets skip it.
+    # read_hot() can copy a block under the store's lock (SHM: a slab in host memory; never
+    # a tier whose copy may wait for a disk); else it always declines, and gets skip it.
     # hot_batch_reads: a batch's blocks too, all in one locked step, until the tier
     # declines one (the rest of its blocks are read leased, in runs).
     hot_reads: bool = False
@@ -230,8 +230,7 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         """Copy block ``key`` into ``outs`` while the caller holds the store's lock (a
         small block: no lease needed; :attr:`hot_reads`). False when the tier cannot
         (outputs that are not writable C-contiguous host buffers of the block's size,
-        bytes not in host memory, in the file tier not all in the page cache, checksums
-        to verify or failing): the caller then leases it (a first output may have been
+        bytes not in host memory, checksums to verify or failing): the caller then leases it (a first output may have been
         written meanwhile: the outputs hold no valid data until that read)."""
         return False
 

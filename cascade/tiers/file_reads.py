@@ -14,6 +14,10 @@ to 128 KiB (:data:`RUN_BYTES`), one ``preadv`` each (:meth:`Reads.read_runs`), q
 the reader thread of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`), once
 the kernel has been told to fetch them (:meth:`Reads.will_read`). Every payload is
 verified against its checksum; a truncated or failing record is a :class:`CorruptBlock`.
+Every read runs leased, outside the store's lock, even of a record in the page cache: a
+read there can still wait for the disk (``RWF_NOWAIT`` reads in the locked step, until
+session 34, waited up to milliseconds for the readahead they set off, and held up every
+other get and put meanwhile: docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -102,10 +106,6 @@ RUN_RECORDS = 64
 ADVISE_BYTES = 32 << 20
 ADVISE_MIN = 1 << 20
 _FADVISE = getattr(os, "posix_fadvise", None)
-#: ``preadv2``'s flag for a read served from the page cache alone (Linux 4.14+: EAGAIN,
-#: raised as BlockingIOError, where a byte would need the disk); None where ``os`` lacks it.
-NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
-
 
 def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
     """Writable byte views of ``outs``, which must hold exactly the record's payload."""
@@ -133,11 +133,11 @@ def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: me
     return iov, spans
 
 
-def _hot_bytes(outs: Sequence[Any]) -> int:
+def _array_bytes(outs: Sequence[Any]) -> int:
     """The bytes of ``outs`` when all are writable C-contiguous numpy arrays of numpy's own
-    dtypes (what a get passes; the read takes their buffers as they are: views would
-    cost a tenth of a hot 64 KiB read), else -1 (ml_dtypes' types have no buffer format:
-    those outputs take the leased read's byte views)."""
+    dtypes (what a get passes; a read takes their buffers as they are: byte views cost a
+    tenth of a 64 KiB read from the page cache), else -1 (ml_dtypes' types have no buffer
+    format: those outputs take byte views)."""
     nbytes = 0
     for out in outs:
         if type(out) is not np.ndarray or out.flags.num & WRITABLE_C != WRITABLE_C or out.dtype.isbuiltin != 1:
@@ -198,41 +198,20 @@ class Reads:
     def current(self, key: BlockKey, lease: Lease) -> bool:
         return self._index.get(key) is lease.loc
 
-    def read_hot(self, key: BlockKey, outs: Sequence[Any]) -> bool:
-        """Under the store's lock (which no file can be closed or compacted past): a small
-        record read in one call when all its bytes are in the page cache (:data:`NOWAIT`:
-        a read that would wait for the disk fails at once instead) and its checksum
-        matches; False for anything else (not cached, absent, outputs of another size or
-        kind, a mismatch or an error: the store's leased read then reads it outside the lock
-        and counts a corrupt record). A file system that refuses the flag turns these
-        reads off (:attr:`hot_reads`)."""
-        if not self.hot_reads:
-            return False
-        loc = self._index.get(key)
-        if loc is None or _hot_bytes(outs) != loc.length:
-            return False
-        try:
-            digests = record_io.preadv_hashed(self._files[loc.file_id].fd, loc.offset, [_lead(), *outs],
-                                              ((1, len(outs) + 1, key_seed(*key)),), NOWAIT)
-        except BlockingIOError:  # some byte is not in the page cache
-            return False
-        except OSError as exc:  # EOPNOTSUPP and the like: the file system's, for good
-            log.info("%s: reads from the page cache alone refused in %s (%s): off", self.name, self.directory, exc)
-            self.hot_reads = False
-            return False
-        return digests is not None and digests[0] == loc.checksum
-
     def read_leased(self, lease: Lease, outs: Sequence[Any]) -> None:
         """Read and verify a leased record (reads only: safe beside any other call).
         :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
         key, loc, f = lease.key, lease.loc, lease.file
-        views = _outputs_for(loc, outs)
         nbytes = loc.length
         start = loc.offset + HEADER_BYTES
         seed = key_seed(*key)
         digest = None
+        direct = f.direct_fd if self._odirect else None
+        if direct is None and nbytes + HEADER_BYTES <= SCAN and _array_bytes(outs) == nbytes:
+            views = outs  # plain arrays: read into as they are (see _array_bytes)
+        else:
+            views = _outputs_for(loc, outs)
         try:
-            direct = f.direct_fd if self._odirect else None
             if direct is None:  # the header too (as the lead): see read_hashed
                 ok, digest = read_hashed(f.fd, start, nbytes, views, seed, _lead(), stream=self._stream)
             elif all(page_aligned(v) for v in views):

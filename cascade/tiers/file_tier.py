@@ -52,7 +52,7 @@ from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError
 from .base import BlockKey, Memory, Tier, TierKind
 from .compaction import Compaction
-from .file_reads import NOWAIT, Reads, reads_direct
+from .file_reads import Reads, reads_direct
 from .file_recovery import Recovery
 from .file_state import Loc, SegmentFile
 from .file_writes import Writes
@@ -140,9 +140,6 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         self.read_mode = "direct" if self._odirect else "buffered"
         # A batch's buffered runs are read on the reader threads (start_leased_run)
         self.reads_queued = not self._odirect and queued_reads()
-        # A small record in the page cache is read under the store's lock (read_hot), in a
-        # batch too until one is not there (docs/architecture.md, "The hot path of small blocks")
-        self.hot_reads = self.hot_batch_reads = not self._odirect and NOWAIT is not None
         if self.on_lustre:
             set_striping(directory, stripe_count, stripe_size)
         self._lock_fd = self._take_lock()

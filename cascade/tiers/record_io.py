@@ -138,6 +138,14 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
 # before alternated twice in one sitting, medians, buffered vs the best raw cold read):
 # 2 MiB loop 0.88 / 0.89 against 0.83 / 0.90, batch 0.88 / 0.88 against 0.82 / 0.86;
 # 16 MiB loop 1.01 / 0.92 against 0.81 / 0.85, batch 0.98 / 0.95 against 1.13 / 0.89.
+# Those were 3 rounds a side. Paired over 30-40 rounds (cold get_into loops over 256 MiB
+# of records, each round's pass over the raw buffered cold read of the same bytes in
+# that round, medians of the per-round ratios; one process, load about 1), a lone read
+# gains nothing from the hand-off and spends more CPU on it: 2 MiB 0.83 / 0.83 queued
+# against 0.86 / 0.89 read by the caller, 16 MiB 0.89 / 0.90 against 0.88 / 0.91, at
+# 0.20-0.22 CPU s/GB against 0.18; from the page cache a 2 MiB get took 388 us queued
+# against 322 (9 rounds). So only the records a batch starts ahead are queued
+# (:class:`InOrderRead`); a lone read reads its pieces itself (:func:`_read_in_order`).
 CHUNK = 1 << 20
 PARALLEL_MIN = 8 << 20  # smaller O_DIRECT records: one preadv
 READERS = 8
@@ -195,14 +203,13 @@ def _readers() -> ThreadPoolExecutor:
 IOV_MAX = 1024  # buffers one preadv takes at most (Linux)
 
 
-def preadv_hashed_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]],
-                         flags: int = 0) -> list[int] | None:
-    """:func:`preadv_hashed` through ``os.preadv`` (with ``flags``) and the ``xxhash``
-    module (the fallback)."""
+def preadv_hashed_python(fd: int, offset: int, iov: Sequence[Any], spans: Sequence[tuple[int, int, int]]
+                         ) -> list[int] | None:
+    """:func:`preadv_hashed` through ``os.preadv`` and the ``xxhash`` module (the fallback)."""
     total = sum(memoryview(b).nbytes for b in iov)
     done = 0
     while done < total:  # a short read goes on where it stopped, as the compiled one does
-        got = os.preadv(fd, _after(iov, done)[:IOV_MAX], offset + done, flags)
+        got = os.preadv(fd, _after(iov, done)[:IOV_MAX], offset + done)
         if got == 0:
             return None
         done += got
@@ -272,16 +279,11 @@ except ImportError:  # not built here, or xxhash without exported XXH3: the Pyth
     COMPILED = False
 
 
-_queueing = False  # reader threads run (queued_reads)
-
-
 def queued_reads() -> bool:
     """Start the reader threads of :func:`submit` if they are not running; whether
     reads are queued on them (False without the compiled module: a job reads at once)."""
-    global _queueing
     if COMPILED:
         start_readers(QUEUED_READERS)
-        _queueing = True
     return COMPILED
 
 
@@ -343,12 +345,10 @@ def read_hashed(fd: int, start: int, length: int, views: Sequence[memoryview], s
 def _read_in_order(fd: int, pos: int, lead: memoryview, views: Sequence[memoryview],
                    seed: int) -> tuple[bool, int]:
     """``lead`` then ``views`` from ``pos`` on, as pieces of :data:`SCAN` bytes (the last
-    may be shorter); each piece, less ``lead``, is hashed (XXH3 seeded with ``seed``) as
-    it lands. With reader threads (:func:`queued_reads`) the pieces are queued on them
-    (:class:`InOrderRead`); without, this thread reads each in turn."""
-    if _queueing:
-        digests = InOrderRead(fd, pos, lead, views, seed).wait()
-        return (False, 0) if digests is None else (True, digests[0])
+    may be shorter), read by this thread in turn; each piece, less ``lead``, is hashed
+    (XXH3 seeded with ``seed``) as it lands. A batch's records whose reads it starts
+    ahead go through the reader thread instead (:class:`InOrderRead`); a lone read does
+    not gain from that hand-off (see the figures above :data:`CHUNK`)."""
     h = xxhash.xxh3_64(seed=seed)
     for iov in _pieces(lead, views):
         if not _read_piece(fd, iov, pos, h, iov[0] is lead):
