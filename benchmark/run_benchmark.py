@@ -32,7 +32,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "device_io": ("device_io", ("cascade",), "GPU buffers through every tier vs raw D2D, pinned and pageable copies"),
     "file_read_mode": ("file_read_mode", ("cascade",), "cold file-tier reads per read mode vs raw O_DIRECT and buffered reads"),
     "small_blocks": ("small_blocks", ("cascade",), "per-block cost vs a dict, batch vs loop, 4 KiB-16 MiB, hot and cold"),
-    "read_stall": ("read_stall", ("cascade",), "hot SHM gets beside a cold file-tier scan of the same store: p50/p99/max"),
+    "read_stall": ("read_stall", ("cascade",), "hot SHM gets beside a cold file-tier scan, and a compaction, of the same store: p50/p99/max"),
     "cluster_serving": ("cluster_serving", ("cascade",), "engines attached to cascade serve ranks: attach cost per block; hit ratio through LMCache, shared vs private vs LMCache CPU+disk"),
 }
 

@@ -46,7 +46,7 @@ from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
 from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
-from .tiers.base import Tier
+from .tiers.base import Tier, fsync_and_close
 from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
@@ -389,13 +389,18 @@ class CascadeStore(BatchCalls):
     def flush(self) -> None:
         """Wait for every non-blocking call submitted before it and for the background
         demoter to be idle, then make every completed put durable in the persistent
-        tiers (fsync). Local."""
+        tiers (fsync, outside the store's lock: gets and puts go on meanwhile). Local."""
         self._inflight.check_open()
         self._async.wait_all()
         self._demoter.wait_idle()
-        with self._lock:
-            for tier in self.tiers:
-                tier.sync()
+        with self._inflight.hold("a flush's fsyncs"):
+            fds: list[int] = []
+            try:
+                with self._lock:
+                    for tier in self.tiers:
+                        fds.extend(tier.sync_fds())
+            finally:
+                fsync_and_close(fds)
 
     def clear(self, *, namespace: str | None = None) -> int:
         """Drop every unpinned block (of ``namespace``, or of all); returns how many went.

@@ -1,26 +1,33 @@
-"""read_stall: whether a cold file-tier scan holds up the other calls of the same store.
+"""read_stall: whether a cold file-tier scan, or a compaction, holds up the other calls of
+the same store.
 
 One store, an SHM tier and a file tier, as an engine's rank runs it: a few hot blocks in
 the SHM tier (what a decoding step reads) and ``blocks`` blocks of each size (default
 64 KiB; 256 MiB of them) in the file tier alone. A ``prober`` thread gets the hot blocks
-one at a time (``get_into``, one every :data:`PROBE_GAP_S`) and times each get; per
-round it runs while nothing else happens (``alone``), then beside a cold scan of the file
-tier (its files dropped from the page cache first) by another thread, ``get_into`` one by
-one (``beside_loop``), then beside a cold batch scan (``get_many_into`` of
-:data:`BATCH` blocks a call, ``beside_batch``). The scans read the blocks in a shuffled
-order (seeded per round), not the order they were written in, as requests read the
-blocks of their prefixes: a scan in written order is mostly served from the kernel's
-readahead, ahead of the reads. Each row gives the prober's p50, p99 and
-max per setting in microseconds (``probe_us``; the rows: medians over rounds, with the
-p99's range beside each scan) and the scans' rates (``scan_gbps``). The interpreter lock,
-which the threads share, is part of what a probe measures; probes alone can run slower
-than beside a scan (a core idle between probes wakes up slower). A read of the file
-tier that waited for the disk while it held the store's lock (which every get and put
-takes) shows here as probes of milliseconds: until session 34 a file-tier get of a
-record in the page cache read it in the store's locked step with ``RWF_NOWAIT``, and
-such reads waited for the kernel's readahead they set off. Every block a scan or the
-prober read is checked byte-exact (``wrong``), and the rows say whether every scanned
-block came from the file tier (``*_scan_from_file_tier``).
+one at a time (``get_into``, one every :data:`PROBE_GAP_S`) and times each get. Per
+round it runs while nothing else happens (``alone``); beside a cold scan of the file
+tier by another thread (its files dropped from the page cache first), ``get_into`` one
+by one (``beside_loop``); beside a cold batch scan (``get_many_into`` of :data:`BATCH`
+blocks a call, ``beside_batch``); and last beside the deletes of every other scanned
+block, which leave the files they were written to (by a store opened before: none is
+the active file) half dead, and so compacted (``beside_compaction``; ``compactions``:
+how many ran, the fewest over the rounds). The scans read the blocks in a shuffled order
+(seeded per round), not the order they were written in, as requests read the blocks of
+their prefixes: a scan in written order is mostly served by the kernel's readahead,
+ahead of the reads.
+
+Each row gives the prober's p50, p99 and max per setting in microseconds (``probe_us``;
+in the row, medians over rounds, with the p99's range beside each other thread's work)
+and the scans' rates (``scan_gbps``). The interpreter lock, which the threads share, is
+part of what a probe measures; probes alone can run slower than beside a scan (a core
+idle between probes wakes up slower). A call that waits for the disk while it holds the
+store's lock (which every get and put takes) shows as probes of milliseconds: until
+session 34 a file-tier get of a record in the page cache read it in the store's locked
+step with ``RWF_NOWAIT``, and such reads waited for the kernel's readahead they set off.
+Compaction still copies a file's live records and fsyncs them under the store's lock:
+``beside_compaction`` shows what that holds up. Every block a scan or the prober read is
+checked byte-exact (``wrong``), and the row says whether every scanned block came from
+the file tier (``*_scan_from_file_tier``).
 """
 from __future__ import annotations
 
@@ -45,7 +52,8 @@ BYTES_PER_SIZE = 256 << 20
 HOT_BLOCKS = 8
 PROBE_GAP_S = 200e-6  # between two probes: an engine's step does more than read
 BATCH = 64
-SETTINGS = ("alone", "beside_loop", "beside_batch")
+SETTINGS = ("alone", "beside_loop", "beside_batch", "beside_compaction")
+SCANS = ("beside_loop", "beside_batch")
 
 
 def _blocks(spec: BlockSpec, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -85,7 +93,7 @@ class Prober:
 
     def _probe(self, stop: threading.Event, times: list[float]) -> None:
         i = 0
-        while not stop.is_set():
+        while not (i and stop.is_set()):  # one probe at least
             k = i % len(self.ids)
             started = time.perf_counter()
             hit = self.store.get_into(self.ids[k], *self.outs[k])
@@ -135,21 +143,26 @@ def _round(spec: BlockSpec, count: int, seed: int, workdir: str) -> dict[str, An
                 for lo in range(0, count, BATCH):
                     store.get_many_into(ids_in_order[lo:lo + BATCH], outs_in_order[lo:lo + BATCH])
 
-            for setting, work in zip(SETTINGS, (None, loop, batch)):
+            def deletes() -> None:  # every other scanned block: their files half dead, compacted
+                for block_id in cold_ids[::2]:
+                    store.delete(block_id)
+
+            for setting, work in zip(SETTINGS, (None, loop, batch, deletes)):
                 for pair in outs:
                     pair[0].fill(0)
                     pair[1].fill(0)
-                if work is not None:
+                if work in (loop, batch):
                     settle_reads(files)
                     drop_page_cache(files)
                 file_hits = store.stats()["tiers"]["file"]["hits"]
                 started = time.perf_counter()
                 times = prober.during(work, seconds=0.5)
-                if work is not None:
+                if work in (loop, batch):
                     row["scan_gbps"][setting] = gb / (time.perf_counter() - started)
                     row["scan_file_tier_hits"][setting] = store.stats()["tiers"]["file"]["hits"] - file_hits
                     row["wrong"] += _wrong(outs, cold)
                 row["probe_us"][setting] = _quantiles(times)
+            row["compactions"] = store.stats()["tiers"]["file"]["compactions"]
             row["probes_from_shm"] = store.stats()["tiers"]["shm"]["hits"]
             row["wrong"] += prober.wrong
     finally:
@@ -177,16 +190,18 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for setting in SETTINGS[1:]:
             row[f"{setting}_p99_us_range"] = [min(s["probe_us"][setting]["p99"] for s in samples),
                                               max(s["probe_us"][setting]["p99"] for s in samples)]
+        for setting in SCANS:
             row[f"{setting}_scan_gbps"] = statistics.median(s["scan_gbps"][setting] for s in samples)
             row[f"{setting}_scan_from_file_tier"] = all(s["scan_file_tier_hits"][setting] == count for s in samples)
+        row["compactions"] = min(s["compactions"] for s in samples)
         rows.append(row)
     return {"workload": "read_stall", "rows": rows, "probe_gap_s": PROBE_GAP_S, "batch": BATCH,
             "hot_blocks": HOT_BLOCKS}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["size      probe p50 / p99 / max us: alone | beside a cold loop | beside a cold batch    "
-             "scan GB/s (loop, batch)  wrong"]
+    lines = ["size      probe p50 / p99 / max us: alone | beside a cold loop | beside a cold batch | "
+             "beside compactions    scan GB/s (loop, batch)  wrong"]
     for r in result["rows"]:
         cells = " | ".join(f"{r[f'{s}_p50_us']:.0f} / {r[f'{s}_p99_us']:.0f} / {r[f'{s}_max_us']:.0f}"
                            for s in SETTINGS)

@@ -365,13 +365,23 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         except KeyError:
             raise BlockNotFound(f"{self.name}: no block {key[1]} in namespace {key[0]!r}") from None
 
-    def sync(self) -> None:
-        """fsync every file of this rank. Also what an O_DIRECT read of freshly written
-        records would otherwise do implicitly (the kernel writes dirty pages back first)."""
+    def sync_fds(self) -> list[int]:
+        """Pending deletes and expiries written, then a new descriptor of every file of
+        this rank (:meth:`~.base.Tier.sync_fds`: fsynced outside the store's lock; one of
+        a file compaction closes and unlinks meanwhile is fsynced harmlessly). Also what
+        an O_DIRECT read of freshly written records would otherwise do implicitly (the
+        kernel writes dirty pages back first)."""
         self._retry_kills()
         self._flush_expiries()
-        for f in self._files.values():
-            os.fsync(f.fd)
+        fds: list[int] = []
+        try:
+            for f in self._files.values():
+                fds.append(os.dup(f.fd))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def close(self) -> None:
         if self._files:
