@@ -10,9 +10,10 @@ every block it stores, moves and frees; on one rank that layer is a no-op stand-
 Thread-safety: every public method is safe to call from several threads. One lock per
 store guards the metadata only; the bytes move outside it (a get copies under a lease,
 a put into claimed room, a demotion that makes room for a put between two short locked
-steps; cross-rank reads too). Still under the lock: the copies of a hint's promotion,
-demotions made for a promotion or a namespace quota, room-making for content-hashed
-puts, REMOTE-tier (MPI) copies, warm-restart checks and compaction of the file tier.
+steps; cross-rank reads, a hint's promotion and flush()'s fsyncs too). Still under the
+lock: demotions made for a promotion or a namespace quota, room-making for
+content-hashed puts, REMOTE-tier (MPI) copies, warm-restart checks and compaction of
+the file tier (a copy of its live records and an fsync: benchmark read_stall).
 """
 from __future__ import annotations
 
