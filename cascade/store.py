@@ -266,19 +266,13 @@ class CascadeStore(BatchCalls):
                     return self._read(block_id, namespace, self._check_outs(key_out, value_out))
                 key_out, value_out = arrays  # CPU torch tensors: numpy arrays over their memory
             # A block cached here is what a pending put_async of its id would store (or
-            # dedup onto): the wait for such puts (a get after one sees it) is _read's,
-            # for the gets that neither read_hot nor read_leased serves.
+            # dedup onto): the wait for such puts (a get after one sees it) is _read's.
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
                 if self._stats_dir:
                     self._tick()
                 return True
             if key_out.flags.num & WRITABLE_C == WRITABLE_C and value_out.flags.num & WRITABLE_C == WRITABLE_C:
-                outs = [key_out, value_out]  # checked as _checked_out_pairs does
-                hit = self._reads.read_leased((namespace, block_id), outs)
-                if hit is None:
-                    return self._read(block_id, namespace, outs)
-                self._tick()
-                return hit
+                return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 
     def _host_arrays(self, key: Any, value: Any, *, writable: bool) -> tuple[np.ndarray, np.ndarray] | None:

@@ -62,8 +62,12 @@ def _blocks(spec: BlockSpec, count: int, seed: int) -> list[tuple[np.ndarray, np
             for _ in range(count)]
 
 
+def _same(out: tuple[np.ndarray, np.ndarray], block: tuple[np.ndarray, np.ndarray]) -> bool:
+    return np.array_equal(out[0], block[0]) and np.array_equal(out[1], block[1])
+
+
 def _wrong(outs: list[tuple[np.ndarray, np.ndarray]], blocks: list[tuple[np.ndarray, np.ndarray]]) -> int:
-    return sum(not (np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1])) for o, b in zip(outs, blocks))
+    return sum(not _same(o, b) for o, b in zip(outs, blocks))
 
 
 class Prober:
@@ -98,8 +102,7 @@ class Prober:
             started = time.perf_counter()
             hit = self.store.get_into(self.ids[k], *self.outs[k])
             times.append((time.perf_counter() - started) * 1e6)
-            if not hit or not (np.array_equal(self.outs[k][0], self.blocks[k][0])
-                               and np.array_equal(self.outs[k][1], self.blocks[k][1])):
+            if not hit or not _same(self.outs[k], self.blocks[k]):
                 self.wrong += 1
             i += 1
             time.sleep(PROBE_GAP_S)

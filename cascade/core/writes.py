@@ -292,15 +292,8 @@ class WritePath:
             meta.ttl = self._ttl if ttl is None else ttl
             if priority:
                 meta.priority = priority
-            if alone:  # _admit() of a store alone, written out: per put
-                index = self.index
-                if index.unconfirmed:
-                    index.unconfirmed.discard(key)
-                index.admit(meta, now_ns * 1e-9)
-                if meta.ttl:
-                    self.chain.persist_ttl(meta)
-                return _STORED
-            meta.checksum = peers.checksum(parts)
+            if not alone:
+                meta.checksum = peers.checksum(parts)
             admitted = self._admit(meta, now_ns * 1e-9)
         except BaseException:
             self.metrics.counters.puts += 1
