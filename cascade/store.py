@@ -10,10 +10,10 @@ every block it stores, moves and frees; on one rank that layer is a no-op stand-
 Thread-safety: every public method is safe to call from several threads. One lock per
 store guards the metadata only; the bytes move outside it (a get copies under a lease,
 a put into claimed room, a demotion that makes room for a put between two short locked
-steps; cross-rank reads, a hint's promotion and flush()'s fsyncs too). Still under the
-lock: demotions made for a promotion or a namespace quota, room-making for
-content-hashed puts, REMOTE-tier (MPI) copies, warm-restart checks and compaction of
-the file tier (a copy of its live records and an fsync: benchmark read_stall).
+steps; cross-rank reads, a hint's promotion, flush()'s fsyncs and the file tier's
+compactions, copied by a thread of the store's own, too). Still under the lock:
+demotions made for a promotion or a namespace quota, room-making for content-hashed
+puts, REMOTE-tier (MPI) copies and warm-restart checks.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .buffers.hostcopy import plain_pairs
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
+from .core.compactor import Compactor
 from .core.demoter import Demoter
 from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
@@ -129,6 +130,7 @@ class CascadeStore(BatchCalls):
         self._pools = Pools(self.config.io_threads, self._inflight.check_open,
                             cores=None if waits_on_network else spare_cores())
         self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
+        self._compactor = Compactor(self.tiers, self._inflight, self._lock)  # file-tier compactions, off the lock
         self._demoter = Demoter(self._chain, self._inflight, self._lock, high=self.config.demote_high,
                                 low=self.config.demote_low)  # keeps room in the fastest tier for puts
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, self._demoter, nbytes=nbytes,
@@ -382,12 +384,14 @@ class CascadeStore(BatchCalls):
             self.counters.deletes += 1
 
     def flush(self) -> None:
-        """Wait for every non-blocking call submitted before it and for the background
-        demoter to be idle, then make every completed put durable in the persistent
-        tiers (fsync, outside the store's lock: gets and puts go on meanwhile). Local."""
+        """Wait for every non-blocking call submitted before it, for the background
+        demoter to be idle and for the compactions asked for before it, then make every
+        completed put durable in the persistent tiers (fsync, outside the store's lock:
+        gets and puts go on meanwhile). Local."""
         self._inflight.check_open()
         self._async.wait_all()
         self._demoter.wait_idle()
+        self._compactor.wait_idle()
         with self._inflight.hold("a flush's fsyncs"):
             fds: list[int] = []
             try:
@@ -493,6 +497,7 @@ class CascadeStore(BatchCalls):
             log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
                         unfinished, ASYNC_CLOSE_SECONDS)
         self._demoter.stop()  # after its move under way; a put then makes room itself
+        self._compactor.stop()  # its copying stops between two records; the compaction is undone
         with self._closer, self._lock:
             if self._closed:
                 return

@@ -220,7 +220,8 @@ def check_quiescent(store: CascadeStore, *, corruptions: int = 0) -> dict:
     """With no thread inside the store: counters balance, every tier's accounting matches
     its blocks, each block is in one tier and has the bytes of its id, and no slab or file
     space leaked. ``corruptions``: how many the store may have counted (none unless a
-    test corrupted records)."""
+    test corrupted records). Waits for the store's background work first (flush)."""
+    store.flush()
     c = store.counters
     nbytes = store.spec.block_bytes
     assert c.puts == c.stored + c.deduped + c.rejected, c
@@ -838,7 +839,7 @@ def test_file_read_held_while_its_record_goes_and_its_file_is_compacted(tmp_path
         assert outcome["hit"] in (True, False)  # and, if a hit, the right bytes (checked)
         for n in range(130, 135):  # a compaction put off while the record was being read happens now
             put(store, n)
-        stats = check_quiescent(store)
+        stats = check_quiescent(store)  # (in the background: its flush waits for it)
         assert stats["tiers"]["file"]["compactions"] > 0 and stats["tiers"]["file"]["corrupt_reads"] == 0
         assert set(gone) <= {target}
         if how == "delete" and not gone:

@@ -77,6 +77,13 @@ class TierChain:
             log.debug("no room in %s for %s: %s", self.tiers[0].name, key[1], exc)
             return None
 
+    def wait_for_compactions(self) -> None:
+        """Outside the lock: back-pressure on writers. Wait (bounded) for the compaction
+        under way in each tier that writes outran (``behind``: its files over their bound)."""
+        for tier in self.tiers:
+            if tier.behind:
+                tier.wait_for_compaction()
+
     def claim_for_put(self, key: BlockKey, nbytes: int, parent: str | None) -> Claim:
         """Room for a new block in the fastest tier that can make it (one full of pinned
         blocks is passed over). The demotions that make room copy outside the lock, one
@@ -85,6 +92,7 @@ class TierChain:
         set_aside: list[BlockMeta] = []  # victims another rank keeps in place
         try:
             while True:
+                self.wait_for_compactions()
                 with self._lock:
                     self._check_open()
                     step = self._next_step(key, nbytes, parent, failed)

@@ -135,6 +135,7 @@ class Demoter:
         failed: set[int] = set()  # tiers below that failed a move this round: passed over until the next
         try:
             while True:
+                chain.wait_for_compactions()  # the tier below may be over its disk bound
                 with self._inflight.hold("a background demotion"):
                     with self._lock:
                         if (self._stopped or self._taken() <= self._low

@@ -2,27 +2,69 @@
 
 A file whose dead fraction reaches ``compact_dead_fraction`` (the active file only once
 it is ``seal_bytes`` long, or when the disk is full) has its live records and
-still-needed tombstones copied to the active file, fsynced, and only then is it
-unlinked. Records are verified on the way: a corrupt one is copied as it is (it still
-fails its checksum) and the store told through ``on_corrupt``, which drops it unless
-another rank pins it; then it stays, as a corrupt block in any tier does, until a later
-read can drop it (the tier never drops a block the store still maps). Failure-atomic:
-on a full disk or an I/O error the copies are cut off again, the file stays, the
-attempt is counted (``compactions_deferred``) and retried after 16, 32, ... up to
-``RETRY_MAX`` later changes. Files with reads or writes in flight are left alone until they end.
+still-needed tombstones copied to a file of their own, fsynced, and only then is it
+unlinked. A compaction runs in three steps, so that the copying never holds the store's
+lock (it took 146 ms beside a prober's gets in benchmark ``read_stall`` when it did):
+
+* :meth:`Compaction.start_compaction` (under the lock): picks the cheapest file due,
+  holds it (``users``), notes its live records and opens the target file;
+* :meth:`Compaction.copy_compaction` (outside the lock, beside any other call): reads
+  each record verified, writes it to the target with its origin in its header, fsyncs;
+* :meth:`Compaction.end_compaction` (under the lock): points the index at the copies of
+  records still current, voids the copies of records deleted or replaced meanwhile,
+  and drops the old file once its last reader ends.
+
+With a store, ``on_compaction_due`` (set by it) hands the steps to a background thread
+(:mod:`cascade.core.compactor`); a tier on its own runs them inline in the change that
+made a file due. A copy names its origin (file and offset of the record it copies), so a
+restart after a crash mid-compaction keeps a copy only while its origin is still live
+or gone with its file (:mod:`.file_recovery`).
+
+Records are verified on the way: a corrupt one is copied as it is (it still fails its
+checksum) and the store told through ``on_corrupt``, which drops it unless another rank
+pins it; then it stays, as a corrupt block in any tier does, until a later read can drop
+it. Failure-atomic: on a full disk or an I/O error the target file is dropped, the old
+file stays, the attempt is counted (``compactions_deferred``) and retried after 16, 32,
+... up to ``RETRY_MAX`` later changes. Files with reads or writes in flight are left
+alone until they end.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import threading
+from dataclasses import dataclass, field
 
 from ..errors import CascadeError, CorruptBlock
 from .base import BlockKey
+from .file_reads import Lease
 from .file_state import Loc, SegmentFile
+from .record_io import pwritev_all
 from .records import HEADER_BYTES, RecordHeader
 
 log = logging.getLogger("cascade.tiers.file_tier")
 RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
+THROTTLE_MAX_S = 10.0  # most seconds a write waits for a compaction under way (see wait_for_compaction)
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class CompactionStopped(CascadeError):
+    """The store is closing: a compaction's copying stopped before its end."""
+
+
+@dataclass(eq=False)
+class CompactionRun:
+    """One compaction under way: the file it empties, the file it fills, and what it copies."""
+    source: SegmentFile
+    target: SegmentFile
+    records: list[tuple[BlockKey, Loc]]  # the source's live records at the start, in file order
+    tombstones: list[tuple[BlockKey, int, int]]  # the source's still-needed tombstones
+    copies: list[tuple[BlockKey, Loc, int, float]] = field(default_factory=list)  # (key, origin, offset, expiry written)
+    corrupt: list[BlockKey] = field(default_factory=list)  # found on the way: reported whether or not it ends
+    size: int = 0  # bytes written to the target
+    error: BaseException | None = None
+    done: bool = False  # every copy written and fsynced
 
 
 class Compaction:
@@ -33,15 +75,20 @@ class Compaction:
         return [t for t in f.tombstones if t[1] in self._files and t[1] != f.file_id]
 
     def _after_change(self) -> None:
-        """After a delete or commit: retry pending kills, then compact what is due.
-        Never raises: a compaction that cannot run now is counted and retried later."""
+        """After a delete or commit: retry pending kills, then compact what is due (in
+        the background with a store, else now). Never raises: a compaction that cannot
+        run now is counted and retried later."""
         self._changes += 1
         self._retry_kills()
         self._maybe_flush_expiries()
-        if self._compacting or self._changes < self._retry_at:
+        if self._compacting or self._changes < self._retry_at or not self._due():
             return
-        for f in self._due():
-            if f.file_id in self._files and not self.compact(f.file_id):
+        if self.on_compaction_due is not None:
+            self.on_compaction_due()
+            return
+        while (run := self.start_compaction()) is not None:
+            self.copy_compaction(run)
+            if not self.end_compaction(run):
                 break  # the disk is full: the bigger ones would fail too
 
     def _due(self) -> list[SegmentFile]:
@@ -53,88 +100,144 @@ class Compaction:
                 and (f is not self._active or f.size >= self.seal_bytes or self._disk_full)),
                 key=lambda f: f.live)  # cheapest first: a dead file needs no room
 
-    def compact(self, file_id: int) -> bool:
-        """Move ``file_id``'s live records (and still-needed tombstones) to the active
-        file, fsync them, then unlink it. Local; one read and one write per live record.
-        Failure-atomic: on a full disk (or any I/O error) the copies are undone, the file
-        stays as it was, and False is returned (counted in ``compactions_deferred``)."""
-        f = self._files[file_id]
-        moved: list[tuple[BlockKey, Loc, int, int]] = []
-        carried: list[tuple[int, tuple[BlockKey, int, int]]] = []
-        corrupt: list[BlockKey] = []  # found on the way: reported whether or not the compaction ends
-        self._compacting = True
-        mark = (self._active, self._active.size, self._next_id)
+    def start_compaction(self) -> CompactionRun | None:
+        """Under the lock: hold the cheapest file due and open a target file for its
+        live records; None when none is due, one is under way, or there is no room
+        (counted in ``compactions_deferred``). Reads and writes go on meanwhile; a
+        later put goes to the active file, never to the source or the target."""
+        if self._compacting or self._changes < self._retry_at:
+            return None
+        due = self._due()
+        if not due:
+            return None
+        f = due[0]
+        records = sorted(((k, l) for k, l in self._index.items() if l.file_id == f.file_id),
+                         key=lambda item: item[1].offset)
+        tombstones = self._needed_tombstones(f)
+        need = sum(l.record_bytes for _, l in records) + HEADER_BYTES * len(tombstones)
         try:
-            if f is self._active:
-                self._active = self._new_file()
-            need = sum(l.record_bytes for l in self._index.values() if l.file_id == file_id)
-            need += HEADER_BYTES * len(self._needed_tombstones(f))
             st = os.statvfs(self.directory)
             if st.f_bavail * st.f_frsize < need:  # cheap to find out: no backoff
                 self.counters["compactions_deferred"] += 1
-                self._undo_copies(*mark)
-                return False
-            for key, loc in [(k, l) for k, l in self._index.items() if l.file_id == file_id]:
-                buf = bytearray(loc.length)
-                lease = self.lease(key)
+                return None
+            target = self._new_file()
+            if f is self._active:
                 try:
-                    self.read_leased(lease, [buf])  # verified
+                    self._active = self._new_file()
+                except CascadeError:
+                    self._drop_file(target)
+                    raise
+        except (OSError, CascadeError) as exc:  # CascadeError: no file name left to take
+            self._defer(f, exc)
+            return None
+        f.users += 1
+        target.users += 1
+        self._compacting = True
+        return CompactionRun(f, target, records, tombstones)
+
+    def copy_compaction(self, run: CompactionRun, stop: threading.Event | None = None) -> None:
+        """Outside the lock: copy the run's records (verified) and tombstones to its
+        target file and fsync it. Touches only the two files the run holds, so it runs
+        beside any other call. A failure (or ``stop`` set) is kept in ``run.error`` for
+        :meth:`end_compaction`; only what is neither an ``OSError`` nor a
+        :class:`CascadeError` (a bug, an interrupt) is raised too."""
+        source, target = run.source, run.target
+        try:
+            for key, loc in run.records:
+                if stop is not None and stop.is_set():
+                    raise CompactionStopped(f"{self.name}: compaction of {source.path} stopped: the store is closing")
+                buf = bytearray(loc.length)
+                try:
+                    self.read_leased(Lease(key, loc, source), [buf])  # verified
                 except CorruptBlock as exc:  # copied as it is: it still fails its checksum
                     log.warning("%s", exc)
-                    corrupt.append(key)
-                finally:
-                    self.release(lease)
-                header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
-                moved.append((key, loc, *self._append(header, [memoryview(buf)])))
-            for tomb in self._needed_tombstones(f):
-                key, tfile, toff = tomb
+                    run.corrupt.append(key)
+                expires = loc.expires  # (a refresh meanwhile is written at the end)
+                header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=expires,
+                                      target_file=source.file_id, target_offset=loc.offset)
+                pwritev_all(target.fd, self._record_iov(header, [memoryview(buf)]), run.size)
+                run.copies.append((key, loc, run.size, expires))
+                run.size += header.record_bytes
+            for key, tfile, toff in run.tombstones:
                 header = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff)
-                carried.append((self._append(header, [])[0], tomb))
-            for copy_id in {m[2] for m in moved} | {c[0] for c in carried}:
-                os.fsync(self._files[copy_id].fd)  # durable before the originals go
-        except (OSError, CascadeError) as exc:  # CascadeError: no file name left to take
-            self._undo_copies(*mark)
-            self.counters["compactions_deferred"] += 1
-            self._retry_at = self._changes + self._retry_step
-            self._retry_step = min(2 * self._retry_step, RETRY_MAX)
-            if self.counters["compactions_deferred"] == 1:
-                log.warning("%s: cannot compact %s now (%s): its dead space stays until there is room",
-                            self.name, f.path, exc)
-            return False
+                pwritev_all(target.fd, self._record_iov(header, []), run.size)
+                run.size += HEADER_BYTES
+            os.fsync(target.fd)  # durable before the originals go
+            run.done = True
+        except BaseException as exc:
+            run.error = exc
+            if not isinstance(exc, (OSError, CascadeError)):
+                raise
+
+    def end_compaction(self, run: CompactionRun) -> bool:
+        """Under the lock: end a run. Copied: the index points at the copies of records
+        still current (the directory is told, ``on_relocate``), the others' copies are
+        voided, and the source goes once its last reader ends; True. Else the target
+        is dropped, the source stays as it was, and False (counted, retried later)."""
+        source, target = run.source, run.target
+        source.users -= 1
+        target.users -= 1
+        try:  # the store drops them (their copies are voided below); still compacting: its deletes compact nothing now
+            if run.corrupt and self.on_corrupt is not None:
+                self.on_corrupt(run.corrupt)
         finally:
-            try:  # the store drops them (the kill of a dropped one's copy follows below); still
-                if corrupt and self.on_corrupt is not None:  # compacting: its deletes compact nothing now
-                    self.on_corrupt(corrupt)
-            finally:
-                self._compacting = False
+            with self._compaction_ended:
+                self._compacting = self.behind = False
+                self._compaction_ended.notify_all()
+        if not run.done:
+            self._drop_file(target)
+            if run.error is not None and not isinstance(run.error, CompactionStopped):
+                self._defer(source, run.error)
+            return False
+        target.size = run.size
         relocated = []
-        for key, loc, new_file, new_offset in moved:
+        for key, loc, offset, expires in run.copies:
             if self._index.get(key) is loc:
-                self._remember(key, Loc(new_file, new_offset, loc.length, loc.checksum, loc.parent, loc.expires))
+                self._remember(key, Loc(target.file_id, offset, loc.length, loc.checksum, loc.parent, loc.expires))
+                if loc.expires != expires:  # refreshed while it was copied
+                    self._dirty_expiries.add(key)
                 relocated.append(key)
-            else:  # (not expected: the store's lock is held) a copy nobody maps must not come back
-                self._kill_record(key, new_file, new_offset, loc.length)
+            else:  # deleted or replaced meanwhile: its copy must not come back at a restart
+                self._void_record(key, target.file_id, offset, loc.length)
         if relocated and self.on_relocate is not None:  # other ranks' readers learn the new places
             self.on_relocate(relocated)
-        for copy_id, tomb in carried:
-            self._files[copy_id].tombstones.append(tomb)
-        self._drop_file(f)
+        target.tombstones.extend(run.tombstones)
+        self._retire(source)
         self.counters["compactions"] += 1
         self._retry_step = 16
         self._disk_full = False
         return True
 
-    def _undo_copies(self, active: SegmentFile, size: int, next_id: int) -> None:
-        """Cut a failed compaction's copies off: files it opened go, the active file it
-        started from is truncated back to ``size`` and is active again."""
-        for file_id in [i for i in self._files if i >= next_id]:
-            self._drop_file(self._files[file_id])
-        self._active, self._next_id = active, next_id
-        try:
-            os.ftruncate(active.fd, size)
-        except OSError:  # the copies stay as dead bytes (later records win at a restart)
-            return
-        active.size = size
+    def _over_bound(self) -> bool:
+        """Under the lock: whether the files hold more than :meth:`disk_bound` allows
+        (taking one record as at most ``seal_bytes``)."""
+        limit = int(self._capacity / (1.0 - self._compact_fraction)) + self.seal_bytes
+        return sum(f.size for f in self._files.values()) > limit
+
+    def wait_for_compaction(self) -> None:
+        """Outside the lock, when ``behind`` (a write found the files over their bound
+        while a compaction ran): wait, at most :data:`THROTTLE_MAX_S`, for it to end."""
+        with self._compaction_ended:
+            self._compaction_ended.wait_for(lambda: not self._compacting, THROTTLE_MAX_S)
+
+    def _defer(self, f: SegmentFile, exc: BaseException) -> None:
+        """Count a compaction that could not run and put the next try off."""
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            self.counters["full_events"] += 1
+            self._disk_full = True
+        self.counters["compactions_deferred"] += 1
+        self._retry_at = self._changes + self._retry_step
+        self._retry_step = min(2 * self._retry_step, RETRY_MAX)
+        if self.counters["compactions_deferred"] == 1:
+            log.warning("%s: cannot compact %s now (%s): its dead space stays until there is room",
+                        self.name, f.path, exc)
+
+    def _retire(self, f: SegmentFile) -> None:
+        """A compacted file goes now, or when its last read in flight ends (:meth:`release`)."""
+        if f.users:
+            f.retired = True
+        else:
+            self._drop_file(f)
 
     def disk_bound(self, largest_record: int | None = None) -> int:
         """Most bytes this tier's files hold once no read or write is in flight and no

@@ -193,7 +193,10 @@ class Reads:
         return Lease(key, loc, f)
 
     def release(self, lease: Lease) -> None:
-        lease.file.users -= 1
+        f = lease.file
+        f.users -= 1
+        if f.retired and not f.users:  # compacted while it was read: it goes now
+            self._drop_file(f)
 
     def current(self, key: BlockKey, lease: Lease) -> bool:
         return self._index.get(key) is lease.loc

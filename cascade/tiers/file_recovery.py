@@ -4,8 +4,12 @@ Records are read header by header in file order. A page that holds no valid head
 skipped (resynchronising at the next page) and counted (``bad_headers``); a record
 running past the end of its file is torn (``torn_records``). A tombstone written over
 a record in place forgets every earlier record of its key; an appended tombstone kills
-the record it names. A key seen twice (a crash in the middle of a compaction) keeps its
-later record, and the earlier one is killed on disk. The last record of each file is
+the record it names; a void (a tombstone naming file 0) kills nothing. A compaction's
+copy names its origin: it is dropped (voided on disk) while its origin's file is still
+here and that record is no longer the key's live one (deleted or replaced before the
+compaction ended); an origin still live means a crash mid-compaction, and the copy wins.
+A key seen twice keeps its later record, and the earlier one is killed on disk (the copy
+first forgets its origin, so that kill does not drop it at the next restart). The last record of each file is
 verified against its checksum now (a crash tears appends at the end); every read
 verifies the others. Files left with nothing live are removed.
 """
@@ -19,7 +23,7 @@ from ..checksum import checksum
 from ..errors import CascadeError
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
-from .records import HEADER_BYTES, PAGE, key_seed, unpack_header
+from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, unpack_header
 
 log = logging.getLogger("cascade.tiers.file_tier")
 
@@ -48,6 +52,14 @@ class Recovery:
         if ids:
             log.info("%s: recovered %d blocks from %d files in %s", self.name, len(self._index), len(ids), self.directory)
 
+    def _forget_origin(self, f: SegmentFile, key: BlockKey, loc: Loc) -> bool:
+        """Rewrite a compaction copy's header without its origin; False on an I/O error."""
+        header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
+        try:
+            return os.pwrite(f.fd, header.pack(), loc.offset) == HEADER_BYTES
+        except OSError:
+            return False
+
     def _scan(self, f: SegmentFile) -> None:
         offset = 0
         last: tuple[BlockKey, Loc] | None = None
@@ -64,19 +76,24 @@ class Recovery:
             if header.tombstone and (header.target_file, header.target_offset) == (f.file_id, offset):
                 if key in self._index:  # killed in place: every earlier record of the key is dead too
                     self._forget(key)
-            elif header.tombstone:
+            elif header.tombstone and header.target_file:
                 f.tombstones.append((key, header.target_file, header.target_offset))
                 loc = self._index.get(key)
                 if loc is not None and (loc.file_id, loc.offset) == (header.target_file, header.target_offset):
                     self._forget(key)
-            else:
+            elif not header.tombstone:
                 loc = Loc(f.file_id, offset, header.payload_len, header.checksum, header.parent, header.expires)
                 old = self._index.get(key)
-                if old is not None:  # an older copy (e.g. a crash mid-compaction): kill it for good
-                    self._forget(key)
-                    self._write_kill(key, old.file_id, old.offset, old.length)
-                self._remember(key, loc)
-                last = (key, loc)
+                origin = (header.target_file, header.target_offset)
+                if header.target_file in self._files and (old is None or (old.file_id, old.offset) != origin):
+                    self._void_record(key, f.file_id, offset, header.payload_len)  # its origin died first
+                else:
+                    self._remember(key, loc)
+                    # An older copy (e.g. a crash mid-compaction): killed for good, once
+                    # this copy no longer names it (else the next restart would drop both).
+                    if old is not None and (not header.target_file or self._forget_origin(f, key, loc)):
+                        self._write_kill(key, old.file_id, old.offset, old.length)
+                    last = (key, loc)
             offset += header.record_bytes
         # A crash mid-append tears the last record (or, with writes in flight from several
         # threads, one of the last few): verify the last now; every read verifies the rest.

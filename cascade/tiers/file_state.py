@@ -35,4 +35,5 @@ class SegmentFile:
     live: int = 0  # bytes of live records
     tombstones: list[tuple[BlockKey, int, int]] = field(default_factory=list)
     direct_fd: int | None = None
-    users: int = 0  # reads and writes in flight: the file is not compacted away meanwhile
+    users: int = 0  # reads, writes and compactions in flight: the file is not compacted away meanwhile
+    retired: bool = False  # compacted while read: unlinked when its last reader ends

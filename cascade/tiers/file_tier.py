@@ -18,13 +18,15 @@ Disk use is bounded: a file is sealed (the next record goes to a new one) at
 ``seal_bytes = min(segment_bytes, capacity // 4)`` (at least one record per file), and
 any file (:mod:`.compaction`), the active one once it reaches ``seal_bytes``, whose dead fraction reaches
 ``compact_dead_fraction`` (f, at most 0.9) is compacted: its live records are copied to
-the active file, fsynced, and only then is the old file unlinked. So, once no read or
-write is in flight, ``disk_bytes <= capacity / (1 - f) + max(seal_bytes, largest
-record)`` (``disk_bound`` in :meth:`stats`). A compaction that finds the disk full undoes
-its copies (nothing is forgotten before its copy is durable), is counted
-(``compactions_deferred``, with the dead bytes it could not reclaim in
-``dead_bytes_stuck``) and is retried at later changes; neither gets nor deletes ever fail
-because of it. Reads (``read_mode``: O_DIRECT on Lustre, the page cache elsewhere,
+a file of their own, fsynced, and only then is the old file unlinked (with a store, on a
+thread of its own, outside the store's lock). So, once no read, write or compaction is
+in flight, ``disk_bytes <= capacity / (1 - f) + max(seal_bytes, largest record)``
+(``disk_bound`` in :meth:`stats`); a write that finds the files over it while a
+compaction runs sets ``behind``, and the store's writers wait for that compaction
+(back-pressure). A compaction that finds the disk full drops its copies (nothing is
+forgotten before its copy is durable), is counted (``compactions_deferred``, with the
+dead bytes it could not reclaim in ``dead_bytes_stuck``) and is retried at later
+changes; neither gets nor deletes ever fail because of it. Reads (``read_mode``: O_DIRECT on Lustre, the page cache elsewhere,
 and the measurements behind that choice) are in :mod:`.file_reads`.
 
 Expiries (wall clock) live in record headers. A read that refreshes a last-use TTL has
@@ -35,7 +37,8 @@ keeps blocks that reads kept alive; a crash can make them expire up to that wind
 Writes and reads run outside the store's lock in two phases (see :mod:`.base`): a write
 reserves its record's range at the end of the active file, then ``pwritev``s it
 (:mod:`.file_writes`); a read leases the record, then ``preadv``s it (:mod:`.file_reads`).
-A file with reads or writes in flight is not compacted until they end.
+A file with reads or writes in flight is not compacted until they end; a file read while
+it is compacted stays until its last read ends.
 """
 from __future__ import annotations
 
@@ -115,8 +118,9 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         # Seal files relative to the capacity, so the dead space they carry stays bounded by it.
         self.seal_bytes = max(min(segment_bytes, capacity // 4), 2 * PAGE)
         self._next_id = 1  # above every file name seen, ours or not
-        self._pending_kills: list[tuple[BlockKey, int, int, int]] = []  # (key, file, offset, length)
-        self._compacting = False
+        self._pending_kills: list[tuple[BlockKey, int, int, int, bool]] = []  # (key, file, offset, length, void)
+        self._compacting = False  # a compaction is under way (one at a time)
+        self._compaction_ended = threading.Condition(threading.Lock())  # writes throttled wait on it
         self._changes = 0  # deletes and commits: paces compaction retries after a full disk
         self._retry_at = 0
         self._retry_step = 16
@@ -131,6 +135,9 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         self.on_relocate: Callable[[list[BlockKey]], None] | None = None
         # Set by the store: told which blocks compaction found corrupt (kept: the store drops them).
         self.on_corrupt: Callable[[list[BlockKey]], None] | None = None
+        # Set by the store: called instead of compacting inline when a file is due (it runs
+        # the compaction's steps on a thread of its own: cascade.core.compactor).
+        self.on_compaction_due: Callable[[], None] | None = None
         ensure_private_dir(directory)
         self.on_lustre = is_lustre(directory)
         # Buffered reads of big records one at a time, in file order (see record_io), off
@@ -232,21 +239,28 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         loc = self._forget(key)
         self._kill_record(key, loc.file_id, loc.offset, loc.length)
 
-    def _kill_record(self, key: BlockKey, file_id: int, offset: int, length: int) -> None:
+    def _kill_record(self, key: BlockKey, file_id: int, offset: int, length: int, *, void: bool = False) -> None:
         """Rewrite a record's header as a tombstone of itself (same length: needs no new
-        space). On an I/O error the kill is kept pending (retried at later changes)."""
-        if not self._write_kill(key, file_id, offset, length):
-            self._pending_kills.append((key, file_id, offset, length))
+        space), which a restart reads as killing every earlier record of its key too;
+        with ``void``, as a tombstone naming no record (file 0), which kills only itself
+        (for a record lying after the key's live one: a compaction's copy). On an I/O
+        error the kill is kept pending (retried at later changes)."""
+        if not self._write_kill(key, file_id, offset, length, void):
+            self._pending_kills.append((key, file_id, offset, length, void))
             if len(self._pending_kills) == 1:
                 log.warning("%s: cannot record a delete in %s: kept pending (retried at later changes; "
                             "a restart before it is written may serve the block again)", self.name, self.directory)
 
-    def _write_kill(self, key: BlockKey, file_id: int, offset: int, length: int) -> bool:
-        """Write one kill; True when done (or moot: its file is gone)."""
+    def _void_record(self, key: BlockKey, file_id: int, offset: int, length: int) -> None:
+        self._kill_record(key, file_id, offset, length, void=True)
+
+    def _write_kill(self, key: BlockKey, file_id: int, offset: int, length: int, void: bool = False) -> bool:
+        """Write one kill (or void); True when done (or moot: its file is gone)."""
         f = self._files.get(file_id)
         if f is None:
             return True
-        tomb = RecordHeader(key[0], key[1], length, 0, tombstone=True, target_file=file_id, target_offset=offset)
+        target = (0, 0) if void else (file_id, offset)
+        tomb = RecordHeader(key[0], key[1], length, 0, tombstone=True, target_file=target[0], target_offset=target[1])
         try:
             if os.pwrite(f.fd, tomb.pack(), offset) != HEADER_BYTES:
                 return False
@@ -390,7 +404,10 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         if self._pending_kills:
             log.warning("%s: %d deletes could not be written to %s: a restart may serve those blocks again",
                         self.name, len(self._pending_kills), self.directory)
-        for f in self._files.values():
+        for f in list(self._files.values()):
+            if f.retired:  # compacted: its records live in another file
+                self._drop_file(f)
+                continue
             for fd in (f.fd, f.direct_fd):
                 if fd is not None:
                     os.close(fd)

@@ -5,8 +5,9 @@ range at the end of the active file under the store's lock (rolling to a new fil
 ``seal_bytes``), :meth:`Writes.fill` checksums and ``pwritev``s it outside the lock, and
 :meth:`Writes.commit` or :meth:`Writes.discard` ends it under the lock again. A full disk
 (ENOSPC, EDQUOT, EFBIG) is a counted :class:`TierFull` (``full_events``) and lets the next
-compaction take the active file too. Tombstones and compaction append under the lock
-(``_append``).
+compaction take the active file too. A commit that replaces a block kills its old record
+in place, or voids it when it lies after the new one (a compaction's copy, see
+:meth:`~.file_tier.FileTier._void_record`), so a restart keeps the new one.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Writes:
         header = RecordHeader(key[0], key[1], nbytes, 0, parent=parent, expires=expires)
         f = self._room_for(header.record_bytes)
         reservation = Reservation(f, header, f.size)
+        self.behind = self._compacting and self._over_bound()
         f.size += header.record_bytes
         f.users += 1
         self._reserved_bytes += header.record_bytes
@@ -74,7 +76,12 @@ class Writes:
         header, f = reservation.header, reservation.file
         self._unreserve(reservation)
         if key in self._index:  # replaced: the old record must not come back at a restart
-            self._kill(key)
+            old = self._index[key]
+            if (old.file_id, old.offset) > (f.file_id, reservation.offset):
+                self._forget(key)  # a copy compaction wrote after this record was reserved
+                self._void_record(key, old.file_id, old.offset, old.length)
+            else:
+                self._kill(key)
         self._remember(key, Loc(f.file_id, reservation.offset, header.payload_len, header.checksum,
                                  header.parent, header.expires))
         self._after_change()
@@ -105,11 +112,15 @@ class Writes:
             self._active = self._new_file()
         return self._active
 
-    def _write_record(self, f: SegmentFile, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
+    @staticmethod
+    def _record_iov(header: RecordHeader, views: Sequence[memoryview]) -> list[Any]:
+        """A record's buffers as written: header page, payload, zeros to the next page."""
         tail = pad(header.payload_len) - header.payload_len
-        iov = [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
+        return [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
+
+    def _write_record(self, f: SegmentFile, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
         try:
-            pwritev_all(f.fd, iov, offset)
+            pwritev_all(f.fd, self._record_iov(header, views), offset)
             if self._fsync:
                 os.fsync(f.fd)
         except OSError as exc:
@@ -118,16 +129,3 @@ class Writes:
                 self._disk_full = True
                 raise TierFull(f"{self.name}: {f.path}: {exc.strerror}") from exc
             raise
-
-    def _append(self, header: RecordHeader, views: Sequence[memoryview]) -> tuple[int, int]:
-        """Write one record at the end of the active file, under the store's lock (for
-        tombstones and compaction); (file id, offset). Failure-atomic."""
-        f = self._room_for(header.record_bytes)
-        offset = f.size
-        try:
-            self._write_record(f, header, views, offset)
-        except OSError:
-            os.ftruncate(f.fd, offset)  # drop the partial record: the file stays valid
-            raise
-        f.size = offset + header.record_bytes
-        return f.file_id, offset

@@ -10,8 +10,8 @@ payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
     16      16    block id (raw bytes)
     32      8     payload length
     40      8     payload checksum (XXH3-64 seeded by namespace and id: see key_seed)
-    48      8     tombstone target: file id of the killed record (else 0)
-    56      8     tombstone target: offset of the killed record (else 0)
+    48      8     target: file id of the record a tombstone kills, or a copy's origin (else 0)
+    56      8     target: offset of that record (else 0)
     64      16    parent block id (raw bytes; flag 2 says it is set)
     80      8     expiry, wall-clock seconds since the epoch (float64; 0 = none)
     88      n     namespace (UTF-8)
@@ -19,8 +19,11 @@ payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
 
 A tombstone whose target is its own position is a record killed in place (a delete
 rewrites the header and keeps the payload length, so the scan skips the old payload): it
-kills every earlier record of its (namespace, id). Any other tombstone kills the one
-record it names.
+kills every earlier record of its (namespace, id). A tombstone naming file 0 is a void:
+a record rewritten so that it kills nothing else (a compaction's copy that lies after its
+key's live record). Any other tombstone kills the one record it names. A record that is
+not a tombstone and names a target is a compaction's copy of the record there (its
+origin; see :mod:`.file_recovery`).
 
 A header whose magic or CRC does not match is not a record; a payload whose checksum
 does not match is corrupt. Neither is ever served as data. The payload checksum is

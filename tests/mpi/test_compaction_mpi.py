@@ -22,6 +22,7 @@ def test_blocks_moved_by_compaction_stay_readable_from_every_rank(comm, shared_d
         ids = [store.put(*block(store.spec, comm.rank * 1000 + i)) for i in range(BLOCKS)]
         for bid in ids[::2]:
             store.delete(bid)
+        store.flush()  # compactions run in the background: flush waits for them
         compactions = store.stats()["tiers"]["file"]["compactions"]
         comm.Barrier()  # every rank's deletes (and compactions) are done
         everyone = comm.allgather(ids)
@@ -67,6 +68,7 @@ def test_a_corrupt_record_compaction_drops_while_another_rank_pins_it_is_a_miss(
             compactions = store.stats()["tiers"]["file"]["compactions"]
             for bid in ids[1:]:  # the rest of the file dies: it is compacted
                 store.delete(bid)
+            store.flush()
             stats = store.stats()["tiers"]["file"]
             ok = stats["compactions"] > compactions and stats["corruptions"] == 1
             # pinned by rank 1: its (corrupt) record stays where the index places it

@@ -1,0 +1,107 @@
+"""The background compactor: reclaims a tier's dead space without holding the store's
+lock while it copies.
+
+A tier with dead space to reclaim (the file tier: :mod:`cascade.tiers.compaction`) calls
+:meth:`Compactor.poke` under the store's lock instead of compacting inside the delete or
+commit that made a file due. One daemon thread owned by the store then runs the tier's
+compactions one at a time: a short locked step to start each, the copying outside the
+lock (gets, puts and deletes go on meanwhile, the compacted file's records readable
+where they were), and a short locked step to end it. Each compaction holds an in-flight
+count (:class:`~.guards.InFlight`); ``close()`` stops the copying between two records (the
+compaction is then undone: its target file goes, nothing is counted) and joins the
+thread; ``flush()`` waits for the compactions asked for before it. Thread-safe.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+from ..errors import StoreClosed
+from ..tiers.base import Tier
+from .guards import InFlight
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 5.0  # close(): most seconds to wait for the thread once its copying stopped
+
+
+class Compactor:
+    """Background compactions of ``tiers`` (each asks through its ``on_compaction_due``)."""
+
+    def __init__(self, tiers: list[Tier], inflight: InFlight, lock: threading.RLock) -> None:
+        self._tiers, self._inflight, self._lock = tiers, inflight, lock
+        self._state = threading.Condition(threading.Lock())  # guards _due, _asked, _done, _thread
+        self._due: set[int] = set()  # tiers that asked since their last round
+        self._asked = self._done = 0  # rounds asked for by pokes, and asked for before the last one ended
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        for t, tier in enumerate(tiers):
+            tier.on_compaction_due = functools.partial(self.poke, t)
+
+    def poke(self, t: int) -> None:
+        """Under the store's lock: tier ``t`` has a compaction due; run it soon."""
+        with self._state:
+            if self._stop.is_set():
+                return
+            self._due.add(t)
+            self._asked += 1
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="cascade-compactor", daemon=True)
+                thread.start()
+                self._thread = thread
+            self._state.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait (not holding the store's lock) until every compaction asked for before
+        this call has ended; False when ``timeout`` seconds passed first."""
+        with self._state:
+            asked = self._asked
+            return self._state.wait_for(lambda: self._stop.is_set() or self._done >= asked, timeout)
+
+    def stop(self) -> None:
+        """Stop the copying under way between two records and end the thread
+        (``close()``; not holding the store's lock): a bounded wait."""
+        with self._state:
+            self._stop.set()
+            self._state.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
+            if thread.is_alive():
+                log.warning("close: the background compactor did not stop within %.0f s", _JOIN_S)
+
+    def _run(self) -> None:
+        while True:
+            with self._state:
+                self._state.wait_for(lambda: self._done < self._asked or self._stop.is_set())
+                if self._stop.is_set():
+                    self._state.notify_all()
+                    return
+                asked, due, self._due = self._asked, self._due, set()
+            try:
+                for t in sorted(due):
+                    while self._compact_one(self._tiers[t]):
+                        pass
+            except StoreClosed:
+                pass
+            except BaseException:  # never fatal (the thread lives on): the next poke tries again
+                log.exception("background compaction failed")
+            finally:
+                with self._state:
+                    self._done = asked
+                    self._state.notify_all()
+
+    def _compact_one(self, tier: Tier) -> bool:
+        """Run one compaction of ``tier``; whether it reclaimed space (then try the next)."""
+        with self._inflight.hold(f"a compaction of the {tier.name} tier"):
+            with self._lock:
+                run = tier.start_compaction()
+            if run is None:
+                return False
+            try:
+                tier.copy_compaction(run, self._stop)
+            finally:
+                with self._lock:
+                    ended = tier.end_compaction(run)
+            return ended and not self._stop.is_set()

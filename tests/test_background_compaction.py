@@ -1,0 +1,288 @@
+"""File-tier compaction in three steps, the copying outside the store's lock
+(cascade/tiers/compaction.py, cascade/core/compactor.py): what changes while a file is
+copied (deletes, re-puts, refreshed expiries, reads), a crash between the steps, a failed
+or stopped copy, back-pressure on writers, and a store whose other calls go on meanwhile."""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cascade import CascadeStore, Config
+from cascade.models import BlockSpec
+from cascade.tiers import compaction
+from cascade.tiers.file_tier import FileTier
+
+SEG = 1 << 20  # 128 records of one page each per file
+
+
+def key(i: int) -> tuple[str, str]:
+    return ("ns", f"{i:032x}")
+
+
+def value(i: int, version: int = 0) -> bytes:
+    return bytes([(i + 7 * version) % 251 + 1]) * 4096
+
+
+def open_tier(d: str, capacity: int = 64 << 20) -> FileTier:
+    tier = FileTier(capacity, d, segment_bytes=SEG)
+    tier.on_compaction_due = lambda: None  # the test runs the steps itself
+    return tier
+
+
+def with_due_file(d: str) -> tuple[FileTier, list[int], list[int]]:
+    """200 records, the first file's even ones deleted: (tier, live ids in the first file, others)."""
+    tier = open_tier(d)
+    for i in range(200):
+        tier.put(key(i), [value(i)])
+    first_path = tier.record_span(key(0))[0]
+    first = [i for i in range(200) if tier.record_span(key(i))[0] == first_path]
+    for i in first[::2]:
+        del tier[key(i)]
+    return tier, first[1::2], [i for i in range(200) if i not in first]
+
+
+def contents(tier: FileTier) -> dict[tuple[str, str], bytes]:
+    return {k: tier[k] for k in tier}
+
+
+def test_records_deleted_or_replaced_while_copied_stay_so_after_the_end_and_a_restart(tmp_path):
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d)
+    run = tier.start_compaction()
+    assert run is not None and tier.start_compaction() is None  # one at a time
+    source = run.source.path
+    deleted, replaced, deleted_after_copy = live[0], live[1], live[2]
+    del tier[key(deleted)]
+    tier.put(key(replaced), [value(replaced, 1)])
+    tier.copy_compaction(run)
+    del tier[key(deleted_after_copy)]
+    assert tier[key(live[3])] == value(live[3])  # still read where it was
+    assert tier.end_compaction(run)
+    assert not os.path.exists(source) and tier.stats()["compactions"] == 1
+    expected = {key(i): value(i) for i in live[3:] + others}
+    expected[key(replaced)] = value(replaced, 1)
+    assert contents(tier) == expected
+    tier.close()
+    for _ in range(2):  # and again: nothing the first restart rewrote brings a record back
+        tier = open_tier(d)
+        assert contents(tier) == expected
+        tier.close()
+
+
+def test_a_crash_between_copy_and_end_keeps_exactly_the_live_records(tmp_path):
+    """The source and its copies both on disk: a copy stands for its origin while the
+    origin lives, and is dropped where the origin was deleted or replaced first."""
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d)
+    run = tier.start_compaction()
+    deleted, replaced = live[0], live[1]
+    del tier[key(deleted)]
+    tier.copy_compaction(run)
+    tier.put(key(replaced), [value(replaced, 1)])
+    assert run.done
+    tier.close()  # no end step: as a crash would leave it
+    expected = {key(i): value(i) for i in live[2:] + others}
+    expected[key(replaced)] = value(replaced, 1)
+    for _ in range(2):
+        tier = open_tier(d)
+        assert contents(tier) == expected
+        assert tier.stats()["blocks"] == len(expected)
+        tier.close()
+
+
+def test_a_record_reserved_before_a_compaction_and_committed_after_it_wins(tmp_path):
+    """The new record lies in a file older than the compaction's copy of the old one:
+    the commit voids the copy instead of killing it in place (which a restart would read
+    as killing the new record too)."""
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    i = live[0]
+    reservation = tier.reserve(key(i), 4096)
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    assert tier.end_compaction(run)
+    assert tier.record_span(key(i))[0] == run.target.path  # moved by the compaction
+    tier.fill(reservation, [value(i, 1)])
+    tier.commit(key(i), reservation)
+    assert tier[key(i)] == value(i, 1)
+    tier.close()
+    tier = open_tier(d)
+    try:
+        assert tier[key(i)] == value(i, 1)
+    finally:
+        tier.close()
+
+
+def test_a_refreshed_expiry_is_written_to_the_copy(tmp_path):
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    tier.set_expiry(key(live[0]), 4e9)
+    assert tier.end_compaction(run)
+    tier.sync()
+    tier.close()
+    tier = open_tier(d)
+    try:
+        assert tier.expires_of(key(live[0])) == 4e9
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize("failure", ["enospc", "eio", "stopped"])
+def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path, monkeypatch, failure):
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d)
+    before = contents(tier)
+    run = tier.start_compaction()
+    stop = threading.Event()
+    if failure == "stopped":
+        stop.set()
+    else:
+        code = errno.ENOSPC if failure == "enospc" else errno.EIO
+        monkeypatch.setattr(compaction, "pwritev_all", lambda *a: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
+    tier.copy_compaction(run, stop)
+    assert not tier.end_compaction(run)
+    assert not os.path.exists(run.target.path) and os.path.exists(run.source.path)
+    stats = tier.stats()
+    assert stats["compactions"] == 0
+    assert stats["compactions_deferred"] == (0 if failure == "stopped" else 1)
+    assert stats["full_events"] == (1 if failure == "enospc" else 0)
+    assert contents(tier) == before
+    monkeypatch.undo()
+    if failure == "stopped":  # not put off: the next change may compact at once
+        assert (run := tier.start_compaction()) is not None
+        tier.copy_compaction(run)
+        assert tier.end_compaction(run)
+    tier.close()
+    tier = open_tier(d)
+    try:
+        assert contents(tier) == before
+    finally:
+        tier.close()
+
+
+def test_a_file_compacted_while_read_goes_when_its_last_read_ends(tmp_path):
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    run = tier.start_compaction()
+    lease = tier.lease(key(live[0]))  # a read of the source begins while it is copied
+    tier.copy_compaction(run)
+    assert tier.end_compaction(run)
+    assert os.path.exists(run.source.path)  # read from meanwhile
+    out = bytearray(4096)
+    tier.read_leased(lease, [out])
+    assert bytes(out) == value(live[0])
+    tier.release(lease)
+    assert not os.path.exists(run.source.path)
+    tier.close()
+
+
+def test_writes_that_outrun_a_compaction_wait_for_it(tmp_path):
+    """Over its disk bound while a compaction copies, the tier is ``behind``: a writer's
+    wait_for_compaction() returns once the compaction ends, not before."""
+    d = str(tmp_path / "agg")
+    tier = open_tier(d, capacity=1 << 20)  # bound: 2 MiB + 256 KiB (seal bytes)
+    i = 0
+    while sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".bin")) <= 3 << 20:
+        tier.put(key(i), [value(i)])
+        if i % 4:
+            del tier[key(i)]
+        i += 1
+    run = tier.start_compaction()
+    assert run is not None
+    tier.fill(reservation := tier.reserve(key(i), 4096), [value(i)])
+    tier.commit(key(i), reservation)
+    assert tier.behind
+    waited = threading.Thread(target=tier.wait_for_compaction)
+    waited.start()
+    waited.join(0.3)
+    assert waited.is_alive()
+    tier.copy_compaction(run)
+    tier.end_compaction(run)
+    waited.join(5)
+    assert not waited.is_alive() and not tier.behind
+    tier.close()
+
+
+def _store(tmp_path) -> CascadeStore:
+    cfg = Config(model="tiny", shm_bytes=0, file_bytes=64 << 20, file_dir=str(tmp_path / "agg"),
+                 file_segment_bytes=SEG, file_read_mode="buffered")
+    return CascadeStore(cfg, block_spec=BlockSpec.flat(4096))
+
+
+def _pairs(n: int, version: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    data = np.frombuffer(value(n, version), dtype=np.uint8)
+    return data[:2048].copy(), data[2048:].copy()
+
+
+class HeldCopy:
+    """The compaction's writes wait at the first one until released."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.reached, self.release = threading.Event(), threading.Event()
+        real = compaction.pwritev_all
+
+        def held(*args):
+            self.reached.set()
+            assert self.release.wait(30)
+            return real(*args)
+        monkeypatch.setattr(compaction, "pwritev_all", held)
+
+
+def test_a_store_serves_every_call_while_its_file_tier_compacts(tmp_path, monkeypatch):
+    held = HeldCopy(monkeypatch)
+    with _store(tmp_path) as store:
+        ids = [store.put(*_pairs(n)) for n in range(200)]
+        first = ids[:128]
+        for bid in first[::2]:
+            store.delete(bid)
+        assert held.reached.wait(10)  # the compactor is copying the first file
+        done = threading.Event()
+
+        def calls() -> None:
+            for n, bid in zip(range(1, 128, 2), first[1::2]):
+                got = store.get(bid)
+                assert got is not None and bytes(got[0]) + bytes(got[1]) == value(n)
+            store.put(*_pairs(500))
+            store.delete(first[1])
+            store.stats()
+            done.set()
+        caller = threading.Thread(target=calls)
+        caller.start()
+        caller.join(20)
+        assert done.is_set()  # before the copy went on: none of them waited for it
+        held.release.set()
+        store.flush()  # waits for the compaction
+        stats = store.stats()["tiers"]["file"]
+        assert stats["compactions"] >= 1 and stats["corrupt_reads"] == 0
+        for n, bid in zip(range(3, 128, 2), first[3::2]):
+            got = store.get(bid)
+            assert got is not None and bytes(got[0]) + bytes(got[1]) == value(n)
+        assert store.get(first[1]) is None
+
+
+def test_close_stops_a_compaction_under_way_and_loses_nothing(tmp_path, monkeypatch):
+    held = HeldCopy(monkeypatch)
+    store = _store(tmp_path)
+    ids = [store.put(*_pairs(n)) for n in range(200)]
+    for bid in ids[:128:2]:
+        store.delete(bid)
+    assert held.reached.wait(10)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    time.sleep(0.2)
+    held.release.set()  # the copy goes on to its next record, sees the stop, and is undone
+    closer.join(20)
+    assert not closer.is_alive()
+    monkeypatch.undo()
+    with _store(tmp_path) as store:
+        for n, bid in list(enumerate(ids))[1:128:2] + list(enumerate(ids))[128:]:
+            got = store.get(bid)
+            assert got is not None and bytes(got[0]) + bytes(got[1]) == value(n)
+        assert all(store.get(bid) is None for bid in ids[:128:2])
