@@ -46,6 +46,17 @@ def with_due_file(d: str) -> tuple[FileTier, list[int], list[int]]:
     return tier, first[1::2], [i for i in range(200) if i not in first]
 
 
+def end(tier: FileTier, run: compaction.CompactionRun) -> bool:
+    """The end step (under the store's lock in a store) and the finish (outside it)."""
+    ended = tier.end_compaction(run)
+    fds = list(run.unlinked)
+    tier.finish_compaction(run)
+    for fd in fds:  # closed by the finish, not by the end step
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    return ended
+
+
 def contents(tier: FileTier) -> dict[tuple[str, str], bytes]:
     return {k: tier[k] for k in tier}
 
@@ -64,6 +75,8 @@ def test_records_deleted_or_replaced_while_copied_stay_so_after_the_end_and_a_re
     assert tier[key(live[3])] == value(live[3])  # still read where it was
     assert tier.end_compaction(run)
     assert not os.path.exists(source) and tier.stats()["compactions"] == 1
+    assert run.unlinked and all(os.fstat(fd) for fd in run.unlinked)  # unlinked, closed only outside the lock
+    tier.finish_compaction(run)
     expected = {key(i): value(i) for i in live[3:] + others}
     expected[key(replaced)] = value(replaced, 1)
     assert contents(tier) == expected
@@ -105,7 +118,7 @@ def test_a_record_reserved_before_a_compaction_and_committed_after_it_wins(tmp_p
     reservation = tier.reserve(key(i), 4096)
     run = tier.start_compaction()
     tier.copy_compaction(run)
-    assert tier.end_compaction(run)
+    assert end(tier, run)
     assert tier.record_span(key(i))[0] == run.target.path  # moved by the compaction
     tier.fill(reservation, [value(i, 1)])
     tier.commit(key(i), reservation)
@@ -124,7 +137,7 @@ def test_a_refreshed_expiry_is_written_to_the_copy(tmp_path):
     run = tier.start_compaction()
     tier.copy_compaction(run)
     tier.set_expiry(key(live[0]), 4e9)
-    assert tier.end_compaction(run)
+    assert end(tier, run)
     tier.sync()
     tier.close()
     tier = open_tier(d)
@@ -147,7 +160,7 @@ def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path
         code = errno.ENOSPC if failure == "enospc" else errno.EIO
         monkeypatch.setattr(compaction, "pwritev_all", lambda *a: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
     tier.copy_compaction(run, stop)
-    assert not tier.end_compaction(run)
+    assert not end(tier, run)
     assert not os.path.exists(run.target.path) and os.path.exists(run.source.path)
     stats = tier.stats()
     assert stats["compactions"] == 0
@@ -158,7 +171,7 @@ def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path
     if failure == "stopped":  # not put off: the next change may compact at once
         assert (run := tier.start_compaction()) is not None
         tier.copy_compaction(run)
-        assert tier.end_compaction(run)
+        assert end(tier, run)
     tier.close()
     tier = open_tier(d)
     try:
@@ -173,7 +186,7 @@ def test_a_file_compacted_while_read_goes_when_its_last_read_ends(tmp_path):
     run = tier.start_compaction()
     lease = tier.lease(key(live[0]))  # a read of the source begins while it is copied
     tier.copy_compaction(run)
-    assert tier.end_compaction(run)
+    assert end(tier, run)
     assert os.path.exists(run.source.path)  # read from meanwhile
     out = bytearray(4096)
     tier.read_leased(lease, [out])
@@ -204,7 +217,7 @@ def test_writes_that_outrun_a_compaction_wait_for_it(tmp_path):
     waited.join(0.3)
     assert waited.is_alive()
     tier.copy_compaction(run)
-    tier.end_compaction(run)
+    end(tier, run)
     waited.join(5)
     assert not waited.is_alive() and not tier.behind
     tier.close()

@@ -6,7 +6,8 @@ A tier with dead space to reclaim (the file tier: :mod:`cascade.tiers.compaction
 commit that made a file due. One daemon thread owned by the store then runs the tier's
 compactions one at a time: a short locked step to start each, the copying outside the
 lock (gets, puts and deletes go on meanwhile, the compacted file's records readable
-where they were), and a short locked step to end it. Each compaction holds an in-flight
+where they were), a short locked step to end it, and the closing of the file it emptied
+(which frees its blocks) outside the lock again. Each compaction holds an in-flight
 count (:class:`~.guards.InFlight`); ``close()`` stops the copying between two records (the
 compaction is then undone: its target file goes, nothing is counted) and joins the
 thread; ``flush()`` waits for the compactions asked for before it. Thread-safe.
@@ -102,6 +103,9 @@ class Compactor:
             try:
                 tier.copy_compaction(run, self._stop)
             finally:
-                with self._lock:
-                    ended = tier.end_compaction(run)
+                try:
+                    with self._lock:
+                        ended = tier.end_compaction(run)
+                finally:
+                    tier.finish_compaction(run)
             return ended and not self._stop.is_set()

@@ -132,6 +132,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
         """Under the lock: end a run (whatever its copying did); whether it reclaimed."""
         raise NotImplementedError(f"the {self.name} tier does not compact")
 
+    def finish_compaction(self, run: Any) -> None:
+        """Outside the lock, after :meth:`end_compaction`: free what it let go."""
+        raise NotImplementedError(f"the {self.name} tier does not compact")
+
     def leased_view(self, lease: Any) -> Any:
         """A read-only, one-dimensional uint8 view of a leased block's bytes, valid until
         the lease is released (tiers with ``zero_copy`` only). :class:`CorruptBlock`

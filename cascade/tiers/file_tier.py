@@ -363,14 +363,20 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
             pass
 
     def _drop_file(self, f: SegmentFile) -> None:
-        for fd in (f.fd, f.direct_fd):
-            if fd is not None:
-                os.close(fd)
+        for fd in self._unlink_file(f):
+            os.close(fd)
+
+    def _unlink_file(self, f: SegmentFile) -> list[int]:
+        """Forget and unlink a file, but leave its descriptors open: returned, for the
+        caller to close (outside the store's lock: closing the last one frees the file's
+        blocks, which took 46 ms for 128 MiB on this machine's ext4, and unlinking a
+        closed file takes as long)."""
         del self._files[f.file_id]
         try:
             os.unlink(f.path)
         except FileNotFoundError:
             pass
+        return [fd for fd in (f.fd, f.direct_fd) if fd is not None]
 
     # -- misc -----------------------------------------------------------------------------
     def _loc(self, key: BlockKey) -> Loc:
