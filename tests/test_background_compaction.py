@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config
+from cascade.errors import CorruptBlock
 from cascade.models import BlockSpec
 from cascade.tiers import compaction
 from cascade.tiers.file_tier import FileTier
@@ -299,3 +300,27 @@ def test_close_stops_a_compaction_under_way_and_loses_nothing(tmp_path, monkeypa
             got = store.get(bid)
             assert got is not None and bytes(got[0]) + bytes(got[1]) == value(n)
         assert all(store.get(bid) is None for bid in ids[:128:2])
+
+
+def test_a_corrupt_record_kept_by_the_store_is_reported_once_however_often_it_is_copied(tmp_path):
+    """A corrupt record the store keeps (another rank pins it) is copied as it is at each
+    compaction of its file; the store hears of it once (it used to count it at each one)."""
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    path, offset, _, _ = tier.record_span(key(live[0]))
+    with open(path, "r+b") as f:
+        f.seek(offset + 100)
+        f.write(b"\xff\x00")
+    reported: list = []
+    tier.on_corrupt = reported.extend  # keeps them, as a store does while another rank pins them
+    for _ in range(2):
+        run = tier.start_compaction()
+        tier.copy_compaction(run)
+        assert end(tier, run)
+        for i in live[1:]:  # the rest of the copied file dies: it is due again
+            if key(i) in tier:
+                del tier[key(i)]
+    assert reported == [key(live[0])] and key(live[0]) in tier
+    with pytest.raises(CorruptBlock):
+        tier[key(live[0])]  # still never served
+    tier.close()

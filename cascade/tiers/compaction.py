@@ -156,8 +156,9 @@ class Compaction:
                 try:
                     self.read_leased(Lease(key, loc, source), [buf])  # verified
                 except CorruptBlock as exc:  # copied as it is: it still fails its checksum
-                    log.warning("%s", exc)
-                    run.corrupt.append(key)
+                    if not loc.corrupt:  # (reported once: a pinned one stays and may be copied again)
+                        log.warning("%s", exc)
+                        run.corrupt.append(key)
                 expires = loc.expires  # (a refresh meanwhile is written at the end)
                 header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=expires,
                                       target_file=source.file_id, target_offset=loc.offset)
@@ -197,9 +198,11 @@ class Compaction:
             return False
         target.size = run.size
         relocated = []
+        corrupt = set(run.corrupt)
         for key, loc, offset, expires in run.copies:
             if self._index.get(key) is loc:
-                self._remember(key, Loc(target.file_id, offset, loc.length, loc.checksum, loc.parent, loc.expires))
+                self._remember(key, Loc(target.file_id, offset, loc.length, loc.checksum, loc.parent, loc.expires,
+                                        corrupt=loc.corrupt or key in corrupt))
                 if loc.expires != expires:  # refreshed while it was copied
                     self._dirty_expiries.add(key)
                 relocated.append(key)

@@ -19,6 +19,7 @@ class Loc:
     checksum: int
     parent: str | None
     expires: float = 0.0  # wall-clock expiry, 0 = none
+    corrupt: bool = False  # a compaction found it corrupt and told the store (kept while pinned elsewhere)
 
     @property
     def record_bytes(self) -> int:
