@@ -95,8 +95,8 @@ def test_a_crash_between_copy_and_end_keeps_exactly_the_live_records(tmp_path):
     tier, live, others = with_due_file(d)
     run = tier.start_compaction()
     deleted, replaced = live[0], live[1]
-    del tier[key(deleted)]
     tier.copy_compaction(run)
+    del tier[key(deleted)]  # after their copies were written
     tier.put(key(replaced), [value(replaced, 1)])
     assert run.done
     tier.close()  # no end step: as a crash would leave it

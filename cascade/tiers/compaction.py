@@ -68,7 +68,7 @@ class CompactionRun:
     size: int = 0  # bytes written to the target
     error: BaseException | None = None
     done: bool = False  # every copy written and fsynced
-    unlinked: list[int] = field(default_factory=list)  # the source's descriptors, once it is unlinked
+    unlinked: list[int] = field(default_factory=list)  # descriptors of the file it unlinked, to close
 
 
 class Compaction:
@@ -152,6 +152,8 @@ class Compaction:
             for key, loc in run.records:
                 if stop is not None and stop.is_set():
                     raise CompactionStopped(f"{self.name}: compaction of {source.path} stopped: the store is closing")
+                if self._index.get(key) is not loc:  # deleted or replaced already: nothing to copy
+                    continue  # (an unlocked look, a hint: one that dies later is voided at the end)
                 buf = bytearray(loc.length)
                 try:
                     self.read_leased(Lease(key, loc, source), [buf])  # verified
@@ -191,8 +193,8 @@ class Compaction:
             with self._compaction_ended:
                 self._compacting = self.behind = False
                 self._compaction_ended.notify_all()
-        if not run.done:
-            self._drop_file(target)
+        if not run.done:  # the target goes (closed outside the lock: finish_compaction)
+            run.unlinked = self._unlink_file(target)
             if run.error is not None and not isinstance(run.error, CompactionStopped):
                 self._defer(source, run.error)
             return False
@@ -246,8 +248,8 @@ class Compaction:
 
     @staticmethod
     def finish_compaction(run: CompactionRun) -> None:
-        """Outside the lock, after :meth:`end_compaction`: close the unlinked source's
-        descriptors (which frees its blocks)."""
+        """Outside the lock, after :meth:`end_compaction`: close the descriptors of the
+        file it unlinked (the source, or a failed run's target), which frees its blocks."""
         for fd in run.unlinked:
             os.close(fd)
         run.unlinked = []
