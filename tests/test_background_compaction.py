@@ -324,3 +324,39 @@ def test_a_corrupt_record_kept_by_the_store_is_reported_once_however_often_it_is
     with pytest.raises(CorruptBlock):
         tier[key(live[0])]  # still never served
     tier.close()
+
+
+def test_a_block_deleted_after_its_record_moved_and_put_again_survives_a_restart(tmp_path):
+    """The delete kills the moved copy in place (killing every earlier record of its key
+    at a restart), so the new record must lie after it: puts after a compaction's start
+    go to a file newer than its target."""
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    i = live[0]
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    assert end(tier, run)
+    del tier[key(i)]
+    tier.put(key(i), [value(i, 2)])
+    tier.close()
+    tier = open_tier(d)
+    try:
+        assert tier[key(i)] == value(i, 2)
+    finally:
+        tier.close()
+
+
+def test_each_compaction_leaves_no_empty_file_behind(tmp_path):
+    d = str(tmp_path / "agg")
+    tier, live, _ = with_due_file(d)
+    for _ in range(3):  # from the second start on, the active file (opened by the first) is empty
+        run = tier.start_compaction()
+        assert run is not None
+        tier.copy_compaction(run)
+        assert end(tier, run)
+        moved = [i for i in live if key(i) in tier and tier.record_span(key(i))[0] == run.target.path]
+        for i in moved[::2]:  # the file they moved to is half dead: due next
+            del tier[key(i)]
+    sizes = [os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".bin")]
+    assert sizes.count(0) == 1  # the active file only
+    tier.close()

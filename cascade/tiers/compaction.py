@@ -7,7 +7,9 @@ unlinked. A compaction runs in three steps, so that the copying never holds the 
 lock (it took 146 ms beside a prober's gets in benchmark ``read_stall`` when it did):
 
 * :meth:`Compaction.start_compaction` (under the lock): picks the cheapest file due,
-  holds it (``users``), notes its live records and opens the target file;
+  holds it (``users``), notes its live records and opens the target file, then a new
+  active file after it (so a later put lies after the copies, and a kill in place of a
+  copy never kills a newer record at a restart);
 * :meth:`Compaction.copy_compaction` (outside the lock, beside any other call): reads
   each record verified, writes it to the target with its origin in its header, fsyncs;
 * :meth:`Compaction.end_compaction` (under the lock): points the index at the copies of
@@ -110,7 +112,8 @@ class Compaction:
         """Under the lock: hold the cheapest file due and open a target file for its
         live records; None when none is due, one is under way, or there is no room
         (counted in ``compactions_deferred``). Reads and writes go on meanwhile; a
-        later put goes to the active file, never to the source or the target."""
+        later put goes to a new active file, newer than the target (a restart reads
+        later records as newer), never to the source or the target."""
         if self._compacting or self._changes < self._retry_at:
             return None
         due = self._due()
@@ -127,12 +130,13 @@ class Compaction:
                 self.counters["compactions_deferred"] += 1
                 return None
             target = self._new_file()
-            if f is self._active:
-                try:
-                    self._active = self._new_file()
-                except CascadeError:
-                    self._drop_file(target)
-                    raise
+            try:  # later puts go after the copies: a kill in place there must never kill a newer record
+                old_active, self._active = self._active, self._new_file()
+            except CascadeError:
+                self._drop_file(target)
+                raise
+            if not old_active.size and old_active is not f:  # nothing in it yet: it goes
+                self._drop_file(old_active)
         except (OSError, CascadeError) as exc:  # CascadeError: no file name left to take
             self._defer(f, exc)
             return None
