@@ -58,6 +58,15 @@ def end(tier: FileTier, run: compaction.CompactionRun) -> bool:
     return ended
 
 
+def after_restart(d: str) -> dict[tuple[str, str], bytes]:
+    """What a tier reopened on ``d`` holds."""
+    tier = open_tier(d)
+    try:
+        return contents(tier)
+    finally:
+        tier.close()
+
+
 def contents(tier: FileTier) -> dict[tuple[str, str], bytes]:
     return {k: tier[k] for k in tier}
 
@@ -125,11 +134,7 @@ def test_a_record_reserved_before_a_compaction_and_committed_after_it_wins(tmp_p
     tier.commit(key(i), reservation)
     assert tier[key(i)] == value(i, 1)
     tier.close()
-    tier = open_tier(d)
-    try:
-        assert tier[key(i)] == value(i, 1)
-    finally:
-        tier.close()
+    assert after_restart(d)[key(i)] == value(i, 1)
 
 
 def test_a_refreshed_expiry_is_written_to_the_copy(tmp_path):
@@ -174,11 +179,7 @@ def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path
         tier.copy_compaction(run)
         assert end(tier, run)
     tier.close()
-    tier = open_tier(d)
-    try:
-        assert contents(tier) == before
-    finally:
-        tier.close()
+    assert after_restart(d) == before
 
 
 def test_a_file_compacted_while_read_goes_when_its_last_read_ends(tmp_path):
@@ -339,11 +340,7 @@ def test_a_block_deleted_after_its_record_moved_and_put_again_survives_a_restart
     del tier[key(i)]
     tier.put(key(i), [value(i, 2)])
     tier.close()
-    tier = open_tier(d)
-    try:
-        assert tier[key(i)] == value(i, 2)
-    finally:
-        tier.close()
+    assert after_restart(d)[key(i)] == value(i, 2)
 
 
 def test_each_compaction_leaves_no_empty_file_behind(tmp_path):

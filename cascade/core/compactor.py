@@ -96,16 +96,4 @@ class Compactor:
     def _compact_one(self, tier: Tier) -> bool:
         """Run one compaction of ``tier``; whether it reclaimed space (then try the next)."""
         with self._inflight.hold(f"a compaction of the {tier.name} tier"):
-            with self._lock:
-                run = tier.start_compaction()
-            if run is None:
-                return False
-            try:
-                tier.copy_compaction(run, self._stop)
-            finally:
-                try:
-                    with self._lock:
-                        ended = tier.end_compaction(run)
-                finally:
-                    tier.finish_compaction(run)
-            return ended and not self._stop.is_set()
+            return bool(tier.compact_next(self._lock, self._stop)) and not self._stop.is_set()

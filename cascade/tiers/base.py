@@ -107,8 +107,8 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # drops them as a read that found them so would.
     on_corrupt: Callable[[list[BlockKey]], None] | None = None
     # Set by the store: called (under its lock) when the tier has dead space to reclaim;
-    # the store then runs the compaction's steps below on a thread of its own, the copying
-    # outside its lock. Unset, a tier compacts inline in the change that made it due.
+    # the store then runs compact_next() on a thread of its own, the copying outside its
+    # lock. Unset, a tier compacts inline in the change that made it due.
     on_compaction_due: Callable[[], None] | None = None
     # Writes outran its background compaction: the store's writers call
     # wait_for_compaction() before their next write into it (outside its lock).
@@ -117,24 +117,12 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def wait_for_compaction(self) -> None:
         """Outside the lock: wait (bounded) for the compaction under way to end."""
 
-    def start_compaction(self) -> Any | None:
-        """Under the lock: begin reclaiming dead space; a run for
-        :meth:`copy_compaction` (outside the lock) and then :meth:`end_compaction`
-        (under it), or None when nothing is due."""
+    def compact_next(self, lock: Any = None, stop: Any = None) -> bool | None:
+        """Run the next compaction due, holding ``lock`` (the store's) only for its short
+        first and last steps, its copying outside it and stopped early once ``stop``
+        (an Event) is set; None when none is due (always here), else whether it
+        reclaimed space."""
         return None
-
-    def copy_compaction(self, run: Any, stop: Any = None) -> None:
-        """Outside the lock: a run's copying; never raises (failures are kept in the
-        run for :meth:`end_compaction`); stops early once ``stop`` (an Event) is set."""
-        raise NotImplementedError(f"the {self.name} tier does not compact")
-
-    def end_compaction(self, run: Any) -> bool:
-        """Under the lock: end a run (whatever its copying did); whether it reclaimed."""
-        raise NotImplementedError(f"the {self.name} tier does not compact")
-
-    def finish_compaction(self, run: Any) -> None:
-        """Outside the lock, after :meth:`end_compaction`: free what it let go."""
-        raise NotImplementedError(f"the {self.name} tier does not compact")
 
     def leased_view(self, lease: Any) -> Any:
         """A read-only, one-dimensional uint8 view of a leased block's bytes, valid until

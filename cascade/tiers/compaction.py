@@ -19,9 +19,9 @@ lock (it took 146 ms beside a prober's gets in benchmark ``read_stall`` when it 
   descriptors, which frees its blocks (46 ms for 128 MiB here, under the lock, in
   benchmark ``read_stall`` before it moved out).
 
-With a store, ``on_compaction_due`` (set by it) hands the steps to a background thread
-(:mod:`cascade.core.compactor`); a tier on its own runs them inline in the change that
-made a file due. A copy names its origin (file and offset of the record it copies), so a
+:meth:`Compaction.compact_next` runs them in turn. With a store, ``on_compaction_due``
+(set by it) hands that to a background thread (:mod:`cascade.core.compactor`); a tier on
+its own runs it inline in the change that made a file due. A copy names its origin (file and offset of the record it copies), so a
 restart after a crash mid-compaction keeps a copy only while its origin is still live
 or gone with its file (:mod:`.file_recovery`).
 
@@ -39,7 +39,9 @@ import errno
 import logging
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import CascadeError, CorruptBlock
 from .base import BlockKey
@@ -92,12 +94,27 @@ class Compaction:
         if self.on_compaction_due is not None:
             self.on_compaction_due()
             return
-        while (run := self.start_compaction()) is not None:
-            self.copy_compaction(run)
-            ended = self.end_compaction(run)
-            self.finish_compaction(run)
-            if not ended:
-                break  # the disk is full: the bigger ones would fail too
+        while self.compact_next():  # False: the disk is full, the bigger ones would fail too
+            pass
+
+    def compact_next(self, lock: AbstractContextManager[Any] = nullcontext(),
+                     stop: threading.Event | None = None) -> bool | None:
+        """Run the next compaction due, its four steps in turn, ``lock`` (the store's)
+        held for the start and the end only; None when none is due, else whether it
+        reclaimed space. Whatever the copy raises, the run is ended and its files freed."""
+        with lock:
+            run = self.start_compaction()
+        if run is None:
+            return None
+        try:
+            self.copy_compaction(run, stop)
+        finally:
+            try:
+                with lock:
+                    ended = self.end_compaction(run)
+            finally:
+                self.finish_compaction(run)
+        return ended
 
     def _due(self) -> list[SegmentFile]:
         """Files to compact: dead fraction at ``compact_dead_fraction`` or more (the
