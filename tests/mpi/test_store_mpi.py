@@ -24,7 +24,10 @@ def make_store(comm, shared_dir, **overrides) -> CascadeStore:
 
 
 def test_every_rank_reads_every_ranks_blocks_and_dedups(comm, shared_dir, everywhere):
-    store = make_store(comm, shared_dir)
+    # Each rank demotes about 69 blocks into peers' DRAM: every rank lends 128, so the
+    # peers have room for all of them (with 64, 4 ranks asked 276 of 256 and the last
+    # rank to demote could find every peer full and go to the file tier alone).
+    store = make_store(comm, shared_dir, remote_bytes=128 * 4096)
     try:
         mine = [store.put(*block(store.spec, comm.rank * 1000 + i)) for i in range(100)]
         shared = store.put(*block(store.spec, 424242))  # the same content on every rank
