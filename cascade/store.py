@@ -33,7 +33,7 @@ from .buffers.hostcopy import plain_pairs
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
-from .core.compactor import Compactor
+from .core.housekeeper import Housekeeper
 from .core.demoter import Demoter
 from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
@@ -130,7 +130,7 @@ class CascadeStore(BatchCalls):
         self._pools = Pools(self.config.io_threads, self._inflight.check_open,
                             cores=None if waits_on_network else spare_cores())
         self._async = AsyncCalls(self.config.io_threads)  # put_async & co. (cascade/async_ops.py)
-        self._compactor = Compactor(self.tiers, self._inflight, self._lock)  # file-tier compactions, off the lock
+        self._housekeeper = Housekeeper(self.tiers, self._inflight, self._lock)  # file-tier kills and compactions, off the lock
         self._demoter = Demoter(self._chain, self._inflight, self._lock, high=self.config.demote_high,
                                 low=self.config.demote_low)  # keeps room in the fastest tier for puts
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, self._demoter, nbytes=nbytes,
@@ -391,7 +391,7 @@ class CascadeStore(BatchCalls):
         self._inflight.check_open()
         self._async.wait_all()
         self._demoter.wait_idle()
-        self._compactor.wait_idle()
+        self._housekeeper.wait_idle()
         with self._inflight.hold("a flush's fsyncs"):
             fds: list[int] = []
             try:
@@ -497,7 +497,7 @@ class CascadeStore(BatchCalls):
             log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
                         unfinished, ASYNC_CLOSE_SECONDS)
         self._demoter.stop()  # after its move under way; a put then makes room itself
-        self._compactor.stop()  # its copying stops between two records; the compaction is undone
+        self._housekeeper.stop()  # a compaction's copying stops between two records and is undone
         with self._closer, self._lock:
             if self._closed:
                 return

@@ -1,13 +1,16 @@
-"""File-tier compaction in three steps, the copying outside the store's lock
-(cascade/tiers/compaction.py, cascade/core/compactor.py): what changes while a file is
+"""The file tier's upkeep outside the store's lock (cascade/tiers/compaction.py,
+cascade/core/housekeeper.py). Compaction in three steps: what changes while a file is
 copied (deletes, re-puts, refreshed expiries, reads), a crash between the steps, a failed
-or stopped copy, back-pressure on writers, and a store whose other calls go on meanwhile."""
+or stopped copy, back-pressure on writers, and a store whose other calls go on meanwhile.
+Kills written by the housekeeper: a delete that returns before its kill is on disk, a
+kill that fails, one whose file went meanwhile, and files freed at their last read."""
 from __future__ import annotations
 
 import errno
 import os
 import threading
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from cascade.errors import CorruptBlock
 from cascade.models import BlockSpec
 from cascade.tiers import compaction
 from cascade.tiers.file_tier import FileTier
+from cascade.tiers.records import HEADER_BYTES, unpack_header
 
 SEG = 1 << 20  # 128 records of one page each per file
 
@@ -29,15 +33,17 @@ def value(i: int, version: int = 0) -> bytes:
     return bytes([(i + 7 * version) % 251 + 1]) * 4096
 
 
-def open_tier(d: str, capacity: int = 64 << 20) -> FileTier:
+def open_tier(d: str, capacity: int = 64 << 20, *, queue_kills: bool = False) -> FileTier:
+    """A tier whose compactions the test runs step by step; its kills are written at once
+    (as a housekeeper with nothing else to do would), or with ``queue_kills`` left queued."""
     tier = FileTier(capacity, d, segment_bytes=SEG)
-    tier.on_compaction_due = lambda: None  # the test runs the steps itself
+    tier.on_housekeeping_due = (lambda: None) if queue_kills else (lambda: tier._write_kills(nullcontext()))
     return tier
 
 
-def with_due_file(d: str) -> tuple[FileTier, list[int], list[int]]:
+def with_due_file(d: str, *, queue_kills: bool = False) -> tuple[FileTier, list[int], list[int]]:
     """200 records, the first file's even ones deleted: (tier, live ids in the first file, others)."""
-    tier = open_tier(d)
+    tier = open_tier(d, queue_kills=queue_kills)
     for i in range(200):
         tier.put(key(i), [value(i)])
     first_path = tier.record_span(key(0))[0]
@@ -183,8 +189,12 @@ def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path
 
 
 def test_a_file_compacted_while_read_goes_when_its_last_read_ends(tmp_path):
+    """Unlinked at its last read's end (under the store's lock); its descriptors are
+    closed, which frees its blocks, by the housekeeper, outside that lock."""
     d = str(tmp_path / "agg")
     tier, live, _ = with_due_file(d)
+    asked = []
+    tier.on_housekeeping_due = lambda: asked.append(1)
     run = tier.start_compaction()
     lease = tier.lease(key(live[0]))  # a read of the source begins while it is copied
     tier.copy_compaction(run)
@@ -193,8 +203,14 @@ def test_a_file_compacted_while_read_goes_when_its_last_read_ends(tmp_path):
     out = bytearray(4096)
     tier.read_leased(lease, [out])
     assert bytes(out) == value(live[0])
+    asked.clear()
+    fds = [run.source.fd]
     tier.release(lease)
-    assert not os.path.exists(run.source.path)
+    assert not os.path.exists(run.source.path) and asked
+    assert os.fstat(fds[0])  # still open: not closed under the lock
+    tier.housekeep(nullcontext(), threading.Event())
+    with pytest.raises(OSError):
+        os.fstat(fds[0])
     tier.close()
 
 
@@ -225,9 +241,9 @@ def test_writes_that_outrun_a_compaction_wait_for_it(tmp_path):
     tier.close()
 
 
-def _store(tmp_path) -> CascadeStore:
+def _store(tmp_path, **config) -> CascadeStore:
     cfg = Config(model="tiny", shm_bytes=0, file_bytes=64 << 20, file_dir=str(tmp_path / "agg"),
-                 file_segment_bytes=SEG, file_read_mode="buffered")
+                 file_segment_bytes=SEG, file_read_mode="buffered", **config)
     return CascadeStore(cfg, block_spec=BlockSpec.flat(4096))
 
 
@@ -357,3 +373,131 @@ def test_each_compaction_leaves_no_empty_file_behind(tmp_path):
     sizes = [os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".bin")]
     assert sizes.count(0) == 1  # the active file only
     tier.close()
+
+
+def _kill_on_disk(span: tuple[str, int, int, int]) -> bool:
+    """Whether the record whose payload ``span`` gives (record_span) is a tombstone on disk."""
+    path, payload_offset = span[0], span[1]
+    with open(path, "rb") as f:
+        f.seek(payload_offset - HEADER_BYTES)
+        header = unpack_header(f.read(HEADER_BYTES))
+    return header is not None and header.tombstone
+
+
+class HeldKills:
+    """The housekeeper's tombstone writes wait until released (or fail, with ``error``)."""
+
+    def __init__(self, monkeypatch, error: int | None = None) -> None:
+        self.reached, self.release, self.error = threading.Event(), threading.Event(), error
+        real = os.pwrite
+
+        def held(fd, data, offset):
+            if threading.current_thread().name == "cascade-housekeeper" and len(data) == HEADER_BYTES:
+                self.reached.set()
+                if self.error is not None:
+                    raise OSError(self.error, os.strerror(self.error))
+                assert self.release.wait(30)
+            return real(fd, data, offset)
+        monkeypatch.setattr(os, "pwrite", held)
+
+
+def test_a_delete_returns_while_its_kill_waits_for_the_disk_and_flush_writes_it(tmp_path, monkeypatch):
+    """The kill (a header rewrite) runs on the housekeeper: the delete, gets, puts and
+    other deletes go on while it waits for the disk; flush() returns once it is on disk."""
+    held = HeldKills(monkeypatch)
+    with _store(tmp_path) as store:
+        ids = [store.put(*_pairs(n)) for n in range(8)]
+        file_tier = store.tiers[-1]
+        spans = [file_tier.record_span(("default", bid)) for bid in ids]
+        store.delete(ids[0])
+        assert held.reached.wait(10)  # the housekeeper is writing the kill
+        done = threading.Event()
+
+        def calls() -> None:
+            got = store.get(ids[1])
+            assert got is not None and bytes(got[0]) + bytes(got[1]) == value(1)
+            store.put(*_pairs(100))
+            store.delete(ids[2])
+            assert store.get(ids[0]) is None
+            done.set()
+        caller = threading.Thread(target=calls)
+        caller.start()
+        caller.join(20)
+        assert done.is_set()  # none of them waited for the kill
+        flusher = threading.Thread(target=store.flush)
+        flusher.start()
+        flusher.join(0.3)
+        assert flusher.is_alive()  # flush waits for it
+        held.release.set()
+        flusher.join(20)
+        assert not flusher.is_alive()
+        assert _kill_on_disk(spans[0]) and _kill_on_disk(spans[2]) and not _kill_on_disk(spans[3])
+        assert file_tier.stats()["pending_deletes"] == 0
+
+
+def test_a_kill_the_housekeeper_cannot_write_is_kept_pending_and_written_later(tmp_path, monkeypatch, caplog):
+    held = HeldKills(monkeypatch, error=errno.EIO)
+    with _store(tmp_path) as store:
+        ids = [store.put(*_pairs(n)) for n in range(4)]
+        file_tier = store.tiers[-1]
+        store.delete(ids[0])
+        assert store._housekeeper.wait_idle(10)  # (a flush would retry it itself)
+        assert held.reached.is_set() and file_tier.stats()["pending_deletes"] == 1
+        assert "cannot record a delete" in caplog.text
+        held.error = None
+        held.release.set()
+        store.delete(ids[1])  # a later change retries it; its own kill goes to the housekeeper
+        store.flush()
+        assert file_tier.stats()["pending_deletes"] == 0
+    monkeypatch.undo()
+    with _store(tmp_path) as store:
+        assert [store.get(bid) is None for bid in ids] == [True, True, False, False]
+
+
+def test_a_file_with_kills_queued_is_compacted_only_after_they_are_written(tmp_path):
+    """A queued kill holds its file: not compacted (nor closed) before the kill is written,
+    so the write never lands in a closed or reused descriptor."""
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d, queue_kills=True)
+    first = tier.record_span(key(live[0]))[0]
+    assert tier._queued_kills and tier.start_compaction() is None  # held by its kills
+    for i in others[:4]:
+        tier.put(key(i), [value(i, 1)])
+    tier.housekeep(nullcontext(), threading.Event())  # the kills, then the compaction
+    assert not os.path.exists(first) and tier.stats()["compactions"] == 1
+    expected = {key(i): value(i) for i in live + others}
+    expected.update({key(i): value(i, 1) for i in others[:4]})
+    assert contents(tier) == expected
+    tier.close()
+    assert after_restart(d) == expected
+
+
+def test_close_writes_the_kills_still_queued(tmp_path):
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d, queue_kills=True)
+    del tier[key(live[0])]
+    assert tier.stats()["pending_deletes"] > 0  # queued: no housekeeper ran
+    tier.close()
+    assert after_restart(d) == {key(i): value(i) for i in live[1:] + others}
+
+
+def test_with_file_fsync_the_kills_written_together_cost_one_fsync_per_file(tmp_path, monkeypatch):
+    held = HeldKills(monkeypatch)
+    fsyncs, real_fsync = [], os.fsync
+
+    def counted(fd):
+        if threading.current_thread().name == "cascade-housekeeper":
+            fsyncs.append(fd)
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", counted)
+    with _store(tmp_path, file_fsync=True) as store:
+        ids = [store.put(*_pairs(n)) for n in range(40)]  # one file
+        spans = [store.tiers[-1].record_span(("default", bid)) for bid in ids]
+        store.delete(ids[0])
+        assert held.reached.wait(10)
+        for bid in ids[1:33]:  # queued while the first is written
+            store.delete(bid)
+        held.release.set()
+        store.flush()
+        assert all(_kill_on_disk(span) for span in spans[:33]) and not _kill_on_disk(spans[33])
+        assert 2 <= len(fsyncs) <= 3  # the first kill's, then the rest's together (33 one by one before)

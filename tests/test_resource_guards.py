@@ -39,7 +39,7 @@ def open_setup(tmp_path, setup: str) -> CascadeStore:
 def check_nothing_held(store: CascadeStore) -> None:
     """No operation in flight, no reader counted on a block, no tier lease or claim open
     (once the background compactions asked for have ended)."""
-    assert store._compactor.wait_idle(HANG)
+    assert store._housekeeper.wait_idle(HANG)
     assert len(store._inflight) == 0
     assert all(meta.readers == 0 for meta in store._meta.values())
     for tier in store.tiers:

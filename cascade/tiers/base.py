@@ -106,10 +106,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     # tier found corrupt by itself (file-tier compaction; it keeps them), so the store
     # drops them as a read that found them so would.
     on_corrupt: Callable[[list[BlockKey]], None] | None = None
-    # Set by the store: called (under its lock) when the tier has dead space to reclaim;
-    # the store then runs compact_next() on a thread of its own, the copying outside its
-    # lock. Unset, a tier compacts inline in the change that made it due.
-    on_compaction_due: Callable[[], None] | None = None
+    # Set by the store: called (under its lock) when the tier has disk upkeep due
+    # (deletes to write, freed files to close, dead space to reclaim); the store then
+    # runs housekeep() on a thread of its own. Unset, a tier does that work inline.
+    on_housekeeping_due: Callable[[], None] | None = None
     # Writes outran its background compaction: the store's writers call
     # wait_for_compaction() before their next write into it (outside its lock).
     behind: bool = False
@@ -117,12 +117,10 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def wait_for_compaction(self) -> None:
         """Outside the lock: wait (bounded) for the compaction under way to end."""
 
-    def compact_next(self, lock: Any = None, stop: Any = None) -> bool | None:
-        """Run the next compaction due, holding ``lock`` (the store's) only for its short
-        first and last steps, its copying outside it and stopped early once ``stop``
-        (an Event) is set; None when none is due (always here), else whether it
-        reclaimed space."""
-        return None
+    def housekeep(self, lock: Any, stop: Any) -> None:
+        """Run the upkeep due (none here), holding ``lock`` (the store's) only to pick
+        work and record its end, the disk work outside it; a compaction's copying stops
+        early once ``stop`` (an Event) is set."""
 
     def leased_view(self, lease: Any) -> Any:
         """A read-only, one-dimensional uint8 view of a leased block's bytes, valid until

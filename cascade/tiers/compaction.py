@@ -19,9 +19,10 @@ lock (it took 146 ms beside a prober's gets in benchmark ``read_stall`` when it 
   descriptors, which frees its blocks (46 ms for 128 MiB here, under the lock, in
   benchmark ``read_stall`` before it moved out).
 
-:meth:`Compaction.compact_next` runs them in turn. With a store, ``on_compaction_due``
-(set by it) hands that to a background thread (:mod:`cascade.core.compactor`); a tier on
-its own runs it inline in the change that made a file due. A copy names its origin (file and offset of the record it copies), so a
+:meth:`Compaction.compact_next` runs them in turn. With a store, ``on_housekeeping_due``
+(set by it) hands that to a background thread (:mod:`cascade.core.housekeeper`), which
+also writes the voids the end step queues; a tier on its own runs it inline in the
+change that made a file due. A copy names its origin (file and offset of the record it copies), so a
 restart after a crash mid-compaction keeps a copy only while its origin is still live
 or gone with its file (:mod:`.file_recovery`).
 
@@ -91,8 +92,8 @@ class Compaction:
         self._maybe_flush_expiries()
         if self._compacting or self._changes < self._retry_at or not self._due():
             return
-        if self.on_compaction_due is not None:
-            self.on_compaction_due()
+        if self.on_housekeeping_due is not None:
+            self.on_housekeeping_due()
             return
         while self.compact_next():  # False: the disk is full, the bigger ones would fail too
             pass

@@ -193,10 +193,7 @@ class Reads:
         return Lease(key, loc, f)
 
     def release(self, lease: Lease) -> None:
-        f = lease.file
-        f.users -= 1
-        if f.retired and not f.users:  # compacted while it was read: it goes now
-            self._drop_file(f)
+        self._unhold(lease.file)  # a file compacted while it was read goes at its last read
 
     def current(self, key: BlockKey, lease: Lease) -> bool:
         return self._index.get(key) is lease.loc

@@ -92,7 +92,7 @@ class Recovery:
                     # An older copy (e.g. a crash mid-compaction): killed for good, once
                     # this copy no longer names it (else the next restart would drop both).
                     if old is not None and (not header.target_file or self._forget_origin(f, key, loc)):
-                        self._write_kill(key, old.file_id, old.offset, old.length)
+                        self._write_kill(self._files[old.file_id].fd, (key, old.file_id, old.offset, old.length, False))
                     last = (key, loc)
             offset += header.record_bytes
         # A crash mid-append tears the last record (or, with writes in flight from several

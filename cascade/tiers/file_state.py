@@ -9,6 +9,9 @@ from .base import BlockKey
 from .records import HEADER_BYTES, pad
 
 
+Kill = tuple[BlockKey, int, int, int, bool]  # a record to kill: (key, file id, offset, payload length, void)
+
+
 @dataclass(slots=True)
 class Loc:
     """Where a live record is: its file, header offset, payload length and checksum,
