@@ -27,14 +27,12 @@ import logging
 import threading
 import time
 
-from ..errors import StoreClosed
 from ..policy import BlockMeta
+from .background import BackgroundWorker
 from .chain import Busy, MoveFailed, TierChain
 from .guards import InFlight
 
 log = logging.getLogger(__name__)
-
-_JOIN_S = 5.0  # close(): most seconds to wait for the thread to end once no move is in flight
 
 
 def _hinted(meta: BlockMeta) -> bool:
@@ -42,21 +40,18 @@ def _hinted(meta: BlockMeta) -> bool:
     return bool(meta.hints)
 
 
-class Demoter:
+class Demoter(BackgroundWorker):
     """Background demotions out of ``chain``'s fastest tier, from ``high`` down to ``low``
     (fractions of its capacity). Off (nothing starts) with one tier or ``high`` = 1."""
 
     def __init__(self, chain: TierChain, inflight: InFlight, lock: threading.RLock, *,
                  high: float, low: float) -> None:
+        super().__init__("cascade-demoter", "demotion")
         self._chain, self._inflight, self._lock = chain, inflight, lock
         tier = chain.tiers[0]
         self._high, self._low = high * tier.capacity, low * tier.capacity
         self.enabled = len(chain.tiers) > 1 and high < 1.0
-        self._state = threading.Condition(threading.Lock())  # guards _asked, _done, _stopped
-        self._asked = self._done = 0  # rounds asked for by pokes, and asked for before the last one ended
-        self._stopped = False
         self._paused_at: int | None = None  # the fastest tier's demotion count when a move failed (paused)
-        self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         """Under the store's lock, after a commit: start a round when the fastest tier is
@@ -64,14 +59,7 @@ class Demoter:
         if not self.enabled or self._taken() <= self._high or self._paused():
             return
         with self._state:
-            if self._stopped:
-                return
-            self._asked += 1
-            if self._thread is None:  # recorded once started (stop() cannot join one that never started)
-                thread = threading.Thread(target=self._run, name="cascade-demoter", daemon=True)
-                thread.start()
-                self._thread = thread
-            self._state.notify_all()
+            self._ask()
 
     def _paused(self) -> bool:
         """Under the store's lock: whether a failed move paused the demoter and no
@@ -88,45 +76,9 @@ class Demoter:
         tier = self._chain.tiers[0]
         return tier.capacity - tier.free
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait (not holding the store's lock) until every round asked for before this
-        call has ended; False when ``timeout`` seconds passed first."""
-        with self._state:
-            asked = self._asked
-            return self._state.wait_for(lambda: self._stopped or self._done >= asked, timeout)
-
-    def stop(self) -> None:
-        """Stop the thread after the move under way (``close()``; not holding the
-        store's lock): a bounded wait."""
-        with self._state:
-            self._stopped = True
-            self._state.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(_JOIN_S)
-            if thread.is_alive():
-                log.warning("close: the background demoter did not stop within %.0f s", _JOIN_S)
-
-    def _run(self) -> None:
-        while True:
-            with self._state:
-                self._state.wait_for(lambda: self._done < self._asked or self._stopped)
-                if self._stopped:
-                    self._state.notify_all()
-                    return
-                asked = self._asked
-            try:
-                self._round()
-            except StoreClosed:
-                pass
-            except BaseException:  # never lost, never fatal (the thread lives on): the next poke tries again
-                log.exception("background demotion failed")
-                with self._lock:
-                    self._chain.metrics.counters.background_demotion_errors += 1
-            finally:
-                with self._state:
-                    self._done = asked
-                    self._state.notify_all()
+    def _failed(self) -> None:
+        with self._lock:
+            self._chain.metrics.counters.background_demotion_errors += 1
 
     def _round(self) -> None:
         """Demote victims of the fastest tier until it is at or below ``low``."""
@@ -138,7 +90,7 @@ class Demoter:
                 chain.wait_for_compactions()  # the tier below may be over its disk bound
                 with self._inflight.hold("a background demotion"):
                     with self._lock:
-                        if (self._stopped or self._taken() <= self._low
+                        if (self._stop.is_set() or self._taken() <= self._low
                                 or (victim := chain.index.victim(0)) is None or victim.hints):
                             return  # done, or only hinted blocks (wanted soon, here) are left to move
                         try:
