@@ -501,3 +501,31 @@ def test_with_file_fsync_the_kills_written_together_cost_one_fsync_per_file(tmp_
         store.flush()
         assert all(_kill_on_disk(span) for span in spans[:33]) and not _kill_on_disk(spans[33])
         assert 2 <= len(fsyncs) <= 3  # the first kill's, then the rest's together (33 one by one before)
+
+
+def test_with_file_fsync_kills_whose_fsync_fails_are_kept_pending(tmp_path, monkeypatch):
+    """The housekeeper's fsync of a file fails (EIO): every kill it wrote into that file
+    is kept pending (not known durable), and a later change writes them again."""
+    real_fsync = os.fsync
+    failing = threading.Event()
+    failing.set()
+
+    def fsync(fd):
+        if failing.is_set() and threading.current_thread().name == "cascade-housekeeper":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with _store(tmp_path, file_fsync=True) as store:
+        ids = [store.put(*_pairs(n)) for n in range(8)]
+        file_tier = store.tiers[-1]
+        for bid in ids[:3]:
+            store.delete(bid)
+        assert store._housekeeper.wait_idle(10)
+        assert file_tier.stats()["pending_deletes"] == 3
+        failing.clear()
+        store.delete(ids[3])  # retries the pending ones under the lock; its own goes to the housekeeper
+        store.flush()
+        assert file_tier.stats()["pending_deletes"] == 0
+    monkeypatch.undo()
+    with _store(tmp_path) as store:
+        assert [store.get(bid) is None for bid in ids] == [True] * 4 + [False] * 4
