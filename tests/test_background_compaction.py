@@ -529,3 +529,72 @@ def test_with_file_fsync_kills_whose_fsync_fails_are_kept_pending(tmp_path, monk
     monkeypatch.undo()
     with _store(tmp_path) as store:
         assert [store.get(bid) is None for bid in ids] == [True] * 4 + [False] * 4
+
+
+class BetweenSteps:
+    """A stand-in for the store's lock that runs ``between(n)`` before its n-th entry."""
+
+    def __init__(self, between) -> None:
+        self.entries, self.between = 0, between
+
+    def __enter__(self) -> None:
+        self.between(self.entries)
+        self.entries += 1
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_deletes_and_puts_between_the_end_steps_stay_so_after_the_end_and_a_restart(tmp_path, monkeypatch):
+    """The end points the index at the copies a batch at a time, the lock given up in
+    between: records deleted or replaced before their batch, or after it, end as they
+    would with the end in one step."""
+    monkeypatch.setattr(compaction, "RELOCATE_BATCH", 4)
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d)
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    first, late = live[:4], live[-4:]  # in the first batch; in the last
+    changes = {}
+
+    def between(entry: int) -> None:
+        if entry == 2:  # after the first batch, before the others
+            del tier[key(first[0])]
+            del tier[key(late[0])]
+            tier.put(key(first[1]), [value(first[1], 1)])
+            tier.put(key(late[1]), [value(late[1], 1)])
+            changes.update(done=True)
+    assert tier.end_compaction(run, BetweenSteps(between)) and changes
+    tier.finish_compaction(run)
+    expected = {key(i): value(i) for i in live + others if i not in (first[0], late[0])}
+    expected[key(first[1])] = value(first[1], 1)
+    expected[key(late[1])] = value(late[1], 1)
+    assert contents(tier) == expected and not os.path.exists(run.source.path)
+    tier.close()
+    for _ in range(2):
+        assert after_restart(d) == expected
+
+
+def test_an_end_step_that_raises_keeps_every_record(tmp_path, monkeypatch):
+    """The directory's update fails in the second batch: the run ends without the source
+    going; every record stays readable, now and after a restart."""
+    monkeypatch.setattr(compaction, "RELOCATE_BATCH", 4)
+    d = str(tmp_path / "agg")
+    tier, live, others = with_due_file(d)
+    calls = []
+
+    def on_relocate(keys) -> None:
+        calls.append(keys)
+        if len(calls) == 2:
+            raise RuntimeError("directory update failed")
+    tier.on_relocate = on_relocate
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    with pytest.raises(RuntimeError):
+        tier.end_compaction(run)
+    tier.finish_compaction(run)
+    assert os.path.exists(run.source.path) and not tier._compacting and tier.stats()["compactions"] == 0
+    expected = {key(i): value(i) for i in live + others}
+    assert contents(tier) == expected
+    tier.close()
+    assert after_restart(d) == expected

@@ -37,6 +37,7 @@ class SegmentFile:
     fd: int
     size: int
     live: int = 0  # bytes of live records
+    keys: set[BlockKey] = field(default_factory=set)  # of its live records (a compaction's start reads no other file's)
     tombstones: list[tuple[BlockKey, int, int]] = field(default_factory=list)
     direct_fd: int | None = None
     users: int = 0  # reads, writes and compactions in flight: the file is not compacted away meanwhile

@@ -210,13 +210,17 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         if key in self._index:
             self._forget(key)
         self._index[key] = loc
-        self._files[loc.file_id].live += loc.record_bytes
+        f = self._files[loc.file_id]
+        f.live += loc.record_bytes
+        f.keys.add(key)
         self._live_bytes += loc.record_bytes
         self._payload_bytes += loc.length
 
     def _forget(self, key: BlockKey) -> Loc:
         loc = self._index.pop(key)
-        self._files[loc.file_id].live -= loc.record_bytes
+        f = self._files[loc.file_id]
+        f.live -= loc.record_bytes
+        f.keys.discard(key)
         self._live_bytes -= loc.record_bytes
         self._payload_bytes -= loc.length
         return loc
