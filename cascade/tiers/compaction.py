@@ -233,17 +233,13 @@ class Compaction:
     def _relocate(self, run: CompactionRun, copies: list[tuple[BlockKey, Loc, int, float]]) -> None:
         """Under the lock: point the index at the copies of records still current (same
         record bytes, another place), void the others' copies."""
-        source, target = run.source, run.target
+        target = run.target
+        corrupt = set(run.corrupt) if run.corrupt else ()
         relocated = []
         for key, loc, offset, expires in copies:
             if self._index.get(key) is loc:
-                self._index[key] = Loc(target.file_id, offset, loc.length, loc.checksum, loc.parent, loc.expires,
-                                       corrupt=loc.corrupt or key in run.corrupt)
-                size = loc.record_bytes
-                source.live -= size
-                source.keys.discard(key)
-                target.live += size
-                target.keys.add(key)
+                self._move(key, Loc(target.file_id, offset, loc.length, loc.checksum, loc.parent, loc.expires,
+                                    corrupt=loc.corrupt or key in corrupt))
                 if loc.expires != expires:  # refreshed while it was copied
                     self._dirty_expiries.add(key)
                 relocated.append(key)

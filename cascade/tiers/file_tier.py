@@ -216,6 +216,18 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         self._live_bytes += loc.record_bytes
         self._payload_bytes += loc.length
 
+    def _move(self, key: BlockKey, loc: Loc) -> None:
+        """The record of ``key`` now lies at ``loc``: the same record bytes in another
+        file (a compaction's copy)."""
+        old = self._index[key]
+        self._index[key] = loc
+        size = loc.record_bytes
+        source, target = self._files[old.file_id], self._files[loc.file_id]
+        source.live -= size
+        source.keys.discard(key)
+        target.live += size
+        target.keys.add(key)
+
     def _forget(self, key: BlockKey) -> Loc:
         loc = self._index.pop(key)
         f = self._files[loc.file_id]
@@ -311,20 +323,16 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
             queued, self._queued_kills = self._queued_kills, []
         if not queued:
             return
-        failed: list[Kill] = []
+        confirmed: set[Kill] = set()  # written (and fsynced, with file_fsync); the others stay pending
         try:
-            for kill, f in queued:
-                if not self._write_kill(f.fd, kill, sync=False):
-                    failed.append(kill)
+            written = [(kill, f) for kill, f in queued if self._write_kill(f.fd, kill, sync=False)]
             if self._fsync:  # each file once
-                for f in {id(f): f for _, f in queued}.values():
-                    try:
-                        os.fsync(f.fd)
-                    except OSError:
-                        failed.extend(kill for kill, g in queued if g is f and kill not in failed)
+                synced = {id(f) for f in {id(f): f for _, f in written}.values() if _fsynced(f.fd)}
+                written = [(kill, f) for kill, f in written if id(f) in synced]
+            confirmed.update(kill for kill, _ in written)
         finally:
             with lock:
-                self._keep_pending(failed)
+                self._keep_pending([kill for kill, _ in queued if kill not in confirmed])
                 for _, f in queued:
                     self._unhold(f)
 
@@ -440,12 +448,10 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         last one frees its blocks, 46 ms for 128 MiB here)."""
         f.users -= 1
         if f.retired and not f.users:
-            fds = self._unlink_file(f)
             if self.on_housekeeping_due is None:
-                for fd in fds:
-                    os.close(fd)
+                self._drop_file(f)
             else:
-                self._freed_fds.extend(fds)
+                self._freed_fds.extend(self._unlink_file(f))
                 self.on_housekeeping_due()
 
     def _unlink_file(self, f: SegmentFile) -> list[int]:
@@ -524,3 +530,12 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
                 "odirect": self._odirect, "read_mode": self.read_mode,
                 "on_lustre": self.on_lustre,
                 "directory": self.directory}
+
+
+def _fsynced(fd: int) -> bool:
+    """fsync ``fd``; whether it succeeded."""
+    try:
+        os.fsync(fd)
+    except OSError:
+        return False
+    return True
