@@ -19,7 +19,7 @@ from cascade import CascadeStore, Config
 from cascade.errors import CorruptBlock
 from cascade.models import BlockSpec
 from cascade.tiers import compaction
-from cascade.tiers.file_tier import FileTier
+from cascade.tiers.file_tier import SPARE_FILES, FileTier
 from cascade.tiers.records import HEADER_BYTES, unpack_header
 
 SEG = 1 << 20  # 128 records of one page each per file
@@ -75,6 +75,11 @@ def after_restart(d: str) -> dict[tuple[str, str], bytes]:
 
 def contents(tier: FileTier) -> dict[tuple[str, str], bytes]:
     return {k: tier[k] for k in tier}
+
+
+def in_file(tier: FileTier, f) -> set[tuple[str, str]]:
+    """The keys whose live record lies in file ``f``."""
+    return {k for k in tier if tier._index[k].file_id == f.file_id}
 
 
 def test_records_deleted_or_replaced_while_copied_stay_so_after_the_end_and_a_restart(tmp_path):
@@ -179,6 +184,7 @@ def test_a_failed_or_stopped_copy_drops_its_target_and_keeps_the_source(tmp_path
     assert stats["compactions_deferred"] == (0 if failure == "stopped" else 1)
     assert stats["full_events"] == (1 if failure == "enospc" else 0)
     assert contents(tier) == before
+    assert run.source.keys == in_file(tier, run.source)  # given back whole: a later run copies them all
     monkeypatch.undo()
     if failure == "stopped":  # not put off: the next change may compact at once
         assert (run := tier.start_compaction()) is not None
@@ -594,7 +600,86 @@ def test_an_end_step_that_raises_keeps_every_record(tmp_path, monkeypatch):
         tier.end_compaction(run)
     tier.finish_compaction(run)
     assert os.path.exists(run.source.path) and not tier._compacting and tier.stats()["compactions"] == 0
+    assert run.source.keys == in_file(tier, run.source) and run.target.keys == in_file(tier, run.target)
+    assert len(run.target.keys) == 8 and len(run.source.keys) == len(live) - 8  # two batches moved before it raised
     expected = {key(i): value(i) for i in live + others}
     assert contents(tier) == expected
     tier.close()
     assert after_restart(d) == expected
+
+
+def _unique_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    data = np.random.default_rng(n).integers(0, 255, 4096, dtype=np.uint8)
+    return data[:2048], data[2048:]
+
+
+def test_with_a_store_new_files_are_made_ahead_on_the_housekeeper_thread(tmp_path, monkeypatch):
+    """Once the housekeeper has run, puts that roll over to a new file and compactions'
+    starts take spares it made: no file is created on a caller's thread, and files are
+    handed out in id order (a restart reads later files as newer)."""
+    creators, handed = [], []
+    create, hand_out = FileTier._create_file, FileTier._hand_out
+
+    def recording_create(self, file_id):
+        creators.append(threading.current_thread().name)
+        return create(self, file_id)
+
+    def recording_hand_out(self, f):
+        handed.append(f.file_id)
+        return hand_out(self, f)
+
+    monkeypatch.setattr(FileTier, "_create_file", recording_create)
+    monkeypatch.setattr(FileTier, "_hand_out", recording_hand_out)
+    store = _store(tmp_path)
+    tier = store.tiers[0]
+    ids = [store.put(*_unique_pairs(i)) for i in range(130)]  # 128 records a file: the second made here (no spare yet)
+    store.flush()
+    spares = [f.path for f in tier._spares]
+    assert len(spares) == SPARE_FILES and all(os.path.getsize(p) == 0 for p in spares)
+    assert creators[-SPARE_FILES:] == ["cascade-housekeeper"] * SPARE_FILES
+    creators.clear()
+    for i in range(130, 600):  # three more files, and compactions of the half-dead ones
+        ids.append(store.put(*_unique_pairs(i)))
+        if i % 2:
+            store.delete(ids[i - 130])
+        store.flush()  # the housekeeper's round done (else a put may outrun it and make a file itself)
+    assert tier.stats()["compactions"] >= 1 and len(handed) >= 6
+    assert creators and set(creators) == {"cascade-housekeeper"}
+    assert handed == sorted(handed) and len(set(handed)) == len(handed)
+    spares = [f.path for f in tier._spares]
+    store.close()
+    assert spares and not any(os.path.exists(p) for p in spares)  # close removes the spares left
+    with _store(tmp_path) as again:
+        assert all(np.array_equal(again.get(ids[i])[1], _unique_pairs(i)[1]) for i in range(470, 600))
+        assert again.get(ids[1]) is None and again.get(ids[469]) is None
+
+
+def test_spares_made_before_a_file_created_meanwhile_are_never_handed_out(tmp_path):
+    """Spares whose ids were taken before a file created under the lock meanwhile are
+    unlinked, not handed out."""
+    tier = open_tier(str(tmp_path / "agg"))
+    direct = []
+    tier._make_spares(BetweenSteps(lambda n: direct.append(tier._new_file()) if n == 1 else None))
+    assert direct[0].file_id > max(f.file_id for f in tier._spares)  # made while the spares were
+    stale = [f.path for f in tier._spares]
+    assert tier._new_file().file_id > direct[0].file_id
+    assert not tier._spares and not any(os.path.exists(p) for p in stale)
+    tier._make_spares(nullcontext())
+    lowest = tier._spares[0].file_id
+    assert [f.file_id for f in tier._spares] == list(range(lowest, lowest + SPARE_FILES))
+    assert tier._new_file().file_id == lowest
+    tier.close()
+
+
+def test_a_spare_whose_name_is_taken_is_passed_over(tmp_path):
+    tier = open_tier(str(tmp_path / "agg"))
+    n = tier._next_id
+    os.mkdir(tier._file_path(n))  # someone else's directory where the next spare would go
+    tier._make_spares(nullcontext())
+    assert [f.file_id for f in tier._spares] == list(range(n + 1, n + SPARE_FILES))
+    for _ in range(SPARE_FILES - 1):
+        assert tier._new_file().file_id > n
+    made = tier._new_file()  # none left: made under the lock
+    assert made.file_id == n + SPARE_FILES and os.path.getsize(made.path) == 0
+    assert os.path.isdir(tier._file_path(n))
+    tier.close()

@@ -2,7 +2,7 @@
 held while it writes, copies or frees.
 
 A tier with upkeep due (the file tier: deletes to mark on disk, files to free,
-dead space to reclaim: :mod:`cascade.tiers.compaction`) calls :meth:`Housekeeper.poke`
+empty files to make ahead, dead space to reclaim: :mod:`cascade.tiers.compaction`) calls :meth:`Housekeeper.poke`
 under the store's lock instead of doing that work inside the get, put or delete that
 made it due. One daemon thread owned by the store then runs the tier's
 :meth:`~cascade.tiers.base.Tier.housekeep`: each step takes the lock only to pick its
