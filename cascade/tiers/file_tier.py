@@ -209,10 +209,11 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
     def _new_file(self) -> SegmentFile:
         """Under the lock: a fresh file with an id above every file handed out before.
         With a housekeeper, a spare it made ahead (:meth:`_make_spares`), and it is asked
-        to make the next: creating a file took 28 us at the median here but up to 2.5 ms
-        (ext4 on this project's virtio disk, 500 creates), a wait every get and put
-        would share under the store's lock. Else, or with none ready, created now (a
-        name taken meanwhile, e.g. planted by someone else, is passed over)."""
+        to make the next: creating a file took 28 us at the median in one sitting and
+        220-540 us in others, up to 2.5 ms (ext4 on this project's virtio disk, 300-1000
+        creates each), a wait every get and put would share under the store's lock.
+        Else, or with none ready, created now (a name taken meanwhile, e.g. planted by
+        someone else, is passed over)."""
         if self.on_housekeeping_due is not None:
             self.on_housekeeping_due()
         while self._spares:
@@ -237,7 +238,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         """The housekeeper's step: create files up to :data:`SPARE_FILES` kept ready for
         :meth:`_new_file`, their ids taken under ``lock``, the files created outside it.
         A file that cannot be created now is left for the next round (and made under the
-        lock when needed). None without a housekeeper (``on_housekeeping_due``)."""
+        lock when needed). Nothing without a housekeeper (``on_housekeeping_due``)."""
         if self.on_housekeeping_due is None:
             return
         with lock:
