@@ -248,10 +248,34 @@ def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monke
         assert s.stats()["tiers"]["file"]["hits"] == 12
 
 
+@pytest.mark.skipif(not record_io.COMPILED, reason="no reader threads: runs are read when finished")
+def test_a_batch_counts_its_oldest_runs_once_too_many_bytes_are_queued(tmp_path, monkeypatch):
+    """Past QUEUED_AHEAD_BYTES of queued runs not counted, the batch counts the oldest
+    before it leases more (a big batch never has the kernel fetch all of it at once)."""
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
+    with _file_store(tmp_path, 16) as (s, blocks, ids):
+        monkeypatch.setattr("cascade.core.batch_reads.QUEUED_AHEAD_BYTES", 4 * s.spec.block_bytes)
+        tier, events = s.tiers[0], []
+        start, finish = tier.start_leased_run, tier.finish_leased_run
+        monkeypatch.setattr(tier, "start_leased_run", lambda leases, outs: events.append("start") or start(leases, outs))
+        monkeypatch.setattr(tier, "finish_leased_run", lambda started: events.append("finish") or finish(started))
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 16
+        assert events == ["start", "start", "finish", "start", "finish", "start", "finish", "finish"]
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        assert s.stats()["tiers"]["file"]["hits"] == 16
+
+
+@pytest.mark.parametrize("ahead", ["all", "one run"])
 @pytest.mark.parametrize("fails", ["start", "finish"])
-def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails):
+def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lease(tmp_path, monkeypatch, fails,
+                                                                                    ahead):
+    """With ``one run`` queued ahead, the second run's count comes while the third is
+    being leased and started: a failure there ends the same way."""
     monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     with _file_store(tmp_path, 12) as (s, blocks, ids):
+        if ahead == "one run":
+            monkeypatch.setattr("cascade.core.batch_reads.QUEUED_AHEAD_BYTES", 4 * s.spec.block_bytes)
         tier, waited = s.tiers[0], []
         start, finish = tier.start_leased_run, tier.finish_leased_run
         calls = {"start": 0, "finish": 0}
