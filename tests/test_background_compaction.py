@@ -19,7 +19,8 @@ from cascade import CascadeStore, Config
 from cascade.errors import CorruptBlock
 from cascade.models import BlockSpec
 from cascade.tiers import compaction
-from cascade.tiers.file_tier import SPARE_FILES, FileTier
+from cascade.tiers.file_set import SPARE_FILES
+from cascade.tiers.file_tier import FileTier
 from cascade.tiers.records import HEADER_BYTES, unpack_header
 
 SEG = 1 << 20  # 128 records of one page each per file

@@ -2,13 +2,13 @@
 
 Blocks are appended as records (see :mod:`.records`) to ``agg_rank{rank:03d}_{id:06d}.bin``,
 rolling to a new file at ``segment_bytes`` (with a store, one of two empty files its
-housekeeper made ahead, outside the store's lock). Each rank writes only its own files; an
+housekeeper made ahead, outside the store's lock: :mod:`.file_set`). Each rank writes only its own files; an
 exclusive ``flock`` on ``agg_rank{rank:03d}.lock`` keeps a second process from writing
 them at the same time. On open the index is rebuilt by scanning the files (warm
 restart, :mod:`.file_recovery`): torn tails and records with a bad header are skipped and counted, and every
 payload is verified against its checksum when read, so corrupted bytes are never served.
 
-A delete kills its record in place: the record's header is rewritten as a tombstone of
+A delete kills its record in place (:mod:`.file_kills`): the record's header is rewritten as a tombstone of
 the same length (one page, no new space: deletes stay durable on a full disk; a restart
 forgets the record and every earlier record of its key). With a store, that write runs
 on its housekeeper thread (:mod:`cascade.core.housekeeper`), outside the store's lock
@@ -63,8 +63,10 @@ from ..config import MAX_DEAD_FRACTION, MAX_SEGMENT_BYTES
 from ..errors import BlockNotFound, CascadeError, ConfigError
 from .base import BlockKey, Memory, Tier, TierKind
 from .compaction import Compaction
+from .file_kills import Kills
 from .file_reads import Reads, reads_direct
 from .file_recovery import Recovery
+from .file_set import Files
 from .file_state import Kill, Loc, SegmentFile
 from .file_writes import Writes
 from .lustre_fs import is_lustre, set_striping
@@ -75,10 +77,9 @@ from .records import HEADER_BYTES, PAGE, RecordHeader, pad
 log = logging.getLogger(__name__)
 EXPIRY_BATCH = 256  # refreshed expiries written together (see set_expiry)
 EXPIRY_FLUSH_S = 1.0  # ... or after this many seconds
-SPARE_FILES = 2  # empty files the housekeeper keeps ready (a compaction's start takes two)
 
 
-class FileTier(Recovery, Compaction, Reads, Writes, Tier):
+class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
     """Aggregated-file tier of one rank in ``directory`` (created 0700 if missing;
     refused with a :class:`ConfigError` if another user owns it or can write to it)."""
 
@@ -189,76 +190,6 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
             ) from None
         return fd
 
-    def _file_path(self, file_id: int) -> str:
-        return os.path.join(self.directory, f"agg_rank{self.rank:03d}_{file_id:06d}.bin")
-
-    def _open_file(self, file_id: int) -> SegmentFile:
-        """One of the tier's existing files, opened and known from now on."""
-        path = self._file_path(file_id)
-        fd = open_own(path, os.O_RDWR)
-        f = SegmentFile(file_id, path, fd, os.fstat(fd).st_size)
-        self._files[file_id] = f
-        return f
-
-    def _create_file(self, file_id: int) -> SegmentFile:
-        """A new empty file, not yet known to the tier (:meth:`_hand_out`);
-        ``FileExistsError`` when the name is taken."""
-        path = self._file_path(file_id)
-        return SegmentFile(file_id, path, open_own(path, os.O_RDWR | os.O_CREAT | os.O_EXCL), 0)
-
-    def _new_file(self) -> SegmentFile:
-        """Under the lock: a fresh file with an id above every file handed out before.
-        With a housekeeper, a spare it made ahead (:meth:`_make_spares`), and it is asked
-        to make the next: creating a file took 28 us at the median in one sitting and
-        220-540 us in others, up to 2.5 ms (ext4 on this project's virtio disk, 300-1000
-        creates each), a wait every get and put would share under the store's lock.
-        Else, or with none ready, created now (a name taken meanwhile, e.g. planted by
-        someone else, is passed over)."""
-        if self.on_housekeeping_due is not None:
-            self.on_housekeeping_due()
-        while self._spares:
-            f = self._spares.pop(0)
-            if f.file_id > self._newest_id:
-                return self._hand_out(f)
-            self._discard_file(f)  # older than a file created meanwhile
-        for _ in range(64):
-            file_id, self._next_id = self._next_id, self._next_id + 1
-            try:
-                return self._hand_out(self._create_file(file_id))
-            except FileExistsError:
-                continue
-        raise CascadeError(f"{self.name}: 64 file names in a row are taken in {self.directory}")
-
-    def _hand_out(self, f: SegmentFile) -> SegmentFile:
-        self._files[f.file_id] = f
-        self._newest_id = f.file_id
-        return f
-
-    def _make_spares(self, lock: AbstractContextManager[Any]) -> None:
-        """The housekeeper's step: create files up to :data:`SPARE_FILES` kept ready for
-        :meth:`_new_file`, their ids taken under ``lock``, the files created outside it.
-        A file that cannot be created now is left for the next round (and made under the
-        lock when needed). Nothing without a housekeeper (``on_housekeeping_due``)."""
-        if self.on_housekeeping_due is None:
-            return
-        with lock:
-            if self._lock_fd is None:  # closed
-                return
-            ids = list(range(self._next_id, self._next_id + SPARE_FILES - len(self._spares)))
-            self._next_id += len(ids)
-        made = []
-        for file_id in ids:
-            try:
-                made.append(self._create_file(file_id))
-            except (OSError, CascadeError) as exc:  # a full disk, a planted name: now, under the lock
-                log.debug("%s: no spare file %d: %s", self.name, file_id, exc)
-        with lock:
-            if self._lock_fd is None:  # closed meanwhile
-                for f in made:
-                    self._drop_file(f)
-                return
-            self._spares.extend(made)
-
     def _remember(self, key: BlockKey, loc: Loc) -> None:
         if key in self._index:
             self._forget(key)
@@ -311,83 +242,6 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         self._loc(key)
         self._kill(key)
         self._after_change()
-
-    def _kill(self, key: BlockKey) -> None:
-        """Forget ``key`` and kill its record on disk, so a restart forgets it too."""
-        loc = self._forget(key)
-        self._kill_record(key, loc.file_id, loc.offset, loc.length)
-
-    def _kill_record(self, key: BlockKey, file_id: int, offset: int, length: int, *, void: bool = False) -> None:
-        """Rewrite a record's header as a tombstone of itself (same length: needs no new
-        space), which a restart reads as killing every earlier record of its key too;
-        with ``void``, as a tombstone naming no record (file 0), which kills only itself
-        (for a record lying after the key's live one: a compaction's copy). With a store
-        the write is queued for its housekeeper, the file held (``users``: neither
-        compacted nor closed) until it is written; else written now. On an I/O error the
-        kill is kept pending (retried at later changes)."""
-        f = self._files.get(file_id)
-        if f is None:
-            return
-        kill = (key, file_id, offset, length, void)
-        if self.on_housekeeping_due is None:
-            if not self._write_kill(f.fd, kill):
-                self._keep_pending([kill])
-            return
-        f.users += 1  # (a dup of its descriptor instead waited for ms when the process's table grew)
-        self._queued_kills.append((kill, f))
-        if len(self._queued_kills) == 1:
-            self.on_housekeeping_due()
-
-    def _void_record(self, key: BlockKey, file_id: int, offset: int, length: int) -> None:
-        self._kill_record(key, file_id, offset, length, void=True)
-
-    def _write_kill(self, fd: int, kill: Kill, *, sync: bool = True) -> bool:
-        """Write one kill (or void) into its file's descriptor ``fd`` (fsynced with
-        ``file_fsync`` and ``sync``); whether it was written. Touches one header only:
-        safe outside the store's lock."""
-        key, file_id, offset, length, void = kill
-        target = (0, 0) if void else (file_id, offset)
-        tomb = RecordHeader(key[0], key[1], length, 0, tombstone=True, target_file=target[0], target_offset=target[1])
-        try:
-            if os.pwrite(fd, tomb.pack(), offset) != HEADER_BYTES:
-                return False
-            if self._fsync and sync:
-                os.fsync(fd)
-        except OSError:
-            return False
-        return True
-
-    def _keep_pending(self, failed: list[Kill]) -> None:
-        if failed and not self._pending_kills:
-            log.warning("%s: cannot record a delete in %s: kept pending (retried at later changes; "
-                        "a restart before it is written may serve the block again)", self.name, self.directory)
-        self._pending_kills.extend(failed)
-
-    def _retry_kills(self) -> None:
-        """Under the lock: write the pending kills again (one whose file is gone is moot)."""
-        if self._pending_kills:
-            self._pending_kills = [k for k in self._pending_kills
-                                   if (f := self._files.get(k[1])) is not None and not self._write_kill(f.fd, k)]
-
-    def _write_kills(self, lock: AbstractContextManager[Any]) -> None:
-        """Write what :meth:`_kill_record` queued, outside ``lock`` (the store's), taken
-        to pick the kills and to keep those that failed pending."""
-        with lock:
-            queued, self._queued_kills = self._queued_kills, []
-        if not queued:
-            return
-        confirmed: set[Kill] = set()  # written (and fsynced, with file_fsync); the others stay pending
-        try:
-            written = [(kill, f) for kill, f in queued if self._write_kill(f.fd, kill, sync=False)]
-            if self._fsync:  # each file once
-                synced = {id(f) for f in {id(f): f for _, f in written}.values() if _fsynced(f.fd)}
-                written = [(kill, f) for kill, f in written if id(f) in synced]
-            confirmed.update(kill for kill, _ in written)
-        finally:
-            with lock:
-                self._keep_pending([kill for kill, _ in queued if kill not in confirmed])
-                for _, f in queued:
-                    self._unhold(f)
 
     def housekeep(self, lock: AbstractContextManager[Any], stop: threading.Event) -> None:
         """The upkeep due, the store's ``lock`` held only to pick work and record its end
@@ -493,39 +347,6 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
         except FileNotFoundError:
             pass
 
-    def _drop_file(self, f: SegmentFile) -> None:
-        for fd in self._unlink_file(f):
-            os.close(fd)
-
-    def _unhold(self, f: SegmentFile) -> None:
-        """Under the lock: end one use of ``f``; a file compacted while used goes at its
-        last use (its descriptors closed by the housekeeper, with a store: closing the
-        last one frees its blocks, 46 ms for 128 MiB here)."""
-        f.users -= 1
-        if f.retired and not f.users:
-            self._discard_file(f)
-
-    def _discard_file(self, f: SegmentFile) -> None:
-        """Under the lock: forget and unlink ``f``; its descriptors are closed by the
-        housekeeper, with a store (see :meth:`_unlink_file`), else now."""
-        if self.on_housekeeping_due is None:
-            self._drop_file(f)
-        else:
-            self._freed_fds.extend(self._unlink_file(f))
-            self.on_housekeeping_due()
-
-    def _unlink_file(self, f: SegmentFile) -> list[int]:
-        """Forget and unlink a file, but leave its descriptors open: returned, for the
-        caller to close (outside the store's lock: closing the last one frees the file's
-        blocks, which took 46 ms for 128 MiB on this machine's ext4, and unlinking a
-        closed file takes as long)."""
-        self._files.pop(f.file_id, None)  # (a spare was never known)
-        try:
-            os.unlink(f.path)
-        except FileNotFoundError:
-            pass
-        return [fd for fd in (f.fd, f.direct_fd) if fd is not None]
-
     # -- misc -----------------------------------------------------------------------------
     def _loc(self, key: BlockKey) -> Loc:
         try:
@@ -594,11 +415,3 @@ class FileTier(Recovery, Compaction, Reads, Writes, Tier):
                 "on_lustre": self.on_lustre,
                 "directory": self.directory}
 
-
-def _fsynced(fd: int) -> bool:
-    """fsync ``fd``; whether it succeeded."""
-    try:
-        os.fsync(fd)
-    except OSError:
-        return False
-    return True
