@@ -460,6 +460,28 @@ def test_a_batch_advises_the_kernel_of_each_stretch_of_its_small_records(tmp_pat
         assert calls == []
 
 
+def test_a_batch_advises_a_stream_of_back_to_back_records_over_its_first_bytes_only(tmp_path, monkeypatch):
+    """will_read with a batch's ``streams``: a stream continued across calls is advised up
+    to ADVISE_STREAM_BYTES in all, then left to the kernel's readahead; a gap starts a new
+    stream, advised again."""
+    with _leased_tier(tmp_path, 20, 64 << 10) as (tier, _, leases):
+        calls, fd, record = _advice_spied(monkeypatch), leases[0].file.fd, leases[0].loc.record_bytes
+        monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
+        monkeypatch.setattr(file_reads, "ADVISE_STREAM_BYTES", 5 * record)
+        streams: dict = {}
+        tier.will_read(leases[:3], streams)
+        tier.will_read(leases[3:6], streams)  # the stream goes on: its first 5 records advised
+        tier.will_read(leases[6:9], streams)
+        assert calls == [(fd, *_span(leases[:3])), (fd, _span(leases[3:5])[0], 2 * record)]
+        calls.clear()
+        tier.will_read(leases[10:13], streams)  # block 9 skipped: a new stream
+        assert calls == [(fd, *_span(leases[10:13]))]
+        calls.clear()
+        tier.will_read(leases[13:20])  # no streams: every stretch advised whole
+        assert calls == [(fd, *_span(leases[13:20]))]
+        assert streams == {fd: (_span(leases[10:13])[0] + 3 * record, 3 * record)}
+
+
 def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monkeypatch):
     with _leased_tier(tmp_path, 20, 64 << 10) as (tier, blocks, leases):
         def refused(*args):
@@ -492,3 +514,20 @@ def test_a_store_batch_advises_the_kernel_before_it_reads_its_cold_records(tmp_p
         assert sum(end - start for start, end in advised) == sum(loc.record_bytes for loc in locs)
         assert len(calls) == 3 and runs[0][0] == 1  # chunks of 4, 4 and 2, each advised before its runs start
         assert sum(n for _, n in runs) == 10
+
+
+def test_a_long_store_batch_advises_its_stream_over_the_first_bytes_only(tmp_path, monkeypatch):
+    """A batch get of blocks written back to back advises its leased chunks until
+    ADVISE_STREAM_BYTES of the stream are advised, across chunks, and reads all exactly."""
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 2)
+    monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
+    with _file_store(tmp_path, 10) as (s, blocks, ids):
+        tier, calls = s.tiers[0], _advice_spied(monkeypatch)
+        locs = [tier._index[("default", b)] for b in ids]
+        assert all(a.offset + a.record_bytes == b.offset for a, b in zip(locs, locs[1:]))  # one stream
+        monkeypatch.setattr(file_reads, "ADVISE_STREAM_BYTES", 3 * locs[0].record_bytes)
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 10
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
+        assert [(offset, length) for _, offset, length in calls] == [
+            (locs[0].offset, 2 * locs[0].record_bytes), (locs[2].offset, locs[2].record_bytes)]

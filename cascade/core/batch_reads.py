@@ -85,15 +85,16 @@ class LeasedBatchReads:
         raised (later steps are not read)."""
         results: list[bool | None] = [None] * len(keys)
         step = max(1, LEASED_STEP_BYTES // max(1, self._nbytes))
+        streams: dict[int, tuple[int, int]] = {}  # what the batch read so far, for the tiers' will_read
         with self._inflight.hold(f"a batch get of {len(keys)} blocks") as op:
             for lo in range(0, len(keys), step):
                 self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op,
-                                       any_outputs)
+                                       any_outputs, streams)
         return results
 
     def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
                           parallel: Callable[..., list[Any]], results: list[bool | None], op: Any,
-                          any_outputs: bool) -> None:
+                          any_outputs: bool, streams: dict[int, tuple[int, int]]) -> None:
         """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``,
         leased :data:`LEASE_CHUNK` at a time. A run in a tier that queues its reads
         (:attr:`~cascade.tiers.base.Tier.reads_queued`: the file tier's buffered runs) is
@@ -133,7 +134,7 @@ class LeasedBatchReads:
                         leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                         self.metrics.counters.gets += 1
                     op.what = f"a batch get holding {len(leased)} leases"
-                _will_read(leased[first:])
+                _will_read(leased[first:], streams)
                 for run in _runs(leased[first:]):
                     run = range(first + run.start, first + run.stop)
                     tier = leased[run.start][1].tier
@@ -204,10 +205,11 @@ class LeasedBatchReads:
         return counted
 
 
-def _will_read(leased: Sequence[tuple[int, Lease]]) -> None:
-    """:meth:`~cascade.tiers.base.Tier.will_read` of each stretch of ``leased`` in one tier, in order."""
+def _will_read(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> None:
+    """:meth:`~cascade.tiers.base.Tier.will_read` of each stretch of ``leased`` in one tier,
+    in order, with the batch's ``streams``."""
     for lo, hi in _tier_stretches(leased):
-        leased[lo][1].tier.will_read([lease.handle for _, lease in leased[lo:hi]])
+        leased[lo][1].tier.will_read([lease.handle for _, lease in leased[lo:hi]], streams)
 
 
 def _runs(leased: Sequence[tuple[int, Lease]]) -> list[range]:

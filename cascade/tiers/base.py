@@ -215,9 +215,11 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def release(self, lease: Any) -> None:
         """End a lease; frees the bytes of a block deleted while leased."""
 
-    def will_read(self, leases: Sequence[Any]) -> None:
+    def will_read(self, leases: Sequence[Any], streams: dict[int, tuple[int, int]] | None = None) -> None:
         """A batch is about to read these leased blocks, in this order: a tier may start
-        fetching them now (a hint: it raises nothing). Here nothing happens."""
+        fetching them now (a hint: it raises nothing). ``streams``: the batch's own
+        record of what it read before, kept across its calls (the file tier's, see
+        :meth:`~.file_reads.Reads.will_read`). Here nothing happens."""
 
     def read_runs(self, leases: Sequence[Any]) -> list[range]:
         """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
