@@ -356,7 +356,7 @@ def test_an_error_in_a_file_tier_batch_ends_every_lease_and_counts_the_misses(co
         if method.startswith("read_"):  # runs read in the batch's thread (no compiled reader, O_DIRECT)
             monkeypatch.setattr(tier, "reads_queued", False)
         if method == "read_leased":  # blocks read alone, not as runs of back-to-back records
-            monkeypatch.setattr(tier, "read_runs", lambda leases: [range(i, i + 1) for i in range(len(leases))])
+            monkeypatch.setattr(tier, "read_runs", lambda leases, streams=None: [range(i, i + 1) for i in range(len(leases))])
 
         def failing(*args):  # an I/O layer failing in an unexpected way on one block (or run)
             leases = {"read_leased": lambda: [args[0]], "finish_leased_run": lambda: args[0][0]}.get(method,

@@ -437,7 +437,7 @@ def _span(leases) -> tuple[int, int]:
 
 def test_a_batch_advises_the_kernel_of_each_stretch_of_its_small_records(tmp_path, monkeypatch):
     """will_read: one WILLNEED per stretch of back-to-back records, up to ADVISE_BYTES in
-    all; nothing under ADVISE_MIN, for records over SCAN or in O_DIRECT mode."""
+    all; nothing under ADVISE_MIN, for records over RUN_BYTES or in O_DIRECT mode."""
     with _leased_tier(tmp_path, 20, 64 << 10) as (tier, _, leases):
         calls, fd = _advice_spied(monkeypatch), leases[0].file.fd
         monkeypatch.setattr(file_reads, "ADVISE_MIN", 4 * leases[0].loc.record_bytes)
@@ -452,34 +452,43 @@ def test_a_batch_advises_the_kernel_of_each_stretch_of_its_small_records(tmp_pat
         assert calls == [(fd, *_span(leases[:5]))]
         calls.clear()
         tier.will_read(leases[:3])  # under ADVISE_MIN: the kernel's readahead alone
-        monkeypatch.setattr(file_reads, "SCAN", leases[0].loc.record_bytes - 1)
+        run_bytes = file_reads.RUN_BYTES
+        monkeypatch.setattr(file_reads, "RUN_BYTES", leases[0].loc.record_bytes - 1)
         tier.will_read(leases)
-        monkeypatch.setattr(file_reads, "SCAN", record_io.SCAN)
+        monkeypatch.setattr(file_reads, "RUN_BYTES", run_bytes)
         monkeypatch.setattr(tier, "_odirect", True)
         tier.will_read(leases)
         assert calls == []
 
 
-def test_a_batch_advises_a_stream_of_back_to_back_records_over_its_first_bytes_only(tmp_path, monkeypatch):
-    """will_read with a batch's ``streams``: a stream continued across calls is advised up
-    to ADVISE_STREAM_BYTES in all, then left to the kernel's readahead; a gap starts a new
-    stream, advised again."""
+def test_a_batch_advises_a_stream_over_its_start_and_reads_on_in_longer_runs(tmp_path, monkeypatch):
+    """With a batch's ``streams``, kept across calls: read_runs extends a stream of
+    back-to-back records and cuts runs of RUN_BYTES over its first STREAM_START_BYTES,
+    of STREAM_RUN_BYTES past them; will_read advises a stream over its start only. A gap
+    starts a new stream."""
     with _leased_tier(tmp_path, 20, 64 << 10) as (tier, _, leases):
         calls, fd, record = _advice_spied(monkeypatch), leases[0].file.fd, leases[0].loc.record_bytes
         monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
-        monkeypatch.setattr(file_reads, "ADVISE_STREAM_BYTES", 5 * record)
+        monkeypatch.setattr(file_reads, "RUN_BYTES", record)
+        monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 5 * record)
+        monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 3 * record)
         streams: dict = {}
-        tier.will_read(leases[:3], streams)
-        tier.will_read(leases[3:6], streams)  # the stream goes on: its first 5 records advised
-        tier.will_read(leases[6:9], streams)
+        runs = []
+        for part in (leases[:3], leases[3:6], leases[6:9]):
+            runs.append(tier.read_runs(part, streams))
+            tier.will_read(part, streams)
+        assert runs == [[range(0, 1), range(1, 2), range(2, 3)], [range(0, 1), range(1, 2), range(2, 3)],
+                        [range(0, 3)]]  # runs from the 6th record (past 5) on span 3
         assert calls == [(fd, *_span(leases[:3])), (fd, _span(leases[3:5])[0], 2 * record)]
         calls.clear()
-        tier.will_read(leases[10:13], streams)  # block 9 skipped: a new stream
-        assert calls == [(fd, *_span(leases[10:13]))]
+        assert tier.read_runs(leases[10:13], streams) == [range(i, i + 1) for i in range(3)]  # block 9 skipped
+        tier.will_read(leases[10:13], streams)
+        assert calls == [(fd, *_span(leases[10:13]))] and streams == {fd: _span(leases[10:13])[:1] + (
+            leases[12].loc.offset + record,)}
         calls.clear()
-        tier.will_read(leases[13:20])  # no streams: every stretch advised whole
+        assert tier.read_runs(leases[13:20]) == [range(i, i + 1) for i in range(7)]  # no streams
+        tier.will_read(leases[13:20])
         assert calls == [(fd, *_span(leases[13:20]))]
-        assert streams == {fd: (_span(leases[10:13])[0] + 3 * record, 3 * record)}
 
 
 def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monkeypatch):
@@ -516,18 +525,29 @@ def test_a_store_batch_advises_the_kernel_before_it_reads_its_cold_records(tmp_p
         assert sum(n for _, n in runs) == 10
 
 
-def test_a_long_store_batch_advises_its_stream_over_the_first_bytes_only(tmp_path, monkeypatch):
+def test_a_long_store_batch_advises_its_stream_over_its_start_and_reads_on_in_longer_runs(tmp_path, monkeypatch):
     """A batch get of blocks written back to back advises its leased chunks until
-    ADVISE_STREAM_BYTES of the stream are advised, across chunks, and reads all exactly."""
-    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 2)
+    STREAM_START_BYTES of the stream are advised, across chunks, reads the rest in runs
+    of STREAM_RUN_BYTES, and reads all exactly."""
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
     monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
     with _file_store(tmp_path, 10) as (s, blocks, ids):
         tier, calls = s.tiers[0], _advice_spied(monkeypatch)
         locs = [tier._index[("default", b)] for b in ids]
         assert all(a.offset + a.record_bytes == b.offset for a, b in zip(locs, locs[1:]))  # one stream
-        monkeypatch.setattr(file_reads, "ADVISE_STREAM_BYTES", 3 * locs[0].record_bytes)
+        monkeypatch.setattr(file_reads, "RUN_BYTES", locs[0].record_bytes)
+        monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 3 * locs[0].record_bytes)
+        monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 4 * locs[0].record_bytes)
+        real, runs = tier.read_runs, []
+
+        def spied(leases, streams):
+            cut = real(leases, streams)
+            runs.extend(map(len, cut))
+            return cut
+
+        monkeypatch.setattr(tier, "read_runs", spied)
         outs = [s.spec.empty() for _ in ids]
         assert s.get_many_into(ids, outs) == [True] * 10
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
-        assert [(offset, length) for _, offset, length in calls] == [
-            (locs[0].offset, 2 * locs[0].record_bytes), (locs[2].offset, locs[2].record_bytes)]
+        assert [(offset, length) for _, offset, length in calls] == [(locs[0].offset, 3 * locs[0].record_bytes)]
+        assert runs == [1, 1, 1, 1, 4, 2]  # chunks of 4: from the 4th record on, past the stream's start

@@ -85,7 +85,7 @@ class LeasedBatchReads:
         raised (later steps are not read)."""
         results: list[bool | None] = [None] * len(keys)
         step = max(1, LEASED_STEP_BYTES // max(1, self._nbytes))
-        streams: dict[int, tuple[int, int]] = {}  # what the batch read so far, for the tiers' will_read
+        streams: dict[int, tuple[int, int]] = {}  # what the batch reads, for its tiers' read_runs and will_read
         with self._inflight.hold(f"a batch get of {len(keys)} blocks") as op:
             for lo in range(0, len(keys), step):
                 self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op,
@@ -134,8 +134,9 @@ class LeasedBatchReads:
                         leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                         self.metrics.counters.gets += 1
                     op.what = f"a batch get holding {len(leased)} leases"
+                runs = _runs(leased[first:], streams)
                 _will_read(leased[first:], streams)
-                for run in _runs(leased[first:]):
+                for run in runs:
                     run = range(first + run.start, first + run.stop)
                     tier = leased[run.start][1].tier
                     if tier.reads_queued:
@@ -212,13 +213,14 @@ def _will_read(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int
         leased[lo][1].tier.will_read([lease.handle for _, lease in leased[lo:hi]], streams)
 
 
-def _runs(leased: Sequence[tuple[int, Lease]]) -> list[range]:
+def _runs(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> list[range]:
     """Indices into ``leased`` cut into runs its tiers read in one go
-    (:meth:`~cascade.tiers.base.Tier.read_runs`), each within one tier."""
+    (:meth:`~cascade.tiers.base.Tier.read_runs`, with the batch's ``streams``), each within one tier."""
     runs: list[range] = []
     for lo, hi in _tier_stretches(leased):
         tier = leased[lo][1].tier
-        runs += [range(lo + r.start, lo + r.stop) for r in tier.read_runs([lease.handle for _, lease in leased[lo:hi]])]
+        cut = tier.read_runs([lease.handle for _, lease in leased[lo:hi]], streams)
+        runs += [range(lo + r.start, lo + r.stop) for r in cut]
     return runs
 
 

@@ -217,13 +217,14 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
 
     def will_read(self, leases: Sequence[Any], streams: dict[int, tuple[int, int]] | None = None) -> None:
         """A batch is about to read these leased blocks, in this order: a tier may start
-        fetching them now (a hint: it raises nothing). ``streams``: the batch's own
-        record of what it read before, kept across its calls (the file tier's, see
-        :meth:`~.file_reads.Reads.will_read`). Here nothing happens."""
+        fetching them now (a hint: it raises nothing). ``streams``: the batch's record of
+        what it reads, as :meth:`read_runs` of these leases left it. Here nothing happens."""
 
-    def read_runs(self, leases: Sequence[Any]) -> list[range]:
+    def read_runs(self, leases: Sequence[Any], streams: dict[int, tuple[int, int]] | None = None) -> list[range]:
         """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
-        reads in one go: here each lease alone; the file tier joins adjacent records."""
+        reads in one go: here each lease alone; the file tier joins adjacent records.
+        ``streams``: a record the batch keeps for its tiers across its calls, which a
+        tier may extend (the file tier's streams of back-to-back records)."""
         return [range(i, i + 1) for i in range(len(leases))]
 
     def start_leased_run(self, leases: Sequence[Any], outs: Sequence[Sequence[Any]]) -> Any:

@@ -10,9 +10,10 @@ time, in file order (see :mod:`.record_io`); a batch queues the pieces of its re
 under 8 MiB as it leases them, so they are read while it hashes the records before
 (:class:`~.record_io.InOrderRead`). A batch's buffered reads of small records
 lying back to back (blocks written together, read in the same order) go as runs of up
-to 128 KiB (:data:`RUN_BYTES`), one ``preadv`` each (:meth:`Reads.read_runs`), queued on
-the reader thread of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`), once
-the kernel has been told to fetch them (:meth:`Reads.will_read`). Every payload is
+to 128 KiB (:data:`RUN_BYTES`; 1 MiB past the first 8 MiB of a stream of them,
+:data:`STREAM_START_BYTES`), one ``preadv`` each (:meth:`Reads.read_runs`), queued on
+the reader thread of :func:`~.record_io.submit` (:meth:`Reads.start_leased_run`), the
+kernel told to fetch a stream's start first (:meth:`Reads.will_read`). Every payload is
 verified against its checksum; a truncated or failing record is a :class:`CorruptBlock`.
 Every read runs leased, outside the store's lock, even of a record in the page cache: a
 read there can still wait for the disk (``RWF_NOWAIT`` reads in the locked step, until
@@ -99,21 +100,29 @@ RUN_RECORDS = 64
 #: not advised). In the store (benchmark small_blocks, runs of 6 rounds), cold batch/loop
 #: at 64 KiB went from 0.99-1.07 to 0.64-0.69 (two runs); at 4 KiB (chunks of 256 KiB) from 0.88-0.98 to
 #: 0.94-1.06 when every chunk was advised: under ADVISE_MIN the kernel's own readahead
-#: is left alone. So are records over SCAN, read in pieces of their own: 2 MiB blocks
-#: (32 a pass, after a page-cache drop; two runs each way, alternated) ran at medians of
-#: 1.04 and 1.07 of the loop advised against 0.96 and 0.71 not, within this VM's spread
-#: (0.49-1.75 per round) but no gain.
+#: is left alone. So are records over RUN_BYTES, each a big request of its own: 2 MiB
+#: blocks (32 a pass, after a page-cache drop; two runs each way, alternated) ran at
+#: medians of 1.04 and 1.07 of the loop advised against 0.96 and 0.71 not, within this
+#: VM's spread (0.49-1.75 per round) but no gain; bursts of 64 blocks of 256 KiB (small_blocks,
+#: 5 rounds, two runs each) at 1.36-1.50 of the loop advised (a leased chunk of 32 was
+#: advised 8 MiB at once before its first read was queued) against 0.97 not.
 ADVISE_BYTES = 32 << 20
 ADVISE_MIN = 1 << 20
-#: A batch advises a stream of back-to-back records in one file over its first this many
-#: bytes only (:meth:`Reads.will_read`'s ``streams``): past them the kernel's own readahead
-#: keeps ahead of the reads (``read_ahead_kb`` 8192 on this VM's disk), and advising every
-#: leased chunk of a long stream cost kernel time for nothing. A cold batch of 4096 blocks
-#: of 64 KiB (256 MiB, written together, 9 rounds alternated in one sitting): 1.65 GB/s
-#: [1.04-2.06] at 0.62 CPU s/GB (0.18 in the kernel) against 1.46 [1.36-2.08] at 0.72
-#: (0.33) with every chunk advised; 1.60 at 0.59 (0.16) with no advice at all. Bursts of
-#: up to this many bytes (small_blocks' cold forms: 64 blocks) are advised as before.
-ADVISE_STREAM_BYTES = 8 << 20
+#: The start of a stream of back-to-back records that a batch reads in one file (its
+#: ``streams``: :meth:`Reads.read_runs`): advised (:meth:`Reads.will_read`) and read in runs
+#: of up to :data:`RUN_BYTES`. Past it the kernel's readahead keeps ahead of the reads
+#: (``read_ahead_kb`` 8192 on this VM's disk): no more advice, which cost kernel time for
+#: nothing there, and runs of up to :data:`STREAM_RUN_BYTES`, fewer reads handed to the
+#: reader thread. A cold batch of 4096 blocks of 64 KiB (256 MiB, written together, 9
+#: rounds alternated in one sitting), advice only: 1.65 GB/s [1.04-2.06] at 0.62 CPU s/GB
+#: (0.18 in the kernel) against 1.46 [1.36-2.08] at 0.72 (0.33) with every chunk advised;
+#: 1.60 at 0.59 (0.16) with no advice at all. Bursts of up to this many bytes
+#: (small_blocks' cold forms: 64 blocks of 64 KiB) are advised and cut as before.
+STREAM_START_BYTES = 8 << 20
+#: Runs past the start of a stream span up to this many bytes (and :data:`RUN_RECORDS`
+#: records). The same batch as above, 7 rounds: 1.98 GB/s [1.09-2.09] at 0.41 CPU s/GB
+#: against 1.90 [1.43-2.03] at 0.49 with runs of :data:`RUN_BYTES` throughout.
+STREAM_RUN_BYTES = SCAN
 _FADVISE = getattr(os, "posix_fadvise", None)
 
 def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
@@ -122,6 +131,19 @@ def _outputs_for(loc: Loc, outs: Sequence[Any]) -> list[memoryview]:
     if nbytes != loc.length:
         raise ValueError(f"output buffers hold {nbytes} bytes, block has {loc.length}")
     return views
+
+
+def _streamed(streams: dict[int, tuple[int, int]], fd: int, offset: int) -> int:
+    """Bytes of the batch's stream in file ``fd`` before ``offset`` (0 where it does not reach it)."""
+    start, end = streams.get(fd, (0, -1))
+    return offset - start if start <= offset <= end else 0
+
+
+def _stream_on(streams: dict[int, tuple[int, int]], fd: int, offset: int, stop: int) -> None:
+    """Bytes ``[offset, stop)`` of file ``fd`` are read next: they extend its stream when
+    they follow it, else start a new one."""
+    start, end = streams.get(fd, (0, -1))
+    streams[fd] = (start if offset == end else offset, stop)
 
 
 def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: memoryview
@@ -237,22 +259,20 @@ class Reads:
 
     def will_read(self, leases: Sequence[Lease], streams: dict[int, tuple[int, int]] | None = None) -> None:
         """Buffered reads: ``POSIX_FADV_WILLNEED`` over each stretch of back-to-back
-        records among the leased ones of up to :data:`~.record_io.SCAN` bytes (those read
-        in runs), up to :data:`ADVISE_BYTES` in all, so that the kernel fetches a batch's
+        records among the leased ones of up to :data:`RUN_BYTES` (those that runs join),
+        up to :data:`ADVISE_BYTES` in all, so that the kernel fetches a batch's
         cold records in big requests at once instead of as its readahead window grows
         from the batch's first read. Less than :data:`ADVISE_MIN` in all is left to the
-        kernel's readahead; an advice the kernel refuses is ignored (a hint). With
-        ``streams`` (the batch's, kept across its calls: file descriptor -> end and
-        length of the stream of back-to-back records read so far), a stream is advised
-        only over its first :data:`ADVISE_STREAM_BYTES`: the kernel's readahead has
-        ramped up by then."""
+        kernel's readahead; an advice the kernel refuses is ignored (a hint). With the
+        batch's ``streams`` (as :meth:`read_runs` of these leases left them), a stream is
+        advised over its first :data:`STREAM_START_BYTES` only."""
         if self._odirect or _FADVISE is None:
             return
         stretches: list[list[int]] = []  # [fd, start, end]
         total = 0
         for lease in leases:
             loc = lease.loc
-            if loc.record_bytes > SCAN:
+            if loc.record_bytes > RUN_BYTES:
                 continue
             stop = loc.offset + min(loc.record_bytes, ADVISE_BYTES - total)
             total += stop - loc.offset
@@ -266,10 +286,7 @@ class Reads:
             return
         for fd, start, end in stretches:
             if streams is not None:
-                stream_end, streamed = streams.get(fd, (-1, 0))
-                streamed = streamed if stream_end == start else 0
-                streams[fd] = (end, streamed + end - start)
-                end = min(end, start + max(0, ADVISE_STREAM_BYTES - streamed))
+                end = min(end, start + max(0, STREAM_START_BYTES - _streamed(streams, fd, start)))
                 if end == start:
                     continue
             try:
@@ -277,24 +294,32 @@ class Reads:
             except OSError:
                 pass
 
-    def read_runs(self, leases: Sequence[Lease]) -> list[range]:
+    def read_runs(self, leases: Sequence[Lease], streams: dict[int, tuple[int, int]] | None = None) -> list[range]:
         """Buffered reads join leases of records lying back to back in one file (a
         batch of blocks written together, read in the same order) into runs of up to
         :data:`RUN_BYTES` and :data:`RUN_RECORDS` records: one ``preadv`` each
         (:meth:`read_leased_run`). O_DIRECT reads and records over :data:`RUN_BYTES`
-        go alone."""
+        go alone. ``streams``: the batch's streams of back-to-back records (file
+        descriptor -> where its stream starts and ends), kept across its calls and
+        extended by these leases; a run starting past the first
+        :data:`STREAM_START_BYTES` of its stream spans up to :data:`STREAM_RUN_BYTES`."""
         runs: list[range] = []
         lo, file, start, end = 0, None, 0, -1  # the run so far: leases[lo:i], bytes [start, end) of file
+        limit = RUN_BYTES
         joins = not self._odirect
         for i, lease in enumerate(leases):
             loc = lease.loc
             stop = loc.offset + loc.record_bytes
-            if joins and loc.offset == end and lease.file is file and i - lo < RUN_RECORDS and stop - start <= RUN_BYTES:
+            if streams is not None:
+                _stream_on(streams, lease.file.fd, loc.offset, stop)
+            if joins and loc.offset == end and lease.file is file and i - lo < RUN_RECORDS and stop - start <= limit:
                 end = stop
                 continue
             if i:
                 runs.append(range(lo, i))
             lo, file, start, end = i, lease.file, loc.offset, stop
+            if streams is not None:
+                limit = RUN_BYTES if _streamed(streams, file.fd, start) < STREAM_START_BYTES else STREAM_RUN_BYTES
         if leases:
             runs.append(range(lo, len(leases)))
         return runs
