@@ -103,12 +103,13 @@ RUN_RECORDS = 64
 #: is left alone. ADVISE_MIN was 1 MiB until session 38: at 16 KiB (chunks of 640 KiB,
 #: not advised then) cold batch/loop was 1.12-1.20 (two runs of 5 rounds), 0.84 in both
 #: with 512 KiB; at 8 KiB (chunks of 384 KiB) 1.13-1.28 unadvised and 1.12 advised from
-#: 256 KiB on (not explained yet), at 4 KiB 0.77-0.82 either way. So are records over RUN_BYTES, each a big request of its own: 2 MiB
-#: blocks (32 a pass, after a page-cache drop; two runs each way, alternated) ran at
-#: medians of 1.04 and 1.07 of the loop advised against 0.96 and 0.71 not, within this
-#: VM's spread (0.49-1.75 per round) but no gain; bursts of 64 blocks of 256 KiB (small_blocks,
-#: 5 rounds, two runs each) at 1.36-1.50 of the loop advised (a leased chunk of 32 was
-#: advised 8 MiB at once before its first read was queued) against 0.97 not.
+#: 256 KiB on (not explained yet), at 4 KiB 0.77-0.82 either way. Records over RUN_BYTES,
+#: each a big request of its own, are not advised either: 2 MiB blocks (32 a pass, after
+#: a page-cache drop; two runs each way, alternated) ran at medians of 1.04 and 1.07 of
+#: the loop advised against 0.96 and 0.71 not, within this VM's spread (0.49-1.75 per
+#: round) but no gain; bursts of 64 blocks of 256 KiB (small_blocks, 5 rounds, two runs
+#: each) at 1.36-1.50 of the loop advised (a leased chunk of 32 was advised 8 MiB at once
+#: before its first read was queued) against 0.97 not.
 ADVISE_BYTES = 32 << 20
 ADVISE_MIN = 512 << 10
 #: The start of a stream of back-to-back records that a batch reads in one file (its
