@@ -28,11 +28,21 @@ process and one run:
   :func:`cascade.buffers.host_array`).
 * Cascade, SHM tier not prefaulted: the same loop of puts into pages never touched
   (``put_fresh_pages``: each put also backs its pages, a first fill's cost).
-* Cascade, file tier only (``cold``: the files read through once, untimed, then dropped
-  from the page cache before every timed pass, as in ``file_read_mode``): ``get_into``
-  loop and ``get_many_into`` batch, default read mode. Without that read, whichever form
-  ran first read the bytes just written, and ran slower: in the suite at b165b2b, 2 MiB
-  cold batch/loop was 0.51-0.97 with the loop first and 1.09-1.61 with the batch first.
+* Cascade, file tier only (``cold``: before every timed pass, the files read through
+  once, untimed, then dropped from the page cache, as in ``file_read_mode``): ``get_into``
+  loop and ``get_many_into`` batch, default read mode. Without any such read, whichever
+  form ran first read the bytes just written, and ran slower: in the suite at b165b2b,
+  2 MiB cold batch/loop was 0.51-0.97 with the loop first and 1.09-1.61 with the batch
+  first. Until session 39 the files were read through once per round, before its first
+  pass only, and the first pass of a round still ran apart from the others: at 16 MiB
+  (one pass per form a round) the rounds whose batch went first gave the suite at
+  1402798 batch/loop ratios of 2.31, 1.64, 0.94; 2.29, 1.13, 2.79; 1.16, 0.97, 1.08,
+  the loop-first rounds 0.47-1.07, and a median of 1.04. Five runs of 6 rounds
+  (``--sizes 8K,16M`` once, ``16M`` twice, the default sizes twice), each alternated
+  with one the old way in one sitting: 16 MiB cold batch/loop 0.95, 0.96, 0.99, 0.99,
+  1.03 with a read before every pass against 1.01, 1.05, 1.05, 1.06, 1.12 with one a
+  round; 4 KiB 0.77, 0.77 against 0.81, 0.82; 8 KiB 1.03 against 1.06; 64 KiB 0.63,
+  0.63 against 0.62, 0.62; 2 MiB 0.91, 0.96 against 0.88, 0.97.
 
 Reported per row: microseconds per block (median over rounds) and the ratios the issue
 sets targets for, each with its range over rounds (``*_range``): ``get_vs_dict`` and
@@ -282,12 +292,11 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
             store.put_many(blocks, block_ids=cold_ids)
             store.flush()
             files = files_under(file_dir)
-            settle_reads(files)
-
             cold_loop, cold_batch = _read_forms(store, cold_ids, outs)
 
-            def make_cold(name: str, part: slice) -> None:
+            def make_cold(name: str, part: slice) -> None:  # every pass: the same settling read, then the drop
                 zero(name, part)
+                settle_reads(files)
                 drop_page_cache(files)
 
             row.update(_interleaved_us({"cold_get_loop_us": cold_loop, "cold_get_batch_us": cold_batch},
