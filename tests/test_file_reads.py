@@ -103,6 +103,25 @@ def test_back_to_back_records_are_read_as_one_run_with_one_preadv(tmp_path, monk
         assert all(np.array_equal(out[0], data) for out, data in zip(outs, blocks.values()))
 
 
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_run_reads_into_arrays_of_any_numpy_dtype_and_refuses_outputs_it_cannot_fill(tmp_path, queued):
+    """Arrays go into the run's read as they are, whatever their numpy dtype; outputs of
+    the wrong size or not contiguous are refused before anything is read."""
+    with _leased_tier(tmp_path, 4, 8 << 10) as (tier, blocks, leases):
+        def read(outs):
+            return tier.finish_leased_run(tier.start_leased_run(leases, outs)) if queued else \
+                tier.read_leased_run(leases, outs)
+
+        halves = [[np.zeros(2 << 10, np.float16), np.zeros(1 << 10, np.int32)] for _ in blocks]
+        assert read(halves) == [None] * 4
+        for out, data in zip(halves, blocks.values()):
+            assert np.array_equal(np.concatenate([o.view(np.uint8) for o in out]), data)
+        with pytest.raises(ValueError, match="output buffers hold 4096 bytes, block has 8192"):
+            read([[np.zeros(4 << 10, np.uint8)] for _ in blocks])
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            read([[np.zeros(16 << 10, np.uint8)[::2]] for _ in blocks])
+
+
 def test_runs_break_at_gaps_at_their_caps_and_in_direct_mode(tmp_path, monkeypatch):
     with _leased_tier(tmp_path, 8, 8 << 10) as (tier, _, leases):
         assert tier.read_runs(leases[:2] + leases[3:]) == [range(0, 2), range(2, 7)]  # block 2 skipped: a gap

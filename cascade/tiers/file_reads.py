@@ -151,20 +151,22 @@ def _stream_on(streams: dict[int, tuple[int, int]], fd: int, offset: int, stop: 
 
 
 def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: memoryview
-             ) -> tuple[list[memoryview], list[tuple[int, int, int]]]:
+             ) -> tuple[list[Any], list[tuple[int, int, int]]]:
     """The buffers a run's one read fills (each record's header page and padding into
-    ``scratch``, its payload into its outputs) and the span of each payload among them,
-    with its checksum's seed (:func:`~.record_io.preadv_hashed`)."""
-    iov: list[memoryview] = []
+    ``scratch``, its payload into its outputs: numpy arrays as they are, as a single
+    read takes them, :func:`_array_bytes`) and the span of each payload among them, with
+    its checksum's seed (:func:`~.record_io.preadv_hashed`)."""
+    iov: list[Any] = []
     spans: list[tuple[int, int, int]] = []
     for lease, out in zip(leases, outs):
-        views = _outputs_for(lease.loc, out)
         nbytes = lease.loc.length
+        views = out if _array_bytes(out) == nbytes else _outputs_for(lease.loc, out)
         iov.append(scratch)
         spans.append((len(iov), len(iov) + len(views), key_seed(*lease.key)))
         iov.extend(views)
-        if pad(nbytes) != nbytes:
-            iov.append(scratch[:pad(nbytes) - nbytes])
+        padding = pad(nbytes) - nbytes
+        if padding:
+            iov.append(scratch[:padding])
     return iov, spans
 
 
@@ -276,9 +278,10 @@ class Reads:
         total = 0
         for lease in leases:
             loc = lease.loc
-            if loc.record_bytes > RUN_BYTES:
+            record_bytes = loc.record_bytes
+            if record_bytes > RUN_BYTES:
                 continue
-            stop = loc.offset + min(loc.record_bytes, ADVISE_BYTES - total)
+            stop = loc.offset + min(record_bytes, ADVISE_BYTES - total)
             total += stop - loc.offset
             if stretches and stretches[-1][0] == lease.file.fd and stretches[-1][2] == loc.offset:
                 stretches[-1][2] = stop
