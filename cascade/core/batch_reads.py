@@ -134,9 +134,7 @@ class LeasedBatchReads:
                         leased.append((i, Lease(self._lock, self.index, meta, meta.tier, tier)))
                         self.metrics.counters.gets += 1
                     op.what = f"a batch get holding {len(leased)} leases"
-                runs = _runs(leased[first:], streams)
-                _will_read(leased[first:], streams)
-                for run in runs:
+                for run in _runs_advised(leased[first:], streams):
                     run = range(first + run.start, first + run.stop)
                     tier = leased[run.start][1].tier
                     if tier.reads_queued:
@@ -206,21 +204,17 @@ class LeasedBatchReads:
         return counted
 
 
-def _will_read(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> None:
-    """:meth:`~cascade.tiers.base.Tier.will_read` of each stretch of ``leased`` in one tier,
-    in order, with the batch's ``streams``."""
-    for lo, hi in _tier_stretches(leased):
-        leased[lo][1].tier.will_read([lease.handle for _, lease in leased[lo:hi]], streams)
-
-
-def _runs(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> list[range]:
-    """Indices into ``leased`` cut into runs its tiers read in one go
-    (:meth:`~cascade.tiers.base.Tier.read_runs`, with the batch's ``streams``), each within one tier."""
+def _runs_advised(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> list[range]:
+    """Indices into ``leased`` cut into runs its tiers read in one go, each within one
+    tier: per stretch of leases in one tier, :meth:`~cascade.tiers.base.Tier.read_runs`
+    then :meth:`~cascade.tiers.base.Tier.will_read` of its leases, in order, with the
+    batch's ``streams`` (which the runs extend before the advice reads them)."""
     runs: list[range] = []
     for lo, hi in _tier_stretches(leased):
         tier = leased[lo][1].tier
-        cut = tier.read_runs([lease.handle for _, lease in leased[lo:hi]], streams)
-        runs += [range(lo + r.start, lo + r.stop) for r in cut]
+        handles = [lease.handle for _, lease in leased[lo:hi]]
+        runs += [range(lo + r.start, lo + r.stop) for r in tier.read_runs(handles, streams)]
+        tier.will_read(handles, streams)
     return runs
 
 
