@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from cascade import CascadeStore, Config, InvalidBlock, TierFull
+import cascade.store
+from cascade import BlockSpec, CascadeStore, Config, InvalidBlock, TierFull
 from cascade.errors import StoreClosed
 
 
@@ -105,3 +106,57 @@ def test_flush_and_close_wait_for_submitted_calls(tmp_path):
         store.put_async(*block(store.spec, 1), block_id=ident(1))
     with CascadeStore(cfg) as again:  # everything submitted before close was stored and kept
         assert all(again.contains(ident(i)) for i in range(80))
+
+
+def big_block_store(tmp_path, **options) -> CascadeStore:
+    """A store of 256 KiB blocks (above the hot-read size: every get takes the leased path,
+    where a read waits for the puts of its id) in its SHM tier alone."""
+    spec = BlockSpec.flat(256 << 10)
+    return CascadeStore(Config(shm_bytes=16 * spec.block_bytes, file_bytes=0, remote_bytes=0, shm_dir=str(tmp_path),
+                               **options), block_spec=spec)
+
+
+def test_a_non_blocking_read_waits_only_for_the_puts_issued_before_it(tmp_path):
+    # One worker runs the calls in order: a read that waited for a put of its id queued
+    # behind it would hold the only worker for ever (flush() and the futures hung).
+    with big_block_store(tmp_path, io_threads=1) as store:
+        first = [np.random.default_rng(1).integers(0, 256, store.spec.shape, dtype=np.uint8) for _ in range(2)]
+        early = [store.spec.empty() for _ in range(2)]
+        before = [store.get_into_async(ident(1), *early[0]), store.get_many_into_async([ident(1)], [early[1]])]
+        put = store.put_async(*first, block_id=ident(1))
+        outs = [store.spec.empty() for _ in range(2)]
+        after = [store.get_into_async(ident(1), *outs[0]), store.get_many_into_async([ident(1)], [outs[1]])]
+        again = store.put_async(*first, block_id=ident(1))  # the same block put again, queued behind the reads
+        assert [f.result(timeout=30) for f in before] == [False, [False]]  # issued before any put of the id
+        assert [f.result(timeout=30) for f in after] == [True, [True]]
+        assert put.result(timeout=30) == again.result(timeout=30) == ident(1)
+        assert all(np.array_equal(k, first[0]) and np.array_equal(v, first[1]) for k, v in outs)
+        store.flush()
+
+
+def test_close_cancels_calls_not_started_and_wakes_the_reads_waiting_for_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(cascade.store, "ASYNC_CLOSE_SECONDS", 0.5)
+    store = big_block_store(tmp_path, io_threads=1)
+    gate = threading.Event()
+    holder = store._async.submit(gate.wait)  # holds the only worker past close()'s wait
+    queued = store.put_async(*store.spec.empty(), block_id=ident(1))
+    waiting = store.get_into_async(ident(1), *store.spec.empty())  # queued behind the put
+    read: list = []
+
+    def reader() -> None:  # a blocking read issued after the put: it waits for it
+        try:
+            read.append(store.get_into(ident(1), *store.spec.empty()))
+        except StoreClosed as exc:
+            read.append(exc)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        store.close()
+        thread.join(30)
+        assert not thread.is_alive(), "a read waiting for a put that close() cancelled never woke"
+        assert queued.cancelled() and waiting.cancelled()
+        assert len(read) == 1 and (read[0] is False or isinstance(read[0], StoreClosed))
+    finally:
+        gate.set()
+    assert holder.result(timeout=30) is True

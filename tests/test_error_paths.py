@@ -137,6 +137,33 @@ def test_put_many_stores_the_good_blocks_and_raises_the_bad_ones_error(store, wo
     assert all(same(store.get(b), pairs[i if i < 2 else i + 1]) for i, b in enumerate(good))
 
 
+NOT_PAIRS = {"three parts": lambda k, v: (k, v, k), "one part": lambda k, v: (k,), "a bare array": lambda k, v: k.reshape(-1),
+             "None": lambda k, v: None}
+
+
+@pytest.mark.parametrize("bad", NOT_PAIRS)
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_batch_element_that_is_not_a_pair_is_invalid_and_does_nothing(store, bad, workers):
+    good = make_block(store.spec, 1)
+    ids = ["1" * 32, "2" * 32]
+    for call in (lambda: store.put_many([good, NOT_PAIRS[bad](*good)], block_ids=ids, max_workers=workers),
+                 lambda: store.put_many_async([good, NOT_PAIRS[bad](*good)], block_ids=ids)):
+        with pytest.raises(InvalidBlock, match="element 1 is not a \\(key, value\\) pair"):
+            call()
+    assert counts(store) == (0, 0, 0, 0)
+    store.put(*good, block_id=ids[0])
+    outs = store.spec.empty()
+    for k in outs:
+        k.fill(7)
+    for call in (lambda: store.get_many_into(ids, [outs, NOT_PAIRS[bad](*store.spec.empty())], max_workers=workers),
+                 lambda: store.get_many_into_async(ids, [outs, NOT_PAIRS[bad](*store.spec.empty())])):
+        with pytest.raises(InvalidBlock, match="element 1 is not a \\(key, value\\) pair"):
+            call()
+    assert store.stats()["gets"] == 0 and all((k == 7).all() for k in outs)
+    store.flush()
+    assert counts(store) == (1, 1, 0, 0)
+
+
 def test_a_chained_put_many_with_a_bad_block_stores_nothing(store):
     pairs = [make_block(store.spec, i) for i in range(4)]
     pairs[3] = (pairs[3][0].astype(np.float64), pairs[3][1])  # the wrong dtype

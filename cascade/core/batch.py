@@ -17,6 +17,23 @@ from ..tiers.base import Memory
 from .batch_reads import LEASED_STEP_BYTES
 
 
+def pair_list(items: Iterable[Any], what: str) -> list[Any]:
+    """``items`` as a list whose elements are each a ``(key, value)`` pair (a tuple of two
+    as it is; another iterable of two made one); :class:`InvalidBlock` naming the first
+    element that is not a pair, before anything is done with the others."""
+    pairs = list(items)
+    for i, item in enumerate(pairs):
+        if type(item) is tuple and len(item) == 2:
+            continue
+        try:
+            key, value = item
+        except (TypeError, ValueError):
+            raise InvalidBlock(f"{what}: element {i} is not a (key, value) pair "
+                               f"(got {type(item).__name__})") from None
+        pairs[i] = (key, value)
+    return pairs
+
+
 class BatchCalls:
     """Batch and non-blocking forms of the store's calls (uses the store's checks and
     layers: ``_pools``, ``_async``, ``_index``, ``_chain``, ``_lock``)."""
@@ -42,8 +59,10 @@ class BatchCalls:
         or synchronisation stores none of them. With ids known and no ``max_workers``,
         host blocks bound for the SHM tier above the hot size are claimed, copied in one
         compiled call (on two cores where the copy helper runs) and committed in the
-        calling thread (:meth:`~cascade.core.writes.WritePath.put_host_many`). Local."""
-        pairs = list(pairs)
+        calling thread (:meth:`~cascade.core.writes.WritePath.put_host_many`). An element
+        that is not a ``(key, value)`` pair fails the whole batch at once
+        (:class:`InvalidBlock`, nothing stored). Local."""
+        pairs = pair_list(pairs, "put_many")
         if block_ids is not None:
             block_ids = [check_id(b) for b in block_ids]
             if len(block_ids) != len(pairs):
@@ -159,8 +178,10 @@ class BatchCalls:
         locked step (:meth:`~cascade.core.reads.ReadPath.read_hot_many`), blocks in the file
         tier leased in one and counted in another
         (:meth:`~cascade.core.batch_reads.LeasedBatchReads.read_leased_many`), and so are the SHM and GPU
-        blocks of a batch with device outputs, whose copies this thread only enqueues. Local."""
-        block_ids, outs = list(block_ids), list(outs)
+        blocks of a batch with device outputs, whose copies this thread only enqueues. An
+        element of ``outs`` that is not a pair fails the whole batch before anything is
+        read (:class:`InvalidBlock`), as bad outputs do. Local."""
+        block_ids, outs = list(block_ids), pair_list(outs, "get_many_into")
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
         checked = self._checked_out_pairs(outs)  # all checked before anything is read
@@ -217,7 +238,7 @@ class BatchCalls:
                        **options: Any) -> Future:
         """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
         checked here; they must stay unchanged until the future is done."""
-        pairs = list(pairs)
+        pairs = pair_list(pairs, "put_many_async")
         for key, value in pairs:
             self._check_pair(key, value)
         if block_ids is not None and len(block_ids) != len(pairs):
@@ -238,7 +259,7 @@ class BatchCalls:
     def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                             namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
         """:meth:`get_many_into` without waiting: a future of the list of hits."""
-        block_ids, outs = list(block_ids), list(outs)
+        block_ids, outs = list(block_ids), pair_list(outs, "get_many_into_async")
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")
         for key_out, value_out in outs:
