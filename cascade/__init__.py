@@ -22,6 +22,7 @@ from .errors import (
     LaunchError,
     RankFailure,
     TierFull,
+    TierWriteError,
 )
 from .identity import block_id
 from .models import MODEL_PRESETS, BlockSpec, ModelPreset
@@ -33,5 +34,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CascadeStore", "CascadeClient", "connect", "Config", "block_id", "prefix_ids", "model_fingerprint", "ModelFingerprint", "BlockSpec", "ModelPreset", "MODEL_PRESETS",
     "CascadeError", "ConfigError", "BlockNotFound", "BlockPinned", "CorruptBlock",
-    "InvalidBlock", "LaunchError", "RankFailure", "TierFull",
+    "InvalidBlock", "LaunchError", "RankFailure", "TierFull", "TierWriteError",
 ]

@@ -4,10 +4,13 @@ Every error derives from :class:`CascadeError` and also from the matching built-
 callers can catch what they already know (``KeyError``, ``ValueError``, ``OSError``).
 
 Errors that mean "treat as a cache miss and recompute": :class:`BlockNotFound`,
-:class:`CorruptBlock` (the store counts it and drops the record), :class:`TierFull`
+:class:`CorruptBlock` (the store counts it and drops the record; an
+:class:`UnreadableBlock`, a read that failed, it counts and keeps), :class:`TierFull`
 (the block stays where it was or is not cached).
 """
 from __future__ import annotations
+
+import errno
 
 
 class CascadeError(Exception):
@@ -33,8 +36,42 @@ class CorruptBlock(CascadeError, OSError):
     """A stored record failed its checksum or was truncated (served as a miss)."""
 
 
+class UnreadableBlock(CorruptBlock):
+    """A tier's read of a block failed with an I/O error (EIO and the like): served as a
+    miss, as a corrupt block is, but kept (counted in ``read_errors``, not dropped): its
+    bytes were not found bad, and a later read may succeed."""
+
+
 class TierFull(CascadeError, OSError):
     """A tier has no room for a block even after eviction (or the device is full)."""
+
+
+class TierWriteError(TierFull):
+    """A tier's write failed with an I/O error other than a full device (EIO and the
+    like): the put stored nothing, as with :class:`TierFull` (a subclass: callers that
+    take TierFull as "not cached" need no change), but no room is lacking."""
+
+
+#: The errnos of a full device: a write failing with one is :class:`TierFull`.
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def put_error(exc: BaseException, where: str) -> BaseException:
+    """What a failed put raises for ``exc``: an ``OSError`` not ours as :class:`TierFull`
+    (a full device) or :class:`TierWriteError` (any other I/O error), naming ``where``;
+    anything else as it is."""
+    if not isinstance(exc, OSError) or isinstance(exc, TierFull):
+        return exc
+    kind = TierFull if exc.errno in FULL_ERRNOS else TierWriteError
+    error = kind(f"{where}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def lacks_room(exc: BaseException) -> bool:
+    """Whether a failed write's ``exc`` says that room is lacking (counted as a full event)."""
+    return (isinstance(exc, TierFull) and not isinstance(exc, TierWriteError)) or (
+        isinstance(exc, OSError) and exc.errno in FULL_ERRNOS)
 
 
 class BlockPinned(CascadeError, RuntimeError):

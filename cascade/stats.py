@@ -28,6 +28,7 @@ class TierCounters:
     promotions: int = 0  # blocks moved up into a faster tier out of this one
     demotions: int = 0  # blocks moved down out of this tier
     corruptions: int = 0  # reads that failed verification (served as misses)
+    read_errors: int = 0  # reads that failed with an I/O error (served as misses, the block kept)
     full_events: int = 0  # writes refused for lack of space (TierFull, ENOSPC)
     bytes_read: int = 0
     bytes_written: int = 0

@@ -23,7 +23,7 @@ from contextlib import ExitStack, nullcontext
 
 from ..buffers import staging_buffer
 from ..distributed.store_layer import Solo
-from ..errors import CorruptBlock, TierFull
+from ..errors import CorruptBlock, TierFull, UnreadableBlock
 from ..identity import BlockKey
 from ..policy import BlockMeta
 from ..stats import StoreMetrics
@@ -271,7 +271,12 @@ class TierChain:
                         self.metrics.tiers[dst.t].bytes_written += meta.nbytes
                         return True
                 dst.discard()  # failed, or the block was deleted or replaced meanwhile
-                if isinstance(error, CorruptBlock):
+                if isinstance(error, UnreadableBlock):  # kept where it is: its bytes were not found bad
+                    log.warning("%s", error)
+                    self.metrics.tiers[lease.t].read_errors += 1
+                    if here:
+                        raise MoveFailed(meta.key) from error
+                elif isinstance(error, CorruptBlock):
                     log.warning("%s", error)
                     self.metrics.tiers[lease.t].corruptions += 1
                     if here:

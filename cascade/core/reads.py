@@ -23,7 +23,7 @@ import numpy as np
 
 from ..buffers import device_dtype, host_outputs, staging_buffer
 from ..buffers.splitcopy import BATCH_SPLIT_MIN
-from ..errors import CorruptBlock
+from ..errors import CorruptBlock, UnreadableBlock
 from ..identity import BlockKey
 from ..models import BlockSpec
 from ..policy import BlockMeta
@@ -325,14 +325,19 @@ class ReadPath(LeasedBatchReads):
 
     def _count(self, lease: Lease, error: CorruptBlock | None, started: float, *, release: bool = False) -> bool:
         """Under the lock: count the hit of a leased read (ending the lease first with
-        ``release``), or drop a corrupt block (if still the one read). Whether it was a hit."""
+        ``release``), or a miss: a corrupt block is dropped (if still the one read), an
+        unreadable one (:class:`UnreadableBlock`) kept. Whether it was a hit."""
         meta, t = lease.meta, lease.t
-        cached = error is not None and lease.current()  # asked only to drop a corrupt copy
+        unreadable = isinstance(error, UnreadableBlock)
+        cached = error is not None and not unreadable and lease.current()  # asked only to drop a corrupt copy
         if release:
             lease.release()
         if error is not None:
             log.warning("%s", error)
-            self.metrics.tiers[t].corruptions += 1
+            if unreadable:
+                self.metrics.tiers[t].read_errors += 1
+            else:
+                self.metrics.tiers[t].corruptions += 1
             if cached:
                 self.chain.drop_corrupt(meta)
             return self.metrics.miss()

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..buffers import host_bytes, one_sync
 from ..distributed.store_layer import Solo
-from ..errors import CorruptBlock, InvalidBlock, TierFull
+from ..errors import CorruptBlock, InvalidBlock, TierFull, lacks_room, put_error
 from ..identity import BlockKey, block_id as compute_block_id, check_id
 from ..policy import BlockMeta
 from ..tiers.base import Memory
@@ -95,11 +95,12 @@ class WritePath:
                     return block_id
             except BaseException as exc:  # nothing was counted yet but the put itself
                 with self._lock:
-                    full = claim is not None and isinstance(exc, OSError) and not committed
+                    full = claim is not None and lacks_room(exc) and not committed
                     self.metrics.rejected(claim.t if full else None)
-                if isinstance(exc, OSError) and not isinstance(exc, TierFull):  # ENOSPC and friends
-                    raise TierFull(f"{claim.tier.name if claim else 'put'}: {exc}") from exc
-                raise
+                error = put_error(exc, claim.tier.name if claim else "put")
+                if error is exc:
+                    raise
+                raise error from exc
 
     def put_device_many(self, items: Sequence[tuple[list[Any], str, str | None]], namespace: str, *,
                         ttl: float | None, priority: int) -> list[str | BaseException]:
@@ -186,15 +187,13 @@ class WritePath:
 
     def _rejected(self, exc: Exception, claim: Claim | None) -> Exception:
         """Count a failed put as :meth:`put` counts it (room lacking in ``claim``'s tier
-        for an OSError); the error to report (OSErrors as :class:`TierFull`)."""
-        full = claim is not None and isinstance(exc, OSError)
+        for a full device); the error to report (:func:`~cascade.errors.put_error`)."""
+        full = claim is not None and lacks_room(exc)
         with self._lock:
             if claim is not None:
                 claim.discard()
             self.metrics.rejected(claim.t if full else None)
-        if isinstance(exc, OSError) and not isinstance(exc, TierFull):
-            return TierFull(f"{claim.tier.name if claim else 'put'}: {exc}")
-        return exc
+        return put_error(exc, claim.tier.name if claim else "put")
 
     def put_hot(self, parts: Sequence[Any], namespace: str, block_id: str, parent: str | None,
                 ttl: float | None, priority: int) -> str | None:
@@ -282,11 +281,11 @@ class WritePath:
                 return _REFUSED
         except BaseException as exc:  # the copy failed, its room given back: a rejected put, as put() counts it
             self.metrics.counters.puts += 1
-            full = isinstance(exc, OSError)
-            self.metrics.rejected(0 if full else None)
-            if full and not isinstance(exc, TierFull):  # EIO, ENOSPC and friends
-                raise TierFull(f"{tier.name}: {exc}") from exc
-            raise
+            self.metrics.rejected(0 if lacks_room(exc) else None)
+            error = put_error(exc, tier.name)
+            if error is exc:
+                raise
+            raise error from exc
         try:  # committed: a failure now is the index's or the directory's (publish), not the tier's
             meta = BlockMeta(key, self._nbytes, 0, parent)  # (keywords cost here: the rest set if not 0)
             meta.ttl = self._ttl if ttl is None else ttl

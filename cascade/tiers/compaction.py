@@ -40,7 +40,6 @@ alone until they end.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -48,7 +47,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CascadeError, CorruptBlock
+from ..errors import FULL_ERRNOS, CascadeError, CorruptBlock, UnreadableBlock
 from .base import BlockKey
 from .file_reads import Lease
 from .file_state import Loc, SegmentFile
@@ -59,7 +58,6 @@ log = logging.getLogger("cascade.tiers.file_tier")
 RETRY_MAX = 1024  # after a failed compaction, retry after 16, 32, ... up to this many changes
 RELOCATE_BATCH = 64  # copies pointed at per locked step of a compaction's end (2048 took 5.5 ms in one; 256, 0.35-0.7 ms)
 THROTTLE_MAX_S = 10.0  # most seconds a write waits for a compaction under way (see wait_for_compaction)
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class CompactionStopped(CascadeError):
@@ -191,6 +189,8 @@ class Compaction:
                 buf = bytearray(loc.length)
                 try:
                     self.read_leased(Lease(key, loc, source), [buf])  # verified
+                except UnreadableBlock:  # an I/O error: the compaction is put off, nothing dropped
+                    raise
                 except CorruptBlock as exc:  # copied as it is: it still fails its checksum
                     if not loc.corrupt:  # (reported once: a pinned one stays and may be copied again)
                         log.warning("%s", exc)
@@ -296,7 +296,7 @@ class Compaction:
 
     def _defer(self, f: SegmentFile, exc: BaseException) -> None:
         """Count a compaction that could not run and put the next try off."""
-        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
             self.counters["full_events"] += 1
             self._disk_full = True
         self.counters["compactions_deferred"] += 1

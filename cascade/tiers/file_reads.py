@@ -34,7 +34,7 @@ import numpy as np
 
 from ..buffers import WRITABLE_C, as_byte_view
 from ..checksum import checksum
-from ..errors import CascadeError, ConfigError, CorruptBlock
+from ..errors import CascadeError, ConfigError, CorruptBlock, UnreadableBlock
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
 from . import record_io
@@ -215,6 +215,8 @@ class Reads:
         lease = self.lease(key)
         try:
             self.read_leased(lease, outs)
+        except UnreadableBlock:  # an I/O error: the record is kept
+            raise
         except CorruptBlock:
             self._kill(key)
             raise
@@ -237,7 +239,8 @@ class Reads:
 
     def read_leased(self, lease: Lease, outs: Sequence[Any]) -> None:
         """Read and verify a leased record (reads only: safe beside any other call).
-        :class:`CorruptBlock` when truncated or failing its checksum; the store drops it."""
+        :class:`CorruptBlock` when truncated or failing its checksum (the store drops it);
+        :class:`UnreadableBlock` when the read fails with an I/O error (the store keeps it)."""
         key, loc, f = lease.key, lease.loc, lease.file
         nbytes = loc.length
         start = loc.offset + HEADER_BYTES
@@ -255,8 +258,8 @@ class Reads:
                 ok, digest = read_hashed(direct, start, loc.length, views, seed, parallel=True)
             else:
                 ok = self._read_bounced(direct, start, loc.length, views)
-        except OSError as exc:
-            raise CorruptBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
+        except OSError as exc:  # not evidence that the bytes are bad: the record stays
+            raise UnreadableBlock(f"{self.name}: reading {key[1]} from {f.path} failed: {exc}") from exc
         if digest is None and ok:
             digest = checksum(views, seed)
         if not ok or digest != loc.checksum:

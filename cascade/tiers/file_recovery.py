@@ -95,6 +95,9 @@ class Recovery:
                         self._write_kill(self._files[old.file_id].fd, (key, old.file_id, old.offset, old.length, False))
                     last = (key, loc)
             offset += header.record_bytes
+        else:  # (not after a break) bytes left at the end, too few for a header: a torn record
+            if offset < f.size:
+                self.counters["torn_records"] += 1
         # A crash mid-append tears the last record (or, with writes in flight from several
         # threads, one of the last few): verify the last now; every read verifies the rest.
         if last is not None and self._index.get(last[0]) is last[1]:

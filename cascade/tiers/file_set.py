@@ -122,10 +122,15 @@ class Files:
         """Forget and unlink a file, but leave its descriptors open: returned, for the
         caller to close (outside the store's lock: closing the last one frees the file's
         blocks, which took 46 ms for 128 MiB on this machine's ext4, and unlinking a
-        closed file takes as long)."""
+        closed file takes as long). A file that cannot be unlinked (EIO, a read-only
+        mount) is logged and left: a restart finds it as after a crash before the unlink
+        (a compacted source beside its copies), and its descriptors are returned all the same."""
         self._files.pop(f.file_id, None)  # (a spare was never known)
         try:
             os.unlink(f.path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            self.counters["unlink_errors"] += 1
+            log.warning("%s: cannot remove %s (%s): left for a restart to resolve", self.name, f.path, exc)
         return [fd for fd in (f.fd, f.direct_fd) if fd is not None]

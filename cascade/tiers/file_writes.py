@@ -11,7 +11,6 @@ in place, or voids it when it lies after the new one (a compaction's copy, see
 """
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -19,14 +18,13 @@ from typing import Any
 
 from ..buffers import host_bytes
 from ..checksum import checksum
-from ..errors import TierFull
+from ..errors import FULL_ERRNOS, TierFull
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
 from .record_io import pwritev_all
 from .records import PAGE, RecordHeader, key_seed, pad
 
 _ZEROS = bytes(PAGE)
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 @dataclass(slots=True, eq=False)
@@ -124,7 +122,7 @@ class Writes:
             if self._fsync:
                 os.fsync(f.fd)
         except OSError as exc:
-            if exc.errno in _FULL_ERRNOS:
+            if exc.errno in FULL_ERRNOS:
                 self.counters["full_events"] += 1
                 self._disk_full = True
                 raise TierFull(f"{self.name}: {f.path}: {exc.strerror}") from exc
