@@ -416,7 +416,7 @@ class CascadeStore(BatchCalls):
         expire until the matching :meth:`unpin`."""
         with self._lock:
             bkey = self._key(block_id, namespace)
-            meta = self._index.get(bkey)
+            meta = self._reads.cached(bkey)  # an expired block is gone, not brought back
             self._chain.peers.pin(bkey, meta)  # cluster-wide: the holder cannot move or drop it
             if meta is not None:
                 meta.pins += 1
@@ -454,8 +454,10 @@ class CascadeStore(BatchCalls):
             self._index.changed(meta)
 
     def _require(self, block_id: str, namespace: str) -> BlockMeta:
+        """Under the lock: the cached block of the id; :class:`BlockNotFound` when there
+        is none or it expired (then dropped)."""
         bkey = self._key(block_id, namespace)
-        meta = self._index.get(bkey)
+        meta = self._reads.cached(bkey)
         if meta is None:
             raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
         return meta

@@ -21,6 +21,7 @@ from cascade.models import BlockSpec
 from cascade.tiers import compaction
 from cascade.tiers.file_set import SPARE_FILES
 from cascade.tiers.file_tier import FileTier
+from cascade.tiers.record_io import header_key
 from cascade.tiers.records import HEADER_BYTES, unpack_header
 
 SEG = 1 << 20  # 128 records of one page each per file
@@ -387,7 +388,7 @@ def _kill_on_disk(span: tuple[str, int, int, int]) -> bool:
     path, payload_offset = span[0], span[1]
     with open(path, "rb") as f:
         f.seek(payload_offset - HEADER_BYTES)
-        header = unpack_header(f.read(HEADER_BYTES))
+        header = unpack_header(f.read(HEADER_BYTES), header_key(os.path.dirname(path)))
     return header is not None and header.tombstone
 
 

@@ -15,6 +15,7 @@ from cascade.core import batch_reads, reads
 from cascade.errors import StoreClosed
 from cascade.tiers import slab_tier
 from cascade.tiers.file_tier import FileTier
+from cascade.tiers.record_io import HEADER_KEY_FILE
 from cascade.tiers.shm import ShmTier
 
 
@@ -81,8 +82,9 @@ def test_no_tier_with_capacity_is_tierfull_and_leaves_no_data(config, tmp_path, 
     with pytest.raises(TierFull, match="no tier has capacity"):
         CascadeStore(empty, tiers=tiers)
     assert entries(tmp_path / "shm") == []  # no slab
-    # (a file tier opens its directory, lock and first segment even at capacity 0: empty)
-    assert [p.name for p in (tmp_path / "files").rglob("*") if p.stat().st_size] == []
+    # (a file tier opens its directory, lock, header key and first segment even at
+    # capacity 0: no block data)
+    assert [p.name for p in (tmp_path / "files").rglob("*") if p.stat().st_size and p.name != HEADER_KEY_FILE] == []
 
 
 def test_unknown_model_preset_and_hash_algorithm(config, tmp_path):
@@ -162,6 +164,19 @@ def test_a_batch_element_that_is_not_a_pair_is_invalid_and_does_nothing(store, b
     assert store.stats()["gets"] == 0 and all((k == 7).all() for k in outs)
     store.flush()
     assert counts(store) == (1, 1, 0, 0)
+
+
+def test_a_batched_put_refused_as_its_own_ancestor_keeps_the_counts_adding_up(config):
+    # The SHM tier full and no demoter to empty it: the batch takes the claimed path,
+    # which checks its puts in order (so the third finds the cycle).
+    with CascadeStore(config.replace(demote_high=1.0, demote_low=1.0)) as store:
+        for i in range(8):
+            store.put(*make_block(store.spec, i))
+        a, b = make_block(store.spec, 10), make_block(store.spec, 11)
+        with pytest.raises(InvalidBlock, match="own ancestor"):
+            store.put_many([a, b, a], chain=True, block_ids=["a" * 32, "b" * 32, "a" * 32])
+        st = store.stats()
+        assert st["rejected"] == 1 and st["puts"] == st["stored"] + st["deduped"] + st["rejected"]
 
 
 def test_a_chained_put_many_with_a_bad_block_stores_nothing(store):
@@ -249,6 +264,20 @@ def test_an_absent_block_is_blocknotfound(store, op):
     assert len(store) == 1 and not store.contains(absent) and store.stats()["deletes"] == 0
     store.delete(present)  # no pin or other hold was left on the present block
     assert len(store) == 0
+
+
+@pytest.mark.parametrize("call", ["pin", "set_ttl", "set_priority", "delete"])
+def test_an_expired_block_is_blocknotfound_and_stays_gone(store, call):
+    import time
+
+    bid = store.put(*make_block(store.spec, 1), ttl=0.05)
+    time.sleep(0.1)
+    with pytest.raises(BlockNotFound):
+        {"pin": lambda: store.pin(bid), "set_ttl": lambda: store.set_ttl(bid, 100),
+         "set_priority": lambda: store.set_priority(bid, 3), "delete": lambda: store.delete(bid)}[call]()
+    assert store.hint([bid]) == 0 and store.stats()["hinted_bytes"] == 0  # nothing to hint either
+    assert not store.contains(bid) and store.get(bid) is None
+    assert store.stats()["deletes"] == 0
 
 
 def test_unpin_without_a_pin_is_refused_and_keeps_other_pins(store):

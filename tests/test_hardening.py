@@ -78,15 +78,18 @@ def test_record_copied_under_another_id_is_a_miss(tmp_path):
         a = store.put(*_block(store, 1))
         b = store.put(*_block(store, 2))
         files = sorted((tmp_path / "files").glob("agg_rank000_*.bin"))
-    # Plant: rewrite b's header so it names a's id (with a valid header CRC).
+    # Plant: rewrite b's header so it names a's id (with a valid header check: the
+    # directory's own key, as someone who can write its files could read).
+    from cascade.tiers.record_io import header_key
     from cascade.tiers.records import HEADER_BYTES, unpack_header
 
     path = files[0]
+    key = header_key(str(path.parent))
     data = bytearray(path.read_bytes())
     offsets = []
     off = 0
     while off + HEADER_BYTES <= len(data):
-        h = unpack_header(bytes(data[off:off + HEADER_BYTES]))
+        h = unpack_header(bytes(data[off:off + HEADER_BYTES]), key)
         if h is None:
             off += 4096
             continue
@@ -96,7 +99,7 @@ def test_record_copied_under_another_id_is_a_miss(tmp_path):
     assert (ha.block_id, hb.block_id) == (a, b)
     import dataclasses
 
-    forged = dataclasses.replace(hb, block_id=a).pack()
+    forged = dataclasses.replace(hb, block_id=a).pack(key)
     data[off_a:off_a + HEADER_BYTES] = forged  # a's header now fronts a copy of b's payload ...
     data[off_a + HEADER_BYTES:off_b] = data[off_b + HEADER_BYTES:off_b + HEADER_BYTES + (off_b - off_a - HEADER_BYTES)]
     path.write_bytes(bytes(data))
@@ -105,6 +108,77 @@ def test_record_copied_under_another_id_is_a_miss(tmp_path):
         assert store.get(a) is None
         k, v = store.get(b)
         assert (k == 2).all()
+
+
+def test_a_header_planted_in_a_payload_is_not_adopted_after_a_damaged_header(tmp_path):
+    """A tenant's payload may hold bytes that look like a whole record of another
+    namespace, both checksums right (the format is public); a damaged header before it
+    makes the restart scan resynchronise page by page through that payload. The planted
+    header fails the directory's keyed check: the other namespace reads nothing, and the
+    records after the damage are adopted."""
+    import xxhash
+
+    from cascade import BlockSpec
+    from cascade.tiers.record_io import header_key
+    from cascade.tiers.records import HEADER_BYTES, RecordHeader, key_seed
+
+    spec = BlockSpec.flat(64 << 10)
+    cfg = Config(shm_bytes=0, remote_bytes=0, file_bytes=8 << 20, file_dir=str(tmp_path / "files"))
+    rng = np.random.default_rng(3)
+    victim_id, first, second = "77" * 16, "a1" * 16, "a2" * 16
+    payload = bytearray(rng.integers(0, 256, spec.block_bytes, dtype=np.uint8).tobytes())
+    planted = bytes(payload[2 * HEADER_BYTES:]) + bytes(2 * HEADER_BYTES)  # what the scan would take as its payload
+    guess = 0x5EED  # the key a planter must guess
+    payload[HEADER_BYTES:2 * HEADER_BYTES] = RecordHeader(
+        "victim", victim_id, len(planted), xxhash.xxh3_64_intdigest(planted, seed=key_seed("victim", victim_id))
+    ).pack(guess)
+    other = rng.integers(0, 256, spec.block_bytes, dtype=np.uint8)
+    half = spec.block_bytes // 2
+    with CascadeStore(cfg, block_spec=spec) as store:
+        store.put(np.frombuffer(payload[:half], np.uint8), np.frombuffer(payload[half:], np.uint8),
+                  block_id=first, namespace="tenant")
+        store.put(other[:half], other[half:], block_id=second, namespace="tenant")
+        path = store.tiers[0].record_span(("tenant", first))[0]
+    assert header_key(str(tmp_path / "files")) != guess
+    with open(path, "r+b") as f:  # one flipped bit in the first record's header
+        f.seek(12)
+        byte = f.read(1)
+        f.seek(12)
+        f.write(bytes([byte[0] ^ 1]))
+    with CascadeStore(cfg, block_spec=spec) as store:
+        k, v = spec.empty()
+        assert not store.get_into(victim_id, k, v, namespace="victim")
+        assert not store.get_into(first, k, v, namespace="tenant")  # its header is damaged: lost
+        assert store.get_into(second, k, v, namespace="tenant") and np.array_equal(np.concatenate([k, v]), other)
+        assert store.stats()["tiers"]["file"]["bad_headers"] == 1 + spec.block_bytes // HEADER_BYTES
+
+
+def test_the_header_key_is_made_once_private_and_a_damaged_one_is_refused(tmp_path):
+    from cascade.tiers.record_io import HEADER_KEY_FILE, header_key
+
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        b = store.put(*_block(store, 5))
+    path = tmp_path / "files" / HEADER_KEY_FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    key = header_key(str(tmp_path / "files"))
+    with CascadeStore(cfg) as store:  # the same key: the records read back
+        assert header_key(str(tmp_path / "files")) == key and (store.get(b)[0] == 5).all()
+    path.write_bytes(b"short")
+    with pytest.raises(ConfigError, match="header key"):
+        CascadeStore(cfg)
+
+
+def test_a_file_of_an_earlier_record_format_is_dropped_whole(tmp_path):
+    cfg = _file_only(tmp_path)
+    with CascadeStore(cfg) as store:
+        b = store.put(*_block(store, 5))
+    old = tmp_path / "files" / "agg_rank000_000009.bin"
+    old.write_bytes(b"CASCREC2" + bytes(3 * 4096))
+    with CascadeStore(cfg) as store:
+        file = store.stats()["tiers"]["file"]
+        assert (file["old_files"], file["bad_headers"]) == (1, 0)
+        assert not old.exists() and (store.get(b)[0] == 5).all()
 
 
 def test_put_never_dedups_onto_a_planted_record(tmp_path):

@@ -59,7 +59,7 @@ class LeasedBatchReads:
     _promote_on_hit: bool
     index: BlockIndex
     metrics: StoreMetrics
-    _cached: Callable[[BlockKey], BlockMeta | None]
+    cached: Callable[[BlockKey], BlockMeta | None]
     _count: Callable[..., bool]
     _used: Callable[[BlockMeta, float], None]
 
@@ -124,7 +124,7 @@ class LeasedBatchReads:
                 first = len(leased)
                 with self._lock:
                     for i in range(lo, min(lo + LEASE_CHUNK, indices.stop)):
-                        meta = self._cached(keys[i])
+                        meta = self.cached(keys[i])
                         if meta is None or (meta.tier and self._promote_on_hit):
                             continue
                         tier = self._tiers[meta.tier]

@@ -207,7 +207,7 @@ class ReadPath(LeasedBatchReads):
                 with ExitStack() as held:
                     with self._lock:
                         self.metrics.counters.gets += 1
-                        meta = self._cached(key)
+                        meta = self.cached(key)
                         if meta is not None:
                             t = meta.tier
                             lease = held.enter_context(Lease(self._lock, self.index, meta, t, self.chain.tiers[t]))
@@ -250,7 +250,7 @@ class ReadPath(LeasedBatchReads):
         started = time.perf_counter()
         lock = self._lock
         with lock:
-            meta = self._cached(key)
+            meta = self.cached(key)
             if meta is None or (meta.tier and self._promote_on_hit) or self._inflight.closing:
                 return None
             tier = self._tiers[meta.tier]
@@ -294,7 +294,7 @@ class ReadPath(LeasedBatchReads):
         hit = self.read_leased(key, outs)
         return self.read(key, outs) if hit is None else hit
 
-    def _cached(self, key: BlockKey) -> BlockMeta | None:
+    def cached(self, key: BlockKey) -> BlockMeta | None:
         """Under the lock: the cached block of ``key``; an expired one is dropped."""
         meta = self.index.get(key)
         if (meta is not None and meta.ttl > 0 and self.index.expired(meta, time.monotonic())
@@ -394,7 +394,7 @@ class ReadPath(LeasedBatchReads):
         at = self.index.hint_position(position)
         taken, below = 0, []
         for key in keys:
-            meta = self.index.get(key)
+            meta = self.cached(key)
             if meta is None or not self.index.take_hint(meta, cap, at):
                 continue
             taken += 1
@@ -510,7 +510,7 @@ class BlockView:
             with reads._lock:
                 op = Op(f"a view of {key[1]}")
                 self._token = reads._inflight.enter(op)
-                meta = reads._cached(key)
+                meta = reads.cached(key)
                 if meta is not None and reads._tiers[meta.tier].zero_copy:
                     tier = reads._tiers[meta.tier]
                     reads.metrics.counters.gets += 1

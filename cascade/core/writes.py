@@ -144,8 +144,8 @@ class WritePath:
                 try:
                     with self._lock:
                         self._inflight.check_open()
+                        self.metrics.counters.puts += 1  # (first: a refusal below is a counted rejection)
                         self.index.check_parent(key, parent)
-                        self.metrics.counters.puts += 1
                         if self._settled(key, parts):
                             done[i] = block_id
                             continue

@@ -58,7 +58,7 @@ class Kills:
         target = (0, 0) if void else (file_id, offset)
         tomb = RecordHeader(key[0], key[1], length, 0, tombstone=True, target_file=target[0], target_offset=target[1])
         try:
-            if os.pwrite(fd, tomb.pack(), offset) != HEADER_BYTES:
+            if os.pwrite(fd, tomb.pack(self._header_key), offset) != HEADER_BYTES:
                 return False
             if self._fsync and sync:
                 os.fsync(fd)

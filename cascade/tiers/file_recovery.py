@@ -11,7 +11,8 @@ compaction ended); an origin still live means a crash mid-compaction, and the co
 A key seen twice keeps its later record, and the earlier one is killed on disk (the copy
 first forgets its origin, so that kill does not drop it at the next restart). The last record of each file is
 verified against its checksum now (a crash tears appends at the end); every read
-verifies the others. Files left with nothing live are removed.
+verifies the others. Files left with nothing live are removed, and so is a file of an
+earlier record format (``old_files``: see :mod:`.records`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..checksum import checksum
 from ..errors import CascadeError
 from .base import BlockKey
 from .file_state import Loc, SegmentFile
-from .records import HEADER_BYTES, PAGE, RecordHeader, key_seed, unpack_header
+from .records import HEADER_BYTES, OLD_MAGICS, PAGE, RecordHeader, key_seed, unpack_header
 
 log = logging.getLogger("cascade.tiers.file_tier")
 
@@ -56,15 +57,19 @@ class Recovery:
         """Rewrite a compaction copy's header without its origin; False on an I/O error."""
         header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
         try:
-            return os.pwrite(f.fd, header.pack(), loc.offset) == HEADER_BYTES
+            return os.pwrite(f.fd, header.pack(self._header_key), loc.offset) == HEADER_BYTES
         except OSError:
             return False
 
     def _scan(self, f: SegmentFile) -> None:
         offset = 0
         last: tuple[BlockKey, Loc] | None = None
+        if os.pread(f.fd, len(OLD_MAGICS[0]), 0) in OLD_MAGICS:  # an earlier format: dropped whole
+            self.counters["old_files"] += 1
+            log.warning("%s: %s holds records of an earlier format: not read (dropped)", self.name, f.path)
+            return
         while offset + HEADER_BYTES <= f.size:
-            header = unpack_header(os.pread(f.fd, HEADER_BYTES, offset))
+            header = unpack_header(os.pread(f.fd, HEADER_BYTES, offset), self._header_key)
             if header is None:  # not a record: resynchronise at the next page
                 self.counters["bad_headers"] += 1
                 offset += PAGE

@@ -71,7 +71,7 @@ from .file_state import Kill, Loc, SegmentFile
 from .file_writes import Writes
 from .lustre_fs import is_lustre, set_striping
 from .private_dir import ensure_private_dir
-from .record_io import ReadStream, encode_location, open_own, queued_reads
+from .record_io import ReadStream, encode_location, header_key, open_own, queued_reads
 from .records import HEADER_BYTES, PAGE, RecordHeader, pad
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         self._bounce_lock = threading.Lock()
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
-                         "unlink_errors": 0, "expiry_writes": 0, "adopted": 0}
+                         "unlink_errors": 0, "old_files": 0, "expiry_writes": 0, "adopted": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
@@ -154,6 +154,10 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         # compacting inline (it runs housekeep() on a thread of its own: cascade.core.housekeeper).
         self.on_housekeeping_due: Callable[[], None] | None = None
         ensure_private_dir(directory)
+        try:
+            self._header_key = header_key(directory)  # keys every header of its files (see .records)
+        except (OSError, CascadeError) as exc:
+            raise ConfigError(f"file_dir: {exc}") from None
         self.on_lustre = is_lustre(directory)
         # Buffered reads of big records one at a time, in file order (see record_io), off
         # Lustre: its OSTs serve several at once.
@@ -312,7 +316,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
     def _write_header(self, key: BlockKey, loc: Loc) -> None:
         f = self._files[loc.file_id]
         header = RecordHeader(key[0], key[1], loc.length, loc.checksum, parent=loc.parent, expires=loc.expires)
-        os.pwrite(f.fd, header.pack(), loc.offset)
+        os.pwrite(f.fd, header.pack(self._header_key), loc.offset)
         if self._fsync:
             os.fsync(f.fd)
         self.counters["expiry_writes"] += 1

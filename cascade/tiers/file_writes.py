@@ -110,11 +110,10 @@ class Writes:
             self._active = self._new_file()
         return self._active
 
-    @staticmethod
-    def _record_iov(header: RecordHeader, views: Sequence[memoryview]) -> list[Any]:
+    def _record_iov(self, header: RecordHeader, views: Sequence[memoryview]) -> list[Any]:
         """A record's buffers as written: header page, payload, zeros to the next page."""
         tail = pad(header.payload_len) - header.payload_len
-        return [header.pack(), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
+        return [header.pack(self._header_key), *views] + ([memoryview(_ZEROS)[:tail]] if tail else [])
 
     def _write_record(self, f: SegmentFile, header: RecordHeader, views: Sequence[memoryview], offset: int) -> None:
         try:

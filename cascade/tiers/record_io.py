@@ -90,7 +90,7 @@ def read_record(directory: str, rank: int, location: int, key: BlockKey, outs: S
     except (OSError, CascadeError) as exc:  # a symlink, directory or foreign file in its place
         raise CorruptBlock(f"{path}: {exc}") from None
     try:
-        header = unpack_header(os.pread(fd, HEADER_BYTES, offset))
+        header = unpack_header(os.pread(fd, HEADER_BYTES, offset), _key_of(directory))
         if header is None or header.tombstone or (header.namespace, header.block_id) != key:
             raise BlockNotFound(f"no record of {key[1]} at {path}:{offset}")
         if header.payload_len != nbytes:
@@ -427,6 +427,60 @@ def _read_piece(fd: int, iov: list[memoryview], pos: int, h: xxhash.xxh3_64, ski
     for v in iov[1:] if skip_first else iov:
         h.update(v)
     return True
+
+
+HEADER_KEY_FILE = "header.key"
+_KEY_BYTES = 8
+
+
+def header_key(directory: str) -> int:
+    """The secret that keys the record headers of the files in ``directory``
+    (:mod:`.records`): its ``header.key``, made (random, mode 0600) by the first store
+    to open the directory. Ranks sharing a directory share it: a maker links its
+    finished copy in place, so a second maker's never replaces the first. A file tier
+    reads it once at open; a read of another rank's record (:func:`read_record`), with
+    each read. :class:`CascadeError` when it is damaged or not a regular file of ours;
+    ``OSError`` when it cannot be read or made."""
+    path = os.path.join(directory, HEADER_KEY_FILE)
+    try:
+        return _read_header_key(path)
+    except FileNotFoundError:
+        pass
+    made = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    fd = open_own(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.write(fd, os.urandom(_KEY_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(made, path)
+    except FileExistsError:  # another rank made it first: theirs is the one
+        pass
+    finally:
+        os.unlink(made)
+    return _read_header_key(path)
+
+
+def _key_of(directory: str) -> int:
+    """The header key of another rank's ``directory`` (never made here): its records
+    cannot be verified without it (:class:`CorruptBlock`)."""
+    try:
+        return _read_header_key(os.path.join(directory, HEADER_KEY_FILE))
+    except (OSError, CascadeError) as exc:
+        raise CorruptBlock(f"{directory}: no usable header key: {exc}") from None
+
+
+def _read_header_key(path: str) -> int:
+    fd = open_own(path, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, _KEY_BYTES + 1, 0)
+    finally:
+        os.close(fd)
+    if len(raw) != _KEY_BYTES:
+        raise CascadeError(f"{path} holds {len(raw)} bytes, not a header key of {_KEY_BYTES}: the records of "
+                           f"{os.path.dirname(path)} cannot be read; remove its files to start afresh")
+    return int.from_bytes(raw, "little")
 
 
 def open_own(path: str, flags: int) -> int:

@@ -4,7 +4,7 @@ Each record is a 4096-byte header followed by the payload, padded to 4096 bytes 
 payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
 
     offset  size  field
-    0       8     magic b"CASCREC2"
+    0       8     magic b"CASCREC3"
     8       4     flags (1 = tombstone)
     12      4     namespace length n (<= 255)
     16      16    block id (raw bytes)
@@ -15,7 +15,8 @@ payload starts on a page boundary (O_DIRECT reads, Lustre page alignment)::
     64      16    parent block id (raw bytes; flag 2 says it is set)
     80      8     expiry, wall-clock seconds since the epoch (float64; 0 = none)
     88      n     namespace (UTF-8)
-    88+n    4     CRC-32 of bytes [0, 88+n)
+    88+n    4     header check: XXH3-64 of bytes [0, 88+n) seeded with the directory's
+                  header key (the low 32 bits; see below)
 
 A tombstone whose target is its own position is a record killed in place (a delete
 rewrites the header and keeps the payload length, so the scan skips the old payload): it
@@ -25,23 +26,31 @@ key's live record). Any other tombstone kills the one record it names. A record 
 not a tombstone and names a target is a compaction's copy of the record there (its
 origin; see :mod:`.file_recovery`).
 
-A header whose magic or CRC does not match is not a record; a payload whose checksum
+A header whose magic or check does not match is not a record; a payload whose checksum
 does not match is corrupt. Neither is ever served as data. The payload checksum is
 seeded with the record's (namespace, id), so a record copied or planted under another
-id fails it. Version-1 records (``CASCREC1``, no expiry, unbound checksum) are not read.
+id fails it. The header check is keyed with a secret of the files' directory (its
+``header.key``: :func:`~.record_io.header_key`, as private as the files): only the
+store writes headers that pass it (a keyed hash, not a cryptographic MAC: it stops
+headers made without the key, which no call returns). Bytes that a tenant put inside a payload can look
+like a whole record, checksums and all (both seeds are computable from the format);
+after a damaged header the restart scan resynchronises page by page, through that
+payload, and such a planted header now fails the check instead of being adopted as
+another namespace's block. Records of versions 1 and 2 (``CASCREC1``, ``CASCREC2``:
+an unkeyed CRC-32) are not read: a file that starts with one is dropped whole at open.
 """
 from __future__ import annotations
 
 import math
 import struct
-import zlib
 from dataclasses import dataclass
 
 import xxhash
 
 PAGE = 4096
 HEADER_BYTES = PAGE
-MAGIC = b"CASCREC2"
+MAGIC = b"CASCREC3"
+OLD_MAGICS = (b"CASCREC1", b"CASCREC2")  # earlier formats: never read
 FLAG_TOMBSTONE = 1
 FLAG_PARENT = 2
 _FIXED = struct.Struct("<8sII16sQQQQ16sd")
@@ -51,6 +60,11 @@ MAX_NAMESPACE_BYTES = 255
 def pad(n: int) -> int:
     """``n`` rounded up to a whole page."""
     return (n + PAGE - 1) // PAGE * PAGE
+
+
+def header_check(head: bytes, header_key: int) -> int:
+    """The keyed check of a header's bytes (see the module docstring)."""
+    return xxhash.xxh3_64_intdigest(head, seed=header_key) & 0xFFFFFFFF
 
 
 def key_seed(namespace: str, block_id: str) -> int:
@@ -75,7 +89,8 @@ class RecordHeader:
         """Bytes the whole record occupies in its file (header + padded payload)."""
         return HEADER_BYTES + pad(self.payload_len)
 
-    def pack(self) -> bytes:
+    def pack(self, header_key: int) -> bytes:
+        """The header page, checked with the directory's ``header_key``."""
         ns = self.namespace.encode()
         if len(ns) > MAX_NAMESPACE_BYTES:
             raise ValueError(f"namespace longer than {MAX_NAMESPACE_BYTES} bytes")
@@ -85,20 +100,21 @@ class RecordHeader:
             self.target_file, self.target_offset, bytes.fromhex(self.parent) if self.parent else bytes(16),
             self.expires,
         ) + ns
-        head += struct.pack("<I", zlib.crc32(head))
+        head += struct.pack("<I", header_check(head, header_key))
         return head.ljust(HEADER_BYTES, b"\0")
 
 
-def unpack_header(buf: bytes) -> RecordHeader | None:
-    """The header in ``buf`` (at least 4096 bytes), or None if it is not a valid header."""
+def unpack_header(buf: bytes, header_key: int) -> RecordHeader | None:
+    """The header in ``buf`` (at least 4096 bytes), or None if it is not a valid header
+    of a directory whose header key is ``header_key``."""
     if len(buf) < _FIXED.size + 4 or buf[:8] != MAGIC:
         return None
     magic, flags, ns_len, raw_id, payload_len, digest, tfile, toff, raw_parent, expires = _FIXED.unpack_from(buf)
     end = _FIXED.size + ns_len
     if ns_len > MAX_NAMESPACE_BYTES or len(buf) < end + 4:
         return None
-    (crc,) = struct.unpack_from("<I", buf, end)
-    if crc != zlib.crc32(buf[:end]):
+    (check,) = struct.unpack_from("<I", buf, end)
+    if check != header_check(bytes(buf[:end]), header_key):
         return None
     try:
         namespace = buf[_FIXED.size:end].decode()
