@@ -89,9 +89,20 @@ def _forwarded_run_args(raw: Sequence[str]) -> list[str]:
     return [a for a in raw[start:] if a != "--warm"]
 
 
+def _check_results_dir(path: str | None) -> None:
+    """Make the ``--results`` directory now, so that a path that cannot be one fails
+    before the run, not after it."""
+    if path is not None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise CascadeError(f"--results {path}: not a directory this run can write into ({exc.strerror})") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Replay the built-in workload (or ``--trace``) against a store; print the report."""
     cfg = _config(args)
+    _check_results_dir(args.results)
     used, fresh = _run_file_dir(args, cfg)
     try:
         _say_file_tier(args, os.path.abspath(cfg.file_dir), used, fresh)

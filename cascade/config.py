@@ -115,6 +115,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # or a bare "B". "1iB", "4KB B" or "1e3" are errors, not some other size.
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = (1 << 63) - 1  # a file offset (off_t): no tier can hold more
 MAX_DEAD_FRACTION = 0.9  # the file tier's disk bound is file_bytes / (1 - f): 10x at 0.9
 MAX_SEGMENT_BYTES = 1 << 40  # the file tier addresses records by 40-bit offsets
 MAX_DIRECTORY_SLOTS = 1 << 26  # 82 B each: 5.1 GiB of every rank's memory
@@ -139,14 +140,19 @@ def parse_size(value: Any, key: str = "size") -> int:
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        exact = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
-        if exact != int(exact):
+        number, unit = m.group(1), _UNITS[(m.group(2) or "").upper()]
+        whole, _, fraction = number.partition(".")
+        # exact: int(whole) * unit plus the fraction's bytes (a float would round big sizes)
+        scaled = int(fraction or "0") * unit
+        if scaled % 10 ** len(fraction):
             raise ConfigError(f"{key}: {value!r} is not a whole number of bytes")
-        size = int(exact)
+        size = int(whole) * unit + scaled // 10 ** len(fraction)
     else:
         raise ConfigError(f"{key}: expected a size such as 1073741824 or '1G', got {value!r}")
     if size < 0:
         raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    if size > MAX_SIZE:
+        raise ConfigError(f"{key}: {value!r} is more than any file or mapping can hold ({MAX_SIZE} bytes)")
     return size
 
 
@@ -251,11 +257,7 @@ class Config:
         ``CASCADE_*`` variables of ``env`` (default ``os.environ``) < ``overrides``."""
         values: dict[str, Any] = {}
         if path is not None:
-            try:
-                data = tomllib.loads(Path(path).read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-            values.update(_check_keys(data.get("cascade", data), f"config file {path}"))
+            values.update(_check_keys(_file_keys(path), f"config file {path}"))
         env = os.environ if env is None else env
         known = set(cls.keys())
         for name, raw in env.items():
@@ -275,6 +277,26 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _file_keys(path: Any) -> dict[str, Any]:
+    """The keys of TOML file ``path``: its ``[cascade]`` table, or its top-level keys
+    when it has none. :class:`ConfigError` when it cannot be read or parsed, when
+    ``cascade`` is not a table, or when keys sit beside the table (they would be ignored)."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, TypeError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"cannot read config file {path!r}: {exc}") from None
+    if "cascade" not in data:
+        return data
+    table = data["cascade"]
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: 'cascade' must be a table ([cascade]), got {table!r}")
+    beside = sorted(k for k in data if k != "cascade")
+    if beside:
+        raise ConfigError(f"config file {path}: keys {beside} sit outside the [cascade] table and would be ignored; "
+                          f"move them into it")
+    return table
 
 
 _dataclass_init = Config.__init__

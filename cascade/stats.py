@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import CascadeError
 from .histogram import _BUCKETS, LatencyHistogram
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,16 @@ def write_stats_file(directory: str | os.PathLike, rank: int, stats: dict[str, A
 
 
 def read_stats_files(directory: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every rank's stats file in ``directory``, ordered by rank."""
-    files = sorted(Path(directory).glob("stats_rank*.json"))
-    return [json.loads(f.read_text()) for f in files]
+    """Every rank's stats file in ``directory``, ordered by rank. :class:`CascadeError`
+    naming the first file that cannot be read or is not a rank's stats."""
+    stats = []
+    for f in sorted(Path(directory).glob("stats_rank*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8 or not JSON
+            raise CascadeError(f"cannot read stats file {f}: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("tiers"), dict):
+            raise CascadeError(f"{f} is not a rank's stats (a JSON object with 'tiers'); remove it or pass "
+                               f"another directory")
+        stats.append(doc)
+    return stats

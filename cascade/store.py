@@ -42,7 +42,7 @@ from .core.pools import Pools, spare_cores
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .errors import BlockNotFound, BlockPinned, TierFull
+from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
@@ -180,6 +180,14 @@ class CascadeStore(BatchCalls):
     def _key(self, block_id: str, namespace: str) -> BlockKey:
         self._inflight.check_open()
         return (check_namespace(namespace), check_id(block_id))
+
+    def _keys(self, block_ids: Iterable[str], namespace: str, what: str) -> list[BlockKey]:
+        """The keys of ``block_ids`` (each checked); :class:`InvalidBlock` for a single
+        id passed where a list of ids is due (its characters are not ids)."""
+        if isinstance(block_ids, str):
+            raise InvalidBlock(f"{what}: expected a list of block ids, got the single id {block_ids!r}; "
+                               f"wrap it in a list")
+        return [self._key(b, namespace) for b in block_ids]
 
     def _check_outs(self, key_out: Any, value_out: Any) -> list[Any]:
         """:class:`InvalidBlock` unless both are writable arrays of the spec; else what
@@ -353,7 +361,7 @@ class CascadeStore(BatchCalls):
         position that is not a finite number. Local (other ranks' blocks are not
         hinted); thread-safe.
         """
-        keys = [self._key(b, namespace) for b in block_ids]
+        keys = self._keys(block_ids, namespace, "hint")
         with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
             taken, below = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
             self.counters.hints += taken
@@ -365,8 +373,11 @@ class CascadeStore(BatchCalls):
                position: float | None = None) -> int:
         """Withdraw one hint of each id (its request left the queue unserved): the one
         given at ``position``, else the soonest; ids without a hint are skipped. Returns
-        how many hints were withdrawn. Local."""
-        keys = [self._key(b, namespace) for b in block_ids]
+        how many hints were withdrawn. :class:`ConfigError` for a position that is not a
+        finite number. Local."""
+        keys = self._keys(block_ids, namespace, "unhint")
+        if position is not None:
+            self._index.hint_position(position)  # (checked as hint() checks it)
         with self._lock:
             return self._index.unhint(keys, position)
 
@@ -405,6 +416,8 @@ class CascadeStore(BatchCalls):
         """Drop every unpinned block (of ``namespace``, or of all); returns how many went.
         Local: in multi-rank runs only this rank's blocks (other ranks' pins are kept)."""
         self._inflight.check_open()
+        if namespace is not None:
+            check_namespace(namespace)
         with self._lock:
             dropped = sum(1 for meta in self._index
                           if namespace in (None, meta.key[0]) and not meta.pins and self._chain.withdraw_and_drop(meta))

@@ -33,6 +33,26 @@ def test_run_replays_and_writes_results_and_stats(capsys, tmp_path):
     assert "cascade_get_latency_seconds_bucket" in text
 
 
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"rank": 0}', b"\xff\xfe"])
+def test_stats_of_a_file_that_is_no_rank_stats_is_a_clear_error(capsys, tmp_path, content):
+    path = tmp_path / "stats_rank000.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    for extra in ([], ["--prometheus"]):
+        assert main(["stats", str(tmp_path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cascade: error:") and "stats_rank000.json" in err and "Traceback" not in err
+
+
+def test_a_results_path_that_cannot_be_a_directory_fails_before_the_run(capsys, tmp_path):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    args = ["run", "--requests", "40", "--quiet", "--results", str(taken), "--set", "model=tiny",
+            "--set", f"file_dir={tmp_path / 'f'}"]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "--results" in captured.err and "cascade run:" not in captured.out  # refused before replaying
+
+
 def test_bad_config_is_a_clear_error(capsys):
     assert main(["info", "--set", "shm_bites=1"]) == 2
     assert "unknown key" in capsys.readouterr().err

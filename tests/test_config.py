@@ -13,9 +13,16 @@ def test_defaults_are_valid():
     assert cfg.model == "llama3-8b" and cfg.policy == "semantic" and cfg.shm_bytes == 1 << 30
 
 
-@pytest.mark.parametrize("text,expected", [("4M", 4 << 20), ("1.5GiB", 3 << 29), ("512", 512), (7, 7)])
+@pytest.mark.parametrize("text,expected", [("4M", 4 << 20), ("1.5GiB", 3 << 29), ("512", 512), (7, 7),
+                                           ("9007199254740993", 2 ** 53 + 1), ("0.25K", 256)])
 def test_sizes(text, expected):
-    assert parse_size(text) == expected
+    assert parse_size(text) == expected  # exact: no float rounds a big size
+
+
+@pytest.mark.parametrize("text", ["1.5", "0.1K", "100000000T", 10 ** 20])
+def test_sizes_that_no_tier_can_hold_or_that_are_not_whole_bytes_are_refused(text):
+    with pytest.raises(ConfigError, match="shm_bytes"):
+        parse_size(text, "shm_bytes")
 
 
 def test_unknown_key_is_an_error():
@@ -49,6 +56,26 @@ def test_toml_file_and_precedence(tmp_path):
     path.write_text('[cascade]\nshm_bites = 1\n')
     with pytest.raises(ConfigError, match="shm_bites"):
         Config.load(path, env={})
+
+
+@pytest.mark.parametrize("text,match", [
+    ("cascade = 3\n", "must be a table"),
+    ('cascade = "shm"\n', "must be a table"),
+    ('shm_bytes = "2M"\nno_such_key = 1\n[cascade]\nmodel = "tiny"\n', "outside the \\[cascade\\] table"),
+])
+def test_a_malformed_config_file_is_a_configerror(tmp_path, text, match):
+    path = tmp_path / "cascade.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        Config.load(path, env={})
+
+
+def test_an_unreadable_config_file_is_a_configerror(tmp_path):
+    path = tmp_path / "cascade.toml"
+    path.write_bytes(b'model = "\xff\xfe"\n')  # not UTF-8
+    for bad in (path, tmp_path / "missing.toml", tmp_path, 3):
+        with pytest.raises(ConfigError, match="cannot read config file"):
+            Config.load(bad, env={})
 
 
 def test_model_presets_give_block_sizes():

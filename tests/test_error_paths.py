@@ -280,6 +280,18 @@ def test_an_expired_block_is_blocknotfound_and_stays_gone(store, call):
     assert store.stats()["deletes"] == 0
 
 
+def test_hint_arguments_are_checked(store):
+    bid = store.put(*make_block(store.spec, 1))
+    for call in (store.hint, store.unhint, store.contains_many):
+        with pytest.raises(InvalidBlock, match="wrap it in a list"):
+            call(bid)  # one id where a list is due
+    with pytest.raises(ConfigError, match="finite"):
+        store.unhint([bid], position=float("nan"))
+    with pytest.raises(InvalidBlock, match="namespace"):
+        store.clear(namespace="")
+    assert store.contains(bid) and store.stats()["hints"] == 0
+
+
 def test_unpin_without_a_pin_is_refused_and_keeps_other_pins(store):
     bid = store.put(*make_block(store.spec, 1))
     with pytest.raises(BlockPinned, match="not pinned"):

@@ -19,6 +19,7 @@ from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
 from lmcache.v1.storage_backend.storage_manager import StorageManager  # noqa: E402
 
+from cascade import ConfigError  # noqa: E402
 from cascade.integrations.lmcache_backend import CascadeBackend, chunk_block_id  # noqa: E402
 
 CHUNK = 16
@@ -157,3 +158,16 @@ def test_batched_contains_counts_and_pins_only_the_cached_prefix(tmp_path):
         assert backend.unpin(keys[0]) and backend.unpin(keys[1]) and backend.remove(keys[0])
     finally:
         sm.close()
+
+
+def test_cascade_sizes_take_units_and_a_bad_namespace_is_a_configerror(tmp_path):
+    sm = _manager(tmp_path, block_bytes="8K")  # a size as every cascade.* size takes it
+    try:
+        assert sm.storage_backends["cascade"].block_bytes == 8192
+    finally:
+        sm.close()
+    cfg = LMCacheEngineConfig.from_defaults(chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.01,
+                                            extra_config={"cascade.namespace": "not a namespace!",
+                                                          "cascade.file_dir": str(tmp_path / "c2")})
+    with pytest.raises(ConfigError, match="cascade.namespace"):
+        CascadeBackend(config=cfg, metadata=None, local_cpu_backend=object())

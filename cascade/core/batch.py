@@ -275,7 +275,7 @@ class BatchCalls:
     def contains_many(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
         """``contains`` of each id; ids not cached here are looked up in the cluster
         directory in one batch (multi-rank runs)."""
-        keys = [self._key(b, namespace) for b in block_ids]
+        keys = self._keys(block_ids, namespace, "contains_many")
         self._async.wait_for_puts(keys)  # a lookup after a put_async of an id sees it
         with self._lock:
             now = time.monotonic()

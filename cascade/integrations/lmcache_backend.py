@@ -60,9 +60,9 @@ import blake3
 import numpy as np
 
 from .. import buffers
-from ..config import Config
+from ..config import Config, parse_size
 from ..errors import BlockNotFound, BlockPinned, CascadeError, ConfigError, InvalidBlock
-from ..identity import ID_HEX_CHARS
+from ..identity import ID_HEX_CHARS, check_namespace
 from ..models import BlockSpec
 from ..store import CascadeStore
 
@@ -111,7 +111,13 @@ class CascadeBackend(StoragePluginInterface):
         extra = dict(getattr(config, "extra_config", None) or {})
         ours = {k[len(_PREFIX):]: v for k, v in extra.items() if k.startswith(_PREFIX)}
         self.namespace = str(ours.pop("namespace", "lmcache"))
+        try:
+            check_namespace(self.namespace)
+        except InvalidBlock as exc:
+            raise ConfigError(f"cascade.namespace: {exc}") from None
         block_bytes = ours.pop("block_bytes", None)
+        if block_bytes is not None:  # a size as every cascade.* size takes it ("8K")
+            block_bytes = parse_size(block_bytes, "cascade.block_bytes")
         config_file = ours.pop("config_file", None)
         endpoint, socket_dir = ours.pop("endpoint", None), ours.pop("socket_dir", None)
         worker = int(getattr(metadata, "worker_id", 0) or 0)
@@ -119,7 +125,7 @@ class CascadeBackend(StoragePluginInterface):
             from ..serve.attached import AttachedStore
 
             self.store = AttachedStore(str(endpoint), worker=worker, socket_dir=socket_dir)
-            if block_bytes is not None and int(block_bytes) != self.store.spec.block_bytes:
+            if block_bytes is not None and block_bytes != self.store.spec.block_bytes:
                 self.store.close()
                 raise ConfigError(f"cascade.block_bytes={block_bytes} but the rank at {self.store.endpoint} "
                                   f"serves {self.store.spec.block_bytes}-byte blocks")
@@ -133,7 +139,7 @@ class CascadeBackend(StoragePluginInterface):
             cascade_config = Config.load(config_file, **ours)
             if block_bytes is None:
                 block_bytes = -(-(HEADER_BYTES + _full_chunk_bytes(metadata)) // 4096) * 4096
-            self.block_bytes = int(block_bytes)
+            self.block_bytes = block_bytes
             self.store = CascadeStore(cascade_config, block_spec=BlockSpec.flat(self.block_bytes), rank=worker)
             self._attached = False
             workers = cascade_config.io_threads
