@@ -283,3 +283,110 @@ def test_a_read_in_place_uses_up_the_clients_hint(served):
         assert client.hint([block_id]) == 1 and server.serve_stats()["client_hints"] == 1
         assert client.get(block_id) is not None  # the queued request came: its hint is used up
         assert server.serve_stats()["client_hints"] == 0 and store.stats()["hinted_bytes"] == 0
+
+
+def test_an_interrupted_call_drops_the_connection_instead_of_reading_its_reply_later(served):
+    store, server = served
+    (ka, va), (kb, vb) = _blocks(2, seed=5)
+    a, b = store.put(ka, va), store.put(kb, vb)
+    entered, release = threading.Event(), threading.Event()
+    view = store.view
+
+    def slow_view(*args, **kwargs):  # the rank takes its time over the first request
+        entered.set()
+        release.wait(10)
+        return view(*args, **kwargs)
+
+    store.view = slow_view
+    client = connect(server.path, timeout=30)
+    real_recv = protocol.recv
+
+    def interrupted_recv(sock):  # Ctrl-C while the client waits for the reply
+        entered.wait(10)
+        raise KeyboardInterrupt
+
+    protocol.recv = interrupted_recv
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.views([a])
+    finally:
+        protocol.recv = real_recv
+        release.set()
+        store.view = view
+    with pytest.raises(RankFailure, match="earlier call failed"):  # never A's reply as B's
+        client.views([b])
+    with connect(server.path) as again:
+        (k, v), = again.views([b])
+        assert np.array_equal(k, kb) and np.array_equal(v, vb)
+    client.close()
+
+
+def test_a_request_over_the_frame_limit_is_invalid_and_keeps_the_connection(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    block_id = store.put(k, v)
+    many = [f"{i:032x}" for i in range(protocol.MAX_FRAME // 32)]
+    with connect(server.path) as client:
+        client.pin(block_id)
+        with pytest.raises(InvalidBlock, match="frame limit"):
+            client.contains_many(many)
+        assert client.contains_many([block_id]) == [True]  # the same connection, its pin kept
+        with pytest.raises(BlockPinned):
+            store.delete(block_id)
+        client.unpin(block_id)
+
+
+def test_unhint_withdraws_no_more_hints_than_the_client_took(served):
+    store, server = served
+    (k, v), = _blocks(1)
+    block_id = store.put(k, v)
+    with connect(server.path) as first, connect(server.path) as second:
+        assert first.hint([block_id]) == 1 and second.hint([block_id]) == 1
+        assert first.unhint([block_id, block_id]) == 1  # one of its own, not the other's
+        assert store.stats()["hinted_bytes"] == SPEC.block_bytes
+        assert first.hint([block_id]) == 1 and first.unhint([block_id]) == 1  # its count is still right
+        assert second.unhint([block_id]) == 1 and store.stats()["hinted_bytes"] == 0
+
+
+def test_arrays_of_views_put_back_store_their_own_bytes(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=0, file_bytes=4 << 20, file_dir=str(tmp_path / "f")), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)  # no slab: views are staging slots
+    try:
+        with connect(server.path) as client:
+            pairs = _blocks(2, seed=7)
+            x, y = client.put_many(pairs)
+            (kx, vx), (ky, vy) = client.views([x, y])
+            copies = client.put_many([(ky, vy), (kx, vx)], namespace="copy")  # slots refilled in another order
+            assert copies == [y, x]
+            got = client.get_many([y, x], namespace="copy")
+            assert all(np.array_equal(g[0], p[0]) and np.array_equal(g[1], p[1]) for g, p in zip(got, pairs[::-1]))
+    finally:
+        server.close()
+        store.close()
+    os.rmdir(socket_dir)
+
+
+def test_an_attached_store_takes_iterators_and_a_refused_reattach_is_a_miss(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    attached = AttachedStore("auto", socket_dir=socket_dir, retry_seconds=0, staging_bytes=2 * SPEC.block_bytes)
+    pairs = _blocks(3, seed=9)
+    ids = attached.put_many(iter(pairs))
+    assert len(ids) == 3 and all(store.contains(b) for b in ids)
+    outs = [SPEC.empty() for _ in ids]
+    assert attached.get_many_into(iter(ids), iter(outs)) == [True] * 3
+    server.close()
+    store.close()
+    bigger = BlockSpec.flat(4 * SPEC.block_bytes)  # the rank back with blocks its staging cannot hold
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=bigger)
+    server = RankServer(store, socket_dir, 0)
+    try:
+        k, v = SPEC.empty()
+        assert attached.contains(ids[0]) is False and attached.get_into(ids[0], k, v) is False
+    finally:
+        attached.close()
+        server.close()
+        store.close()
+    os.rmdir(socket_dir)

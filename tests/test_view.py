@@ -96,3 +96,24 @@ def test_close_succeeds_while_the_caller_still_holds_arrays_of_a_view(tmp_path):
         pass
     store.close()  # the slab is unmapped once the caller drops them; close itself must not fail
     assert kept is not None and len(os.listdir(tmp_path)) == 0  # the slab file is gone
+
+
+@pytest.mark.parametrize("again", ["after", "nested"])
+def test_a_view_is_entered_once_and_holds_nothing_after_its_block(store, again):
+    bid = store.put(*block(store.spec, 3))
+    view = store.view(bid)
+    with view as first:
+        assert first is not None and (first[0] == 3).all()
+        if again == "nested":
+            with pytest.raises(RuntimeError, match="entered once"):
+                with view:
+                    pass
+    if again == "after":
+        store.delete(bid)
+        others = [store.put(*block(store.spec, i)) for i in range(4, 8)]  # its room used again
+        with pytest.raises(RuntimeError, match="entered once"):  # never another block's bytes
+            with view:
+                pass
+        assert all(store.contains(b) for b in others)
+    assert len(store._inflight) == 0
+    store.close(timeout=1)  # nothing held: no CloseTimeout

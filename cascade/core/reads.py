@@ -494,16 +494,23 @@ class BlockView:
     """:meth:`ReadPath.view`'s ``with`` block: entering takes the in-flight count and,
     for a block in a zero-copy tier, its lease, in one locked step (a class, not a
     generator and an ``ExitStack``: a quarter to a third of a small view's cost);
-    exiting gives back both in one locked step. Whatever an error on the way in had taken is given back."""
+    exiting gives back both in one locked step. Whatever an error on the way in had taken is given back.
+    One view is entered once: its arrays are valid only inside that ``with`` block, so a
+    second entry (again or nested) raises ``RuntimeError``; call ``view()`` again."""
 
-    __slots__ = ("_reads", "_key", "_spec", "_lease", "_token")
+    __slots__ = ("_reads", "_key", "_spec", "_lease", "_token", "_entered")
 
     def __init__(self, reads: ReadPath, key: BlockKey, spec: BlockSpec) -> None:
         self._reads, self._key, self._spec = reads, key, spec
         self._lease: Lease | None = None
         self._token: int | None = None
+        self._entered = False
 
     def __enter__(self) -> list[Any] | None:
+        if self._entered:
+            raise RuntimeError(f"a view of {self._key[1]} is entered once (its arrays are valid inside that with "
+                               f"block only): call view() again")
+        self._entered = True
         reads, key = self._reads, self._key
         started = time.perf_counter()
         try:
@@ -536,6 +543,7 @@ class BlockView:
         with self._reads._lock:
             if self._lease is not None:
                 self._lease.release()
+                self._lease = None
             if self._token is not None:
                 self._reads._inflight.leave(self._token)
                 self._token = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BlockNotFound, RankFailure
+from ..errors import BlockNotFound, ConfigError, RankFailure
 from ..models import BlockSpec
 from ..store import DEFAULT_NAMESPACE
 from .client import CascadeClient, connect
@@ -50,7 +50,10 @@ class AttachedStore:
                 self._lost_at = time.monotonic()
                 try:
                     client = connect(**self._attach_args)
-                except RankFailure:
+                except (RankFailure, ConfigError) as exc:  # gone, or refusing us now (another spec or version)
+                    if isinstance(exc, ConfigError):
+                        log.warning("the Cascade rank at %s refused to attach again (%s): not attached",
+                                    self.endpoint, exc)
                     return None
                 if client.spec != self.rank_spec:
                     client.close()
@@ -98,10 +101,11 @@ class AttachedStore:
 
     def get_many_into(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                       namespace: str = DEFAULT_NAMESPACE) -> list[bool]:
+        block_ids, outs = list(block_ids), list(outs)  # (iterators: checked, then sent)
         for key_out, value_out in outs:
             self.spec.check(key_out, "key_out")
             self.spec.check(value_out, "value_out")
-        return self._run(lambda: [False] * len(block_ids), "get_many_into", list(block_ids),
+        return self._run(lambda: [False] * len(block_ids), "get_many_into", block_ids,
                          [(self._as_rank(k), self._as_rank(v)) for k, v in outs], namespace=namespace)
 
     def put(self, key: Any, value: Any, **kwargs: Any) -> str:
@@ -116,6 +120,7 @@ class AttachedStore:
                  namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         """:meth:`put` of every pair, one request per staging-full; as the store's, each
         put is its own and the first error is raised after all were tried."""
+        pairs = list(pairs)  # (an iterator: checked, then sent)
         for key, value in pairs:
             self.spec.check(key, "key")
             self.spec.check(value, "value")

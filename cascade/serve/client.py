@@ -104,8 +104,9 @@ class CascadeClient:
             raise StoreClosed("this Cascade client is closed")
         if self._sock is None:
             raise RankFailure(f"the Cascade rank at {self.path} is gone (an earlier call failed)")
+        frame = protocol.encode({"op": op, **args})  # too big: InvalidBlock, nothing sent, the connection kept
         try:
-            protocol.send(self._sock, {"op": op, **args})
+            self._sock.sendall(frame)
             reply = protocol.recv(self._sock)
         except TimeoutError as exc:
             self._drop()
@@ -115,6 +116,9 @@ class CascadeClient:
             self._drop()
             raise RankFailure(f"Cascade rank {self.rank} at {self.path} is gone ({exc or type(exc).__name__}): "
                               "treat as a miss") from exc
+        except BaseException:  # e.g. KeyboardInterrupt: its reply, unread, would answer the next call
+            self._drop()
+            raise
         if not reply.get("ok"):
             protocol.raise_error(reply)
         return reply.get("result")
@@ -134,7 +138,7 @@ class CascadeClient:
         """:meth:`CascadeStore.put <cascade.store.CascadeStore.put>` on the rank."""
         self._check_pair(key, value)
         with self._lock:
-            self._fill(0, key, value)
+            self._fill(0, *self._detached((key, value)))
             return self._call("put", ns=namespace, slot=0, parent=parent, block_id=block_id, verify=verify,
                               ttl=ttl, priority=priority)
 
@@ -152,6 +156,7 @@ class CascadeClient:
         ids: list[str] = []
         first_error: CascadeError | None = None
         with self._lock:
+            pairs = [self._detached(pair) for pair in pairs]
             for batch in self._batches(len(pairs)):
                 for slot, i in enumerate(batch):
                     self._fill(slot, *pairs[i])
@@ -171,11 +176,19 @@ class CascadeClient:
             raise first_error
         return ids
 
+    def _detached(self, pair: tuple[Any, Any]) -> tuple[Any, Any]:
+        """``pair`` with any part that lies in the staging region (an array of an earlier
+        ``views()``) copied out first: filling the slots could overwrite it before it is read."""
+        if self._staging.holds(pair[0]) or self._staging.holds(pair[1]):
+            return tuple(np.array(part, copy=True) if self._staging.holds(part) else part for part in pair)
+        return pair
+
     def _check_pair(self, key: Any, value: Any) -> None:
         self.spec.check(key, "key")
         self.spec.check(value, "value")
 
     def _fill(self, slot: int, key: Any, value: Any) -> None:
+        """Copy a block into staging ``slot`` (callers first take :meth:`_detached` parts)."""
         k, v = self._staging.pair(slot)
         buffers.copy(k, key, what="staging slot")
         buffers.copy(v, value, what="staging slot")

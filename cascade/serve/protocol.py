@@ -42,10 +42,19 @@ class ChannelClosed(ConnectionError):
     """The other end closed the socket (or it broke) mid-conversation."""
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send one frame (the whole of it, or raise ``OSError``)."""
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame of ``message``. :class:`~cascade.errors.InvalidBlock` when it would pass
+    :data:`MAX_FRAME` (the peer would refuse it and hang up): nothing is sent then."""
     body = json.dumps(message, separators=(",", ":"), default=str).encode()
-    sock.sendall(_LEN.pack(len(body)) + body)
+    if len(body) > MAX_FRAME:
+        raise errors.InvalidBlock(f"a request of {len(body)} bytes passes the {MAX_FRAME}-byte frame limit: "
+                                  f"split it into smaller calls")
+    return _LEN.pack(len(body)) + body
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send one frame (the whole of it, or raise ``OSError``; see :func:`encode`)."""
+    sock.sendall(encode(message))
 
 
 def recv(sock: socket.socket) -> dict[str, Any]:

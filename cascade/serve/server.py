@@ -253,10 +253,16 @@ class RankServer:
         return taken
 
     def _unhint(self, s: _Session, a: dict[str, Any]) -> int:
-        mine = [b for b in a["ids"] if s.hints[(a["ns"], b)]]
-        withdrawn = self.store.unhint(mine, namespace=a["ns"])
-        for block_id in mine:
-            s.hints[(a["ns"], block_id)] -= 1
+        """Withdraw this session's hints only: an id named more often than the session
+        hinted it withdraws no more than it took (others' hints are left alone)."""
+        ns, mine, taken = a["ns"], [], Counter()
+        for block_id in a["ids"]:
+            if s.hints[(ns, block_id)] > taken[block_id]:
+                taken[block_id] += 1
+                mine.append(block_id)
+        withdrawn = self.store.unhint(mine, namespace=ns)
+        for block_id, count in taken.items():
+            s.hints[(ns, block_id)] -= count
         return withdrawn
 
     def _delete(self, s: _Session, a: dict[str, Any]) -> None:

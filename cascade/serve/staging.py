@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,11 @@ class Staging:
 
     def pairs(self, slots: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         return [self.pair(s) for s in slots]
+
+    def holds(self, array: Any) -> bool:
+        """Whether ``array`` (a numpy array) may lie in this region: a view of its slots
+        (what a client's ``views()`` returns for a staged block)."""
+        return type(array) is np.ndarray and np.may_share_memory(array, self._raw)
 
     def close(self) -> None:
         """Unmap (views still alive keep the pages until they go)."""
