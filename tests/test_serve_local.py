@@ -390,3 +390,46 @@ def test_an_attached_store_takes_iterators_and_a_refused_reattach_is_a_miss(tmp_
         server.close()
         store.close()
     os.rmdir(socket_dir)
+
+
+def test_hellos_and_requests_the_rank_cannot_take_get_an_error_reply_and_others_carry_on(served, tmp_path):
+    store, server = served
+    with pytest.raises(ConfigError, match="staging_bytes"):
+        connect(server.path, staging_bytes=float("inf"))
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(server.path)
+    protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": float("inf")})
+    reply = protocol.recv(raw)
+    assert reply["ok"] is False and reply["error"] == "ConfigError"
+    raw.close()
+    with connect(server.path) as good:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(server.path)
+        protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
+        assert protocol.recv(raw)["ok"]
+        os.close(socket.recv_fds(raw, 1, 1)[1][0])
+        protocol.send(raw, {"op": "put", "ns": "default", "slot": 1.7})  # a slot is an integer, never cut
+        reply = protocol.recv(raw)
+        assert reply["error"] == "InvalidBlock" and "integer" in reply["message"]
+        nested = b"[" * 100_000 + b"]" * 100_000  # past the parser's depth: the rank hangs up, no traceback
+        raw.sendall(len(nested).to_bytes(4, "little") + nested)
+        assert raw.recv(1) == b""
+        raw.close()
+        assert good.contains_many(["a" * 32]) == [False]  # other clients carry on
+        assert _eventually(lambda: server.serve_stats()["clients"] == 1)
+
+
+def test_a_rank_never_removes_what_is_not_a_socket_at_its_path(tmp_path):
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    try:
+        for make in (lambda p: open(p, "w").close(), os.mkdir):
+            socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+            path = socket_path(socket_dir, 0)
+            make(path)
+            with pytest.raises(ConfigError, match="not a socket"):
+                RankServer(store, socket_dir, 0)
+            assert os.path.lexists(path)  # left as it was
+            (os.rmdir if os.path.isdir(path) else os.unlink)(path)
+            os.rmdir(socket_dir)
+    finally:
+        store.close()

@@ -25,6 +25,7 @@ import numpy as np
 from .. import buffers
 from ..errors import CascadeError, InvalidBlock, RankFailure, StoreClosed
 from ..store import DEFAULT_NAMESPACE
+from ..config import parse_size
 from ..models import BlockSpec
 from . import protocol
 from .paths import resolve_endpoint
@@ -61,6 +62,7 @@ class CascadeClient:
     def __init__(self, path: str, *, staging_bytes: int = DEFAULT_STAGING_BYTES,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.path, self.timeout = path, timeout
+        staging_bytes = parse_size(staging_bytes, "staging_bytes")  # (inf, "lots": ConfigError)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)

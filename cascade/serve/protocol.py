@@ -63,7 +63,10 @@ def recv(sock: socket.socket) -> dict[str, Any]:
     (length,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
     if length > MAX_FRAME:
         raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-    message = json.loads(_recv_exactly(sock, length))
+    try:
+        message = json.loads(_recv_exactly(sock, length))
+    except RecursionError:  # nested past the parser's depth: no request of ours is
+        raise ValueError("a frame nested too deeply") from None
     if not isinstance(message, dict):
         raise ValueError("a frame must hold a JSON object")
     return message

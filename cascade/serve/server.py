@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 import struct
 import threading
 from collections import Counter
@@ -59,6 +60,8 @@ class RankServer:
         if os.path.lexists(self.path):
             if is_listening(self.path):
                 raise ConfigError(f"another process already serves {self.path}; stop it or pass another --socket-dir")
+            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):  # never remove what is not a socket
+                raise ConfigError(f"{self.path} exists and is not a socket; remove it or pass another --socket-dir")
             os.unlink(self.path)  # left by a rank that died
         self._lock = threading.Lock()  # the session registry and counters only
         self._sessions: set[_Session] = set()
@@ -124,7 +127,7 @@ class RankServer:
                 raise ConfigError(f"expected hello of protocol version {protocol.VERSION}, got "
                                   f"{hello.get('op')!r} version {hello.get('version')!r}")
             slots = check_size(int(hello.get("staging_bytes", 0)), spec)
-        except (CascadeError, TypeError, ValueError) as exc:
+        except (CascadeError, TypeError, ValueError, OverflowError) as exc:  # (int(Infinity): OverflowError)
             protocol.send(session.sock, protocol.error_reply(exc if isinstance(exc, CascadeError) else ConfigError(str(exc))))
             raise protocol.ChannelClosed("refused hello") from exc
         session.staging, fd = Staging.create(spec, slots)
@@ -191,17 +194,17 @@ class RankServer:
             return protocol.error_reply(CascadeError(f"rank {self.rank} failed the {op} request: {exc!r}"))
 
     def _put(self, s: _Session, a: dict[str, Any]) -> str:
-        key, value = s.staging.pair(int(a["slot"]))
+        key, value = s.staging.pair(_slot(a["slot"]))
         return self.store.put(key, value, parent=a.get("parent"), namespace=a["ns"], block_id=a.get("block_id"),
                               verify=bool(a.get("verify")), ttl=a.get("ttl"), priority=a.get("priority", 0))
 
     def _put_many(self, s: _Session, a: dict[str, Any]) -> list[str]:
-        return self.store.put_many(s.staging.pairs([int(i) for i in a["slots"]]), namespace=a["ns"],
+        return self.store.put_many(s.staging.pairs([_slot(i) for i in a["slots"]]), namespace=a["ns"],
                                    chain=bool(a.get("chain")), parent=a.get("parent"),
                                    block_ids=a.get("block_ids"), max_workers=a.get("max_workers"))
 
     def _get_many_into(self, s: _Session, a: dict[str, Any]) -> list[bool]:
-        slots = [int(i) for i in a["slots"]]
+        slots = [_slot(i) for i in a["slots"]]
         if len(set(slots)) != len(slots):
             raise InvalidBlock("get_many_into: two blocks read into one staging slot")
         hits = self.store.get_many_into(a["ids"], s.staging.pairs(slots), namespace=a["ns"],
@@ -322,6 +325,13 @@ def _hints_used(s: _Session, namespace: str, block_ids: list[str], hits: list[bo
     for block_id, hit in zip(block_ids, hits):
         if hit and s.hints[(namespace, block_id)]:
             s.hints[(namespace, block_id)] -= 1
+
+
+def _slot(value: Any) -> int:
+    """A staging slot named in a request: an int (a float such as 1.7 is refused, not cut)."""
+    if type(value) is not int:
+        raise InvalidBlock(f"a staging slot is an integer, got {value!r}")
+    return value
 
 
 _OPS = {
