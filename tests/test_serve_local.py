@@ -141,14 +141,20 @@ def test_one_socket_one_rank_and_paths_that_cannot_be_sockets(served, tmp_path):
         connect(server.path, staging_bytes=100)
 
 
+def _raw_session(path: str) -> socket.socket:
+    """A connection to the rank past its hello (1 MiB of staging), speaking raw frames."""
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(path)
+    protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
+    assert protocol.recv(raw)["ok"]
+    os.close(socket.recv_fds(raw, 1, 1)[1][0])
+    return raw
+
+
 def test_a_malformed_request_is_refused_and_a_broken_frame_ends_only_that_client(served):
     store, server = served
     with connect(server.path) as good:
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        raw.connect(server.path)
-        protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
-        assert protocol.recv(raw)["ok"]
-        os.close(socket.recv_fds(raw, 1, 1)[1][0])
+        raw = _raw_session(server.path)
         protocol.send(raw, {"op": "put", "ns": "default", "slot": 999})  # the region has 128 slots
         reply = protocol.recv(raw)
         assert reply["error"] == "InvalidBlock" and "slot 999" in reply["message"]
@@ -403,11 +409,7 @@ def test_hellos_and_requests_the_rank_cannot_take_get_an_error_reply_and_others_
     assert reply["ok"] is False and reply["error"] == "ConfigError"
     raw.close()
     with connect(server.path) as good:
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        raw.connect(server.path)
-        protocol.send(raw, {"op": "hello", "version": protocol.VERSION, "staging_bytes": 1 << 20})
-        assert protocol.recv(raw)["ok"]
-        os.close(socket.recv_fds(raw, 1, 1)[1][0])
+        raw = _raw_session(server.path)
         protocol.send(raw, {"op": "put", "ns": "default", "slot": 1.7})  # a slot is an integer, never cut
         reply = protocol.recv(raw)
         assert reply["error"] == "InvalidBlock" and "integer" in reply["message"]

@@ -181,9 +181,8 @@ class CascadeClient:
     def _detached(self, pair: tuple[Any, Any]) -> tuple[Any, Any]:
         """``pair`` with any part that lies in the staging region (an array of an earlier
         ``views()``) copied out first: filling the slots could overwrite it before it is read."""
-        if self._staging.holds(pair[0]) or self._staging.holds(pair[1]):
-            return tuple(np.array(part, copy=True) if self._staging.holds(part) else part for part in pair)
-        return pair
+        key, value = (np.array(part, copy=True) if self._staging.holds(part) else part for part in pair)
+        return key, value
 
     def _check_pair(self, key: Any, value: Any) -> None:
         self.spec.check(key, "key")
