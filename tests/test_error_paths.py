@@ -166,6 +166,24 @@ def test_a_batch_element_that_is_not_a_pair_is_invalid_and_does_nothing(store, b
     assert counts(store) == (1, 1, 0, 0)
 
 
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
+def test_a_batch_with_max_workers_not_a_positive_integer_is_refused_and_does_nothing(store, workers):
+    good = make_block(store.spec, 1)
+    ids = ["1" * 32]
+    outs = store.spec.empty()
+    for name, call in (("put_many", lambda: store.put_many([good], block_ids=ids, max_workers=workers)),
+                       ("put_many_async", lambda: store.put_many_async([good], block_ids=ids, max_workers=workers)),
+                       ("get_many", lambda: store.get_many(ids, max_workers=workers)),
+                       ("get_many_into", lambda: store.get_many_into(ids, [outs], max_workers=workers)),
+                       ("get_many_into_async", lambda: store.get_many_into_async(ids, [outs], max_workers=workers))):
+        with pytest.raises(ConfigError, match=f"{name}: max_workers must be a positive integer or None"):
+            call()
+    store.flush()
+    assert counts(store) == (0, 0, 0, 0) and store.stats()["gets"] == 0
+    assert store.put_many([good], block_ids=ids, max_workers=1) == ids
+    assert store.get_many_into(ids, [outs], max_workers=1) == [True]
+
+
 def test_a_batched_put_refused_as_its_own_ancestor_keeps_the_counts_adding_up(config):
     # The SHM tier full and no demoter to empty it: the batch takes the claimed path,
     # which checks its puts in order (so the third finds the cycle).

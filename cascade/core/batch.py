@@ -15,6 +15,7 @@ from ..errors import InvalidBlock
 from ..identity import DEFAULT_NAMESPACE, check_id
 from ..tiers.base import Memory
 from .batch_reads import LEASED_STEP_BYTES
+from .pools import check_workers
 
 
 def pair_list(items: Iterable[Any], what: str) -> list[Any]:
@@ -62,6 +63,7 @@ class BatchCalls:
         calling thread (:meth:`~cascade.core.writes.WritePath.put_host_many`). An element
         that is not a ``(key, value)`` pair fails the whole batch at once
         (:class:`InvalidBlock`, nothing stored). Local."""
+        check_workers(max_workers, "put_many")
         pairs = pair_list(pairs, "put_many")
         if block_ids is not None:
             block_ids = [check_id(b) for b in block_ids]
@@ -166,6 +168,7 @@ class BatchCalls:
                  max_workers: int | None = None) -> list[tuple[Any, Any] | None]:
         """``get`` of each id, in order, up to ``max_workers`` (default
         ``config.io_threads``) reads in flight. Local."""
+        check_workers(max_workers, "get_many")
         return self._pools.parallel(lambda b: self.get(b, namespace=namespace), list(block_ids), max_workers,
                                     item_bytes=self.spec.block_bytes)
 
@@ -181,6 +184,7 @@ class BatchCalls:
         blocks of a batch with device outputs, whose copies this thread only enqueues. An
         element of ``outs`` that is not a pair fails the whole batch before anything is
         read (:class:`InvalidBlock`), as bad outputs do. Local."""
+        check_workers(max_workers, "get_many_into")
         block_ids, outs = list(block_ids), pair_list(outs, "get_many_into")
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
@@ -238,6 +242,7 @@ class BatchCalls:
                        **options: Any) -> Future:
         """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
         checked here; they must stay unchanged until the future is done."""
+        check_workers(options.get("max_workers"), "put_many_async")
         pairs = pair_list(pairs, "put_many_async")
         for key, value in pairs:
             self._check_pair(key, value)
@@ -259,6 +264,7 @@ class BatchCalls:
     def get_many_into_async(self, block_ids: Sequence[str], outs: Sequence[tuple[Any, Any]], *,
                             namespace: str = DEFAULT_NAMESPACE, max_workers: int | None = None) -> Future:
         """:meth:`get_many_into` without waiting: a future of the list of hits."""
+        check_workers(max_workers, "get_many_into_async")
         block_ids, outs = list(block_ids), pair_list(outs, "get_many_into_async")
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into_async: {len(block_ids)} ids but {len(outs)} output pairs")

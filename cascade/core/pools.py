@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from ..buffers.splitcopy import unsplit, usable_cores
+from ..errors import ConfigError
 
 
 #: Data a batch call hands each worker thread at least (below it the batch runs inline).
@@ -18,6 +19,14 @@ BYTES_PER_WORKER = 8 << 20
 def spare_cores() -> int:
     """CPU cores this process may run on, less one for the caller's own thread (at least 1)."""
     return max(1, usable_cores() - 1)
+
+
+def check_workers(max_workers: Any, call: str) -> None:
+    """Refuse a batch call's ``max_workers`` unless it is None (the default) or a
+    positive integer (:class:`ConfigError`, before anything is read or stored)."""
+    if max_workers is not None and (not isinstance(max_workers, int) or isinstance(max_workers, bool)
+                                    or max_workers < 1):
+        raise ConfigError(f"{call}: max_workers must be a positive integer or None, not {max_workers!r}")
 
 
 def _on_a_share_of_the_cores(fn: Callable[[], None]) -> None:
