@@ -190,3 +190,35 @@ def test_a_file_cut_inside_a_header_counts_a_torn_record(tmp_path):
     with CascadeStore(config(tmp_path), block_spec=SPEC) as store:
         assert store.stats()["tiers"]["file"]["torn_records"] == 1
         assert [served(store, i) for i in range(4)] == [True, True, False, False]
+
+
+def test_an_adoption_meeting_an_io_error_keeps_the_old_files_and_the_next_start_finishes_it(tmp_path, monkeypatch):
+    from cascade.core.factory import open_file_tier
+    from cascade.tiers.adoption import adopt_orphans, ranks_with_files
+
+    cfg = config(tmp_path)
+    keys = [("default", ident(i)) for i in range(4)]
+    old = open_file_tier(cfg, 1)  # a rank of a bigger job, gone at the restart
+    for i, key in enumerate(keys):
+        old.put(key, [b.reshape(-1) for b in block(i)], parent=keys[i - 1][1] if i else None)
+    old.close()
+
+    def adopt() -> tuple:
+        own = open_file_tier(cfg, 0)
+        try:
+            report = adopt_orphans(own, 1, lambda o: open_file_tier(cfg, o, capacity=1 << 62))
+            return report, sorted(k for k in keys if k in own), {k: own.parent_of(k) for k in keys if k in own}
+        finally:
+            own.close()
+
+    once = [True]
+    failed = fail_reads(monkeypatch, lambda offset, iov: once and once.pop())
+    report, held, _ = adopt()
+    assert failed and (report.blocks, report.deferred, report.corrupt, report.dropped) == (3, 1, 0, 0)
+    assert ranks_with_files(cfg.file_dir) == {0, 1} and len(held) == 3  # rank 1's files kept
+    report, held, parents = adopt()  # the next start copies the one it could not read
+    assert (report.blocks, report.deferred, report.corrupt) == (1, 0, 0)
+    assert ranks_with_files(cfg.file_dir) == {0} and held == keys
+    assert parents == {k: (keys[i - 1][1] if i else None) for i, k in enumerate(keys)}
+    with CascadeStore(cfg, block_spec=SPEC) as store:
+        assert all(served(store, i) for i in range(4))

@@ -54,6 +54,7 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
             if world_size is not None:
                 adopted = adopt_orphans(slow[0], world_size, lambda old: open_file_tier(config, old, capacity=1 << 62))
                 slow[0].counters["adopted"] = adopted.blocks
+                slow[0].counters["adoption_deferred"] = adopted.deferred
         opened = True
     except BaseException:
         opened = False

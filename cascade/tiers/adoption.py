@@ -8,7 +8,10 @@ by rank ``o % world_size``: it opens ``o``'s files as a file tier of their own (
 tombstones and checks as any warm restart does), copies every live, verified record into
 its own files with its parent and expiry, makes them durable, and only then removes
 ``o``'s files. An adoption cut short leaves both copies; the next start finds the
-block already adopted and finishes the job, so nothing is lost or served twice. A job
+block already adopted and finishes the job, so nothing is lost or served twice. So does
+one that met an I/O error (a record it could not read, :class:`UnreadableBlock`, or a
+write that failed with room left, :class:`TierWriteError`): ``o``'s files are kept and
+the next start copies what is still missing. A job
 that grows needs no adoption: its old ranks keep their files and the new ranks start empty.
 
 Cost: one verified read and one append per adopted block (see the note in docs/scale.md
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CascadeError, CorruptBlock, TierFull
+from ..errors import CascadeError, CorruptBlock, TierFull, TierWriteError, UnreadableBlock
 from .file_tier import FileTier
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ class Adoption:
     bytes: int = 0
     corrupt: int = 0   # failed verification: never copied
     dropped: int = 0   # no room left in this rank's tier: logged, not served
+    deferred: int = 0  # an I/O error reading or writing it: the old files are kept for the next start
     skipped_ranks: list[int] | None = None  # still locked by a live process
 
 
@@ -72,9 +76,13 @@ def adopt_orphans(own: FileTier, world_size: int, open_tier: Callable[[int], Fil
             report.skipped_ranks.append(old_rank)
             continue
         try:
-            _copy_blocks(old, own, report)
+            deferred = _copy_blocks(old, own, report)
             own.sync()  # durable here before the only other copy goes
-            old.remove_files()
+            if deferred:
+                log.warning("adoption: %d of rank %d's blocks met an I/O error; its files are kept "
+                            "and the next start copies them", deferred, old_rank)
+            else:
+                old.remove_files()
         finally:
             old.close()
         log.info("adopted rank %d's files in %s", old_rank, own.directory)
@@ -84,19 +92,25 @@ def adopt_orphans(own: FileTier, world_size: int, open_tier: Callable[[int], Fil
     return report
 
 
-def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> None:
+def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> int:
+    """Copy ``old``'s blocks that ``own`` lacks; returns how many met an I/O error
+    (counted in ``report.deferred``: still in ``old``'s files only)."""
+    deferred = 0
     for key in list(old):
         if key in own:  # adopted by an earlier start that was cut short
             continue
         buf = np.empty(old.length(key), dtype=np.uint8)
         try:
             old.read_into(key, buf)
+            own.put(key, [buf], parent=old.parent_of(key))
+        except (UnreadableBlock, TierWriteError) as exc:  # perhaps transient: left for the next start
+            log.warning("adoption: %s", exc)
+            deferred += 1
+            continue
         except CorruptBlock as exc:
             log.warning("adoption: %s", exc)
             report.corrupt += 1
             continue
-        try:
-            own.put(key, [buf], parent=old.parent_of(key))
         except TierFull:
             report.dropped += 1
             continue
@@ -105,3 +119,5 @@ def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> None:
             own.set_expiry(key, expires)
         report.blocks += 1
         report.bytes += buf.nbytes
+    report.deferred += deferred
+    return deferred
