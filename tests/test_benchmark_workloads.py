@@ -126,6 +126,38 @@ def test_trace_replay_every_evicting_system(dirs) -> None:
     assert row["cascade_lru"]["block_hit_ratio"] == row["reference_lru"]["block_hit_ratio"]
     assert result["targets"][0]["met"] is None  # no 5,000-block capacity in this run
     assert "Belady" in trace_replay.table(result)
+    redis = next(r for r in result["system_rows"] if r["system"] == "redis")
+    assert redis["wrong"] == 0  # every hit of the real peer was checked whole
+
+
+def test_trace_replay_counts_a_peer_returning_other_bytes_as_wrong_not_as_a_hit(monkeypatch) -> None:
+    import contextlib
+
+    class ReturnsZeros:  # a faulty peer: claims every id it was handed, returns zeros
+        def __init__(self) -> None:
+            self.seen: set[str] = set()
+
+        def get_into(self, bid, key_out, value_out) -> bool:
+            key_out[:] = 0
+            value_out[:] = 0
+            return bid in self.seen
+
+        def put(self, bid, key, value) -> None:
+            self.seen.add(bid)
+
+        def flush(self) -> None:
+            pass
+
+        def versions(self) -> dict:
+            return {}
+
+        def contains(self, bid) -> bool:
+            return bid in self.seen
+
+    monkeypatch.setattr(trace_replay.common, "started", lambda *a, **k: contextlib.nullcontext(ReturnsZeros()))
+    requests = trace_replay.load_requests({"requests": 40})[0][:40]
+    row = trace_replay.replay_adapter("zeros", requests, 100, 16 << 10, 16, "/tmp", float("inf"))
+    assert row["hits"] == 0 and row["wrong"] > 0 and row["block_hit_ratio"] == 0.0
 
 
 def test_trace_replay_refuses_a_system_without_eviction() -> None:

@@ -68,8 +68,8 @@ def job(file_dir: str, phase: str, blocks_per_rank: int, capacity: int) -> None:
                 continue  # each block read once, by one rank
             if not store.get_into(bid, key_out, value_out):
                 missing += 1
-            elif not np.array_equal(key_out, _content(store.spec, rank, i)[0]):
-                wrong += 1
+            elif not all(map(np.array_equal, (key_out, value_out), _content(store.spec, rank, i))):
+                wrong += 1  # key and value both checked
     stats = store.stats()["tiers"]["file"]
     report = {"open_s": open_s, "recovered": comm.allreduce(stats["recovered"]),
               "adopted": comm.allreduce(stats["adopted"]), "missing": comm.allreduce(missing),

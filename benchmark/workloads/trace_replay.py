@@ -106,15 +106,26 @@ def replay_store(name: str, requests: Sequence[Request], capacity: int, block_by
     return out
 
 
+def _stamped(key: np.ndarray, block_id: str) -> np.ndarray:
+    """A copy of ``key`` whose first bytes are ``block_id``'s (so every block differs)."""
+    stamp = np.frombuffer(block_id.encode(), dtype=np.uint8)[:key.size]
+    out = key.copy()
+    out[:stamp.size] = stamp
+    return out
+
+
 def replay_adapter(name: str, requests: Sequence[Request], capacity: int, block_bytes: int, tokens_per_block: int,
                    file_dir: str, deadline: float) -> dict[str, Any]:
-    """A peer through its adapter: ``get_into`` observes a hit, a miss is ``put``."""
+    """A peer through its adapter: ``get_into`` observes a hit, a miss is ``put``. Each
+    block's key starts with its own id (:func:`_stamped`) and every hit is checked whole:
+    a block returned with other bytes counts in ``wrong``, not as a hit."""
     half = block_bytes // 2
     rng = np.random.default_rng(0)
     key = rng.integers(0, 256, half, dtype=np.uint8)
     value = rng.integers(0, 256, half, dtype=np.uint8)
     outs = common.aligned_pair(half)
-    res = {"requests": 0, "references": 0, "hits": 0, "prefix_hits": 0, "tokens": 0, "hit_tokens": 0, "rejected": 0}
+    res = {"requests": 0, "references": 0, "hits": 0, "prefix_hits": 0, "tokens": 0, "hit_tokens": 0, "rejected": 0,
+           "wrong": 0}
     recent: dict[str, None] = {}  # ids by last reference, oldest first
     with common.started(name, capacity * block_bytes, file_dir) as adapter:
         for request in requests:
@@ -129,13 +140,15 @@ def replay_adapter(name: str, requests: Sequence[Request], capacity: int, block_
                 recent.pop(bid, None)
                 recent[bid] = None
                 if adapter.get_into(bid, *outs):
-                    res["hits"] += 1
-                    res["hit_tokens"] += tokens
-                    res["prefix_hits"] += leading
-                    continue
+                    if np.array_equal(outs[0], _stamped(key, bid)) and np.array_equal(outs[1], value):
+                        res["hits"] += 1
+                        res["hit_tokens"] += tokens
+                        res["prefix_hits"] += leading
+                        continue
+                    res["wrong"] += 1  # returned, but not this block's bytes: a miss
                 leading = False
                 try:
-                    adapter.put(bid, key, value)
+                    adapter.put(bid, _stamped(key, bid), value)
                 except (OSError, MemoryError):
                     res["rejected"] += 1
         adapter.flush()
