@@ -20,7 +20,7 @@ from ..config import Config
 from ..distributed.agree import PeerStepFailed, agree
 from ..distributed.directory import DirectoryFull
 from ..distributed.store_layer import Joined, Solo
-from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull
+from ..errors import ConfigError, CorruptBlock, RankFailure, TierFull, UnreadableBlock
 from ..policy import BlockMeta
 from ..tiers.base import Tier, TierKind
 from . import interrupts
@@ -33,7 +33,10 @@ def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float
                        directory_slots: int) -> None:
     """Enter the blocks the tiers hold at open (persistent tiers' records) in the index,
     unconfirmed until a put of the same bytes: expired ones are deleted, corrupt ones
-    (or ones another rank's copy wins over, multi-rank) dropped, and a tier now smaller
+    (or ones another rank's copy wins over, multi-rank) dropped and counted; multi-rank,
+    one whose read for its checksum fails with an I/O error (:class:`UnreadableBlock`)
+    is kept as this rank's private copy (not published, counted in ``read_errors``);
+    and a tier now smaller
     than its contents sheds blocks; multi-rank, blocks the directory has no slot for
     (``directory_slots`` per rank) are dropped, heads of prefixes kept first. :class:`ConfigError` when a tier holds blocks of
     another size than ``block_bytes`` (``what`` names the store's block shape).
@@ -60,8 +63,13 @@ def adopt_found_blocks(chain: TierChain, *, block_bytes: int, default_ttl: float
     for meta in sorted(found, key=lambda m: m.depth):  # heads first: prefixes survive
         try:
             kept = chain.peers.recovered(meta)
+        except UnreadableBlock as exc:  # an I/O error, perhaps passing: kept here, unpublished
+            log.warning("%s (kept on this rank, not published)", exc)
+            chain.metrics.tiers[meta.tier].read_errors += 1
+            kept = True
         except CorruptBlock as exc:
             log.warning("%s", exc)
+            chain.metrics.tiers[meta.tier].corruptions += 1
             kept = False
         except DirectoryFull:  # serve what fits: the rest could not be found by other ranks
             unlisted += 1
