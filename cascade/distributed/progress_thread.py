@@ -25,12 +25,35 @@ if TYPE_CHECKING:
 
 _TAG = 0x7CA5  # no Cascade message uses it; Iprobe only peeks anyway
 
+_switch_lock = threading.Lock()
+_switch_asked: list[float] = []  # the switch intervals of the running threads that set one
+_switch_before: float | None = None  # the process's interval before the first of them
+
+
+def _ask_switch(interval: float) -> None:
+    """One more running thread wants ``interval``: the process runs at the smallest asked."""
+    global _switch_before
+    with _switch_lock:
+        if not _switch_asked:
+            _switch_before = sys.getswitchinterval()
+        _switch_asked.append(interval)
+        sys.setswitchinterval(min(_switch_asked))
+
+
+def _drop_switch(interval: float) -> None:
+    """A thread that asked for ``interval`` stopped: the smallest still asked, or, after
+    the last, the interval from before the first."""
+    with _switch_lock:
+        _switch_asked.remove(interval)
+        sys.setswitchinterval(min(_switch_asked) if _switch_asked else _switch_before)
+
 
 class ProgressThread:
     """Drive this rank's MPI progress from a daemon thread until :meth:`stop` (or the
     ``with`` block ends). ``interval``: seconds between visits to MPI (sleeping, GIL
     released, in between). ``switch_interval``: if given, ``sys.setswitchinterval`` for
-    the thread's lifetime (restored by :meth:`stop`)."""
+    the thread's lifetime (several such threads: the smallest of theirs; after the last
+    one stops, the interval from before the first started)."""
 
     def __init__(self, comm: MPI.Comm, interval: float = 1e-3, *, switch_interval: float | None = None) -> None:
         MPI = load_mpi()
@@ -42,7 +65,6 @@ class ProgressThread:
         self._comm = comm
         self._interval = interval
         self._switch = switch_interval
-        self._saved_switch: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -52,8 +74,7 @@ class ProgressThread:
         with self._lock:
             if self._thread is None:
                 if self._switch is not None:
-                    self._saved_switch = sys.getswitchinterval()
-                    sys.setswitchinterval(self._switch)
+                    _ask_switch(self._switch)
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="cascade-mpi-progress", daemon=True)
                 self._thread.start()
@@ -67,9 +88,8 @@ class ProgressThread:
                 return
             self._stop.set()
             thread.join(timeout)
-            if self._saved_switch is not None:
-                sys.setswitchinterval(self._saved_switch)
-                self._saved_switch = None
+            if self._switch is not None:
+                _drop_switch(self._switch)
 
     def _run(self) -> None:
         MPI = load_mpi()

@@ -64,3 +64,18 @@ def test_the_store_runs_a_progress_thread_as_configured_until_close(comm, everyw
     stopped = thread is None or thread._thread is None
     assert everywhere(running == wanted and stopped and cluster.progress_thread is None,
                       f"{setting}: running {running}, wanted {wanted}, stopped {stopped}")
+
+
+def test_threads_setting_a_switch_interval_leave_the_process_as_they_found_it(comm, everywhere):
+    import sys
+
+    before = sys.getswitchinterval()
+    a = ProgressThread(comm, 1e-3, switch_interval=2e-4).start()
+    b = ProgressThread(comm, 1e-3, switch_interval=1e-4).start()
+    both = sys.getswitchinterval()
+    a.stop()  # stopped in the order started: the one left still gets its interval
+    one_left = sys.getswitchinterval()
+    b.stop()
+    after = sys.getswitchinterval()
+    close = [abs(got - want) < 1e-7 for got, want in ((both, 1e-4), (one_left, 1e-4), (after, before))]
+    assert everywhere(all(close), (both, one_left, after, before))
