@@ -71,8 +71,10 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
         from ..distributed.remote_tier import RemoteTier
 
         # every rank takes part in the window, even one exposing 0 bytes; always
-        # verified: its reads cross ranks (the end-to-end check, like peers' reads)
-        remote = RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(config.remote_bytes),
+        # verified: its reads cross ranks (the end-to-end check, like peers' reads). One
+        # chunk size for all: the smallest window lent sets it (ranks may lend different sizes)
+        lent = [n for n in comm.allgather(config.remote_bytes) if n > 0]
+        remote = RemoteTier(comm, config.remote_bytes, chunk_bytes=remote_chunk_bytes(min(lent, default=0)),
                             verify=True)
     except BaseException:
         for tier in fast + slow:
@@ -93,8 +95,9 @@ def open_file_tier(config: Config, rank: int, *, capacity: int | None = None) ->
 
 
 def remote_chunk_bytes(exposed: int) -> int:
-    """Lease unit of the REMOTE tier: 16 MiB, smaller for small windows (at least 64
-    chunks per window, so a window is shared fairly among writers)."""
+    """Lease unit of the REMOTE tier for windows of ``exposed`` bytes: 16 MiB, smaller for
+    small windows (at least 64 chunks per window, so a window is shared fairly among
+    writers). Multi-rank, ``exposed`` is the smallest window any rank lends."""
     chunk = 16 << 20
     while chunk > 4096 and exposed // chunk < 64:
         chunk //= 2

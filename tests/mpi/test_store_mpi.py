@@ -53,6 +53,25 @@ def test_every_rank_reads_every_ranks_blocks_and_dedups(comm, shared_dir, everyw
         store.close()
 
 
+def test_ranks_lending_different_remote_bytes_share_one_chunk_size(comm, shared_dir, everywhere):
+    # rank 0 lends nothing, the others 64, 128, ... blocks' worth: windows in different size
+    # classes (each rank's own class gave each its own chunk size, and the open failed)
+    lent = 0 if comm.rank == 0 else 64 * 4096 * 2 ** (comm.rank - 1)
+    store = make_store(comm, shared_dir, remote_bytes=lent)
+    try:
+        mine = [store.put(*block(store.spec, comm.rank * 1000 + i)) for i in range(60)]
+        comm.Barrier()
+        wrong = sum(not same(store.get(bid), block(store.spec, rank * 1000 + i))
+                    for rank, ids in enumerate(comm.allgather(mine)) for i, bid in enumerate(ids))
+        remote = store.stats()["tiers"].get("remote", {}).get("blocks", 0)
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(wrong == 0, f"{wrong} blocks missing or wrong")
+    if comm.size > 1:  # 60 blocks, an SHM tier of 32: some went into the peers' DRAM
+        assert everywhere(comm.allreduce(remote) > 0, remote)
+
+
 def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
