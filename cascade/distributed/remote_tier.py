@@ -58,6 +58,15 @@ class _Block:
     checksum: int | None
 
 
+@dataclass(slots=True)
+class _Reserved:
+    """Room taken in a lease for a put: the bytes are copied in at commit."""
+    lease: _Lease
+    offset: int
+    nbytes: int
+    parts: Sequence[Any] = ()
+
+
 class RemoteTier(Tier):
     """Blocks in the DRAM windows of the other ranks of ``comm`` (default
     ``MPI.COMM_SELF``: no other rank, capacity 0). Every rank exposes ``exposed_bytes``
@@ -130,16 +139,37 @@ class RemoteTier(Tier):
         when no target has room; the tier is then unchanged. ``parent`` is not kept
         (nothing here survives a restart)."""
         views = [memoryview(host_bytes(p, "block part")) for p in parts]
-        nbytes = sum(v.nbytes for v in views)
-        lease, offset = self._allocate(nbytes)
+        room = self.reserve(key, sum(v.nbytes for v in views))
         try:
-            self.windows.put(lease.rank, lease.base + offset, views)
+            self._write(key, room, views)
         except BaseException:
-            self._free(lease, offset, nbytes)
+            self.discard(room)
             raise
+
+    def reserve(self, key: BlockKey, nbytes: int, *, parent: str | None = None) -> _Reserved:
+        """Take room for a block of ``nbytes`` now (:class:`TierFull` if none), so that
+        claims made together never count on the same room; the bytes go in at
+        :meth:`commit`. ``parent`` is not kept."""
+        lease, offset = self._allocate(nbytes)
+        return _Reserved(lease, offset, nbytes)
+
+    def commit(self, key: BlockKey, handle: _Reserved) -> None:
+        """Copy the filled parts into their room and enter the block (all or nothing: after
+        a failed copy the room is still reserved)."""
+        self._write(key, handle, [memoryview(host_bytes(p, "block part")) for p in handle.parts])
+
+    def discard(self, handle: _Reserved) -> None:
+        self._free(handle.lease, handle.offset, handle.nbytes)
+
+    def _write(self, key: BlockKey, room: _Reserved, views: list[memoryview]) -> None:
+        """``views`` into ``room`` on its rank, then the block entered under ``key``."""
+        nbytes = sum(v.nbytes for v in views)
+        if nbytes != room.nbytes:
+            raise InvalidBlock(f"remote tier: {nbytes} bytes for room of {room.nbytes}")
+        self.windows.put(room.lease.rank, room.lease.base + room.offset, views)
         if key in self._blocks:
             self._drop(key)
-        self._blocks[key] = _Block(lease, offset, nbytes, checksum(views) if self._verify else None)
+        self._blocks[key] = _Block(room.lease, room.offset, nbytes, checksum(views) if self._verify else None)
         self._used += nbytes
 
     def length(self, key: BlockKey) -> int:

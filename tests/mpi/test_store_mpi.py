@@ -72,6 +72,40 @@ def test_ranks_lending_different_remote_bytes_share_one_chunk_size(comm, shared_
         assert everywhere(comm.allreduce(remote) > 0, remote)
 
 
+def test_puts_from_several_threads_into_a_nearly_full_remote_tier_go_further_down(comm, shared_dir, everywhere):
+    import threading
+
+    from cascade import TierFull
+
+    # no SHM tier: REMOTE is the fastest, 8 blocks lent per rank. Claims there took no
+    # room until their commit, so threads claiming together were refused past the room
+    # actually free (TierFull to the caller) although the file tier had room.
+    store = make_store(comm, shared_dir, shm_bytes=0, remote_bytes=8 * 4096)
+    refused: list[str] = []
+    try:
+        def put_some(t: int) -> None:
+            for i in range(48):
+                try:
+                    store.put(*block(store.spec, comm.rank * 100_000 + t * 1000 + i))
+                except TierFull as exc:
+                    refused.append(str(exc))
+
+        threads = [threading.Thread(target=put_some, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = store.stats()
+        wrong = sum(not same(store.get(block_id(*block(store.spec, comm.rank * 100_000 + t * 1000 + i))),
+                             block(store.spec, comm.rank * 100_000 + t * 1000 + i))
+                    for t in range(4) for i in range(48))
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(not refused and stats["stored"] == 4 * 48 and wrong == 0,
+                      (refused[:1], stats["stored"], wrong))
+
+
 def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
