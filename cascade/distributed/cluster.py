@@ -218,28 +218,31 @@ class Cluster:
 
     # -- the holder's bookkeeping ---------------------------------------------------------------
     def publish(self, key: BlockKey, kind: TierKind, rank: int, location: int, length: int,
-                parent: str | None, *, checksum: int) -> tuple[bool, DirectoryEntry]:
+                parent: str | None, *, checksum: int) -> tuple[bool, DirectoryEntry, bool]:
         """Announce a block this rank put: its bytes are at ``location`` of ``rank``'s
         tier ``kind`` (another rank's for REMOTE) and hash to ``checksum``. Returns
-        ``(inserted, entry)``; not inserted means another rank published it first
-        (cross-rank dedup: its share count rose). All or nothing: when counting the child
-        raises, the insert is undone before the exception propagates."""
+        ``(inserted, entry, counted)``; not inserted means another rank published it
+        first (cross-rank dedup: its share count rose); ``counted``: the parent's child
+        count was taken (not when no rank lists the parent), so the withdrawal gives it
+        back (pass the parent to :meth:`withdraw` only then). All or nothing: when
+        counting the child raises, the insert is undone before the exception propagates."""
         entry = DirectoryEntry(tier=int(kind), rank=rank, location=location, length=length, checksum=checksum)
         self._publishes += 1
         if self._publishes % SWEEP_EVERY == 0:
             self.directory.sweep()
         inserted, current = self.directory.insert_if_absent(key[0], key[1], entry)
+        counted = False
         if inserted and parent is not None:
             try:
-                self._adjust_child(key[0], parent, +1)
+                counted = self._adjust_child(key[0], parent, +1)
             except BaseException:
                 undo = self.directory.remove(key[0], key[1], expect=current)
                 if undo is Removal.PINNED:  # a reader pinned it meanwhile: keep it published
                     log.warning("publish of %s: child count of %s not taken and the insert not undone "
                                 "(pinned)", key[1], parent, exc_info=True)
-                    return inserted, current
+                    return inserted, current, False
                 raise
-        return inserted, current
+        return inserted, current, counted
 
     def lookup(self, key: BlockKey) -> DirectoryEntry | None:
         return self.directory.lookup(*key)
@@ -264,8 +267,10 @@ class Cluster:
         return entry if updated else None
 
     def withdraw(self, key: BlockKey, old: DirectoryEntry, parent: str | None, *, leaf_only: bool) -> Removal:
-        """Remove our entry before freeing the bytes. Anything but REMOVED/ABSENT/MISMATCH
-        (pinned elsewhere, or children cached elsewhere) means: keep the block."""
+        """Remove our entry before freeing the bytes, giving back the child count of
+        ``parent`` (None: none was taken at :meth:`publish`). Anything but
+        REMOVED/ABSENT/MISMATCH (pinned elsewhere, or children cached elsewhere) means:
+        keep the block."""
         outcome = self.directory.remove(key[0], key[1], expect=old, leaf_only=leaf_only)
         if outcome is Removal.REMOVED and parent is not None:
             try:
@@ -291,14 +296,16 @@ class Cluster:
         met (see :meth:`.directory.ShardedDirectory.mark_failed`). Local."""
         self.directory.mark_failed(ranks)
 
-    def _adjust_child(self, namespace: str, parent: str, delta: int) -> None:
+    def _adjust_child(self, namespace: str, parent: str, delta: int) -> bool:
+        """Move ``parent``'s child count by ``delta``; False when nothing was counted."""
         try:
             if delta > 0:
                 self.directory.add_child(namespace, parent, delta)
             else:
                 self.directory.remove_child(namespace, parent, -delta)
         except (BlockNotFound, PinUnderflow):
-            pass  # the parent is not cached (or was re-inserted): nothing to count
+            return False  # the parent is not cached (or was re-inserted): nothing to count
+        return True
 
     def drain(self, ok: bool = True) -> None:
         """Collective: return once every rank has stopped reading (entered close) and

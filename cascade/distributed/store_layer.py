@@ -118,6 +118,7 @@ class Joined(Solo):
         self.tiers = tiers
         self.rank = rank
         self._foreign_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
+        self._uncounted: set[BlockKey] = set()  # published while no rank listed the parent: no child count taken
         self._lock = threading.RLock()
 
     def checksum(self, parts: Sequence[Any]) -> int:
@@ -158,10 +159,12 @@ class Joined(Solo):
         copy won the race (the caller drops ours and counts a dedup). All or nothing: on
         an exception nothing is published."""
         kind, rank, location = self._placement(meta)  # REMOTE: the rank whose window holds it
-        inserted, entry = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
-                                               checksum=meta.checksum)
+        inserted, entry, counted = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
+                                                        checksum=meta.checksum)
         if inserted:
             meta.entry = entry
+            if meta.parent is not None and not counted:  # no rank listed the parent: nothing to give back
+                self._uncounted.add(meta.key)
             return True
         # not theirs, or unreadable here: a private copy (ours serves this rank)
         return not self._theirs(entry) or not self.cluster.readable(entry)
@@ -198,10 +201,12 @@ class Joined(Solo):
             return True
         from .directory import Removal
 
-        outcome = self.cluster.withdraw(meta.key, meta.entry, meta.parent, leaf_only=leaf_only)
+        parent = None if meta.key in self._uncounted else meta.parent
+        outcome = self.cluster.withdraw(meta.key, meta.entry, parent, leaf_only=leaf_only)
         if outcome in (Removal.PINNED, Removal.HAS_CHILDREN):
             return False
         meta.entry = None
+        self._uncounted.discard(meta.key)
         return True
 
     @_serialized

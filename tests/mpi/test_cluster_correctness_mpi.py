@@ -112,6 +112,30 @@ def test_a_failed_child_count_undoes_the_publish(comm, shared_dir, everywhere):
         store.close()
 
 
+def test_a_child_published_before_its_parent_gives_back_no_count_it_never_took(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir)
+    try:
+        parent, early, late = "a1" * 16, "c1" * 16, "d1" * 16
+        if comm.rank == 1:  # a child while no rank lists its parent: no child count taken
+            store.put(*block(store.spec, 1), block_id=early, parent=parent)
+        comm.Barrier()
+        if comm.rank == 0:
+            store.put(*block(store.spec, 7), block_id=parent)
+        comm.Barrier()
+        if comm.rank == 1:  # a child after it: counted
+            store.put(*block(store.spec, 2), block_id=late, parent=parent)
+        comm.Barrier()
+        if comm.rank == 1:  # the first child goes: it must not take the second one's count
+            store.delete(early)
+        comm.Barrier()
+        children = store.cluster.directory.lookup("default", parent).children
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(children == 1, children)
+
+
 def test_a_full_directory_rejects_the_put_and_stores_nothing(comm, shared_dir, everywhere):
     needs_ranks(comm)
     store = make_store(comm, shared_dir, directory_slots=8, shm_bytes=256 * 4096)
