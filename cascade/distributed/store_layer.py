@@ -216,7 +216,18 @@ class Joined(Solo):
 
     @_serialized
     def found_elsewhere(self, keys: Sequence[BlockKey]) -> list[bool]:
-        return [e is not None and self.cluster.readable(e) for e in self.cluster.lookup_many(list(keys))]
+        """Whether another rank's readable copy of each key (not cached here) is listed:
+        this rank's own entry never counts (a block of ours the caller did not find, e.g.
+        expired, is not found elsewhere)."""
+        return [e is not None and not self._our_entry(key, e) and self.cluster.readable(e)
+                for key, e in zip(keys, self.cluster.lookup_many(list(keys)))]
+
+    def _our_entry(self, key: BlockKey, entry: DirectoryEntry) -> bool:
+        """Whether this rank published ``entry``: one naming this rank outside the REMOTE
+        tier, or a REMOTE one for a block in this rank's REMOTE tier."""
+        if entry.tier != TierKind.REMOTE:
+            return entry.rank == self.rank
+        return any(t.kind is TierKind.REMOTE and key in t for t in self.tiers)
 
     @_serialized
     def pin(self, key: BlockKey, meta: BlockMeta | None) -> None:

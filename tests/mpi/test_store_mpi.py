@@ -106,6 +106,21 @@ def test_puts_from_several_threads_into_a_nearly_full_remote_tier_go_further_dow
                       (refused[:1], stats["stored"], wrong))
 
 
+def test_a_block_past_its_ttl_is_not_found_by_its_holder(comm, shared_dir, everywhere):
+    store = make_store(comm, shared_dir)
+    try:
+        mine = store.put(*block(store.spec, 77_000 + comm.rank), ttl=0.5)
+        comm.Barrier()
+        time.sleep(0.8)
+        # the holder's own directory entry stays until it drops the block: not a copy "elsewhere"
+        seen = (store.contains(mine), store.longest_prefix([mine]), store.contains_many([mine]))
+        hit = store.get(mine) is not None
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(seen == (False, 0, [False]) and not hit, (seen, hit))
+
+
 def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
