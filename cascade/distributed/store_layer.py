@@ -264,6 +264,10 @@ class Joined(Solo):
 
     @_serialized
     def not_pinned(self, key: BlockKey, meta: BlockMeta | None) -> Exception:
+        """What an unpin this rank cannot honour raises: :class:`BlockNotFound` for a
+        block no rank lists, else :class:`BlockPinned` (pins are per rank)."""
+        if meta is None and self.cluster.lookup(key) is None:
+            return BlockNotFound(f"no block {key[1]} in namespace {key[0]!r} on any rank")
         return BlockPinned(f"block {key[1]} is not pinned by rank {self.rank} "
                            "(pins are per rank: unpin on the rank that pinned it)")
 

@@ -142,7 +142,10 @@ class WindowChunks:
 
     def get_into(self, target: int, offset: int, outs: Sequence[memoryview]) -> None:
         """Read the bytes at ``offset`` of ``target``'s window into the byte views
-        ``outs`` back to back (one round trip)."""
+        ``outs`` back to back (one round trip). :class:`ValueError` for a rank outside
+        the communicator."""
+        if not 0 <= target < len(self._sizes):
+            raise ValueError(f"no rank {target} in a window of {len(self._sizes)} ranks")
         get_bytes(self._data, self._BYTE, target, offset, outs, self._sizes[target], "window")
 
     def free(self) -> None:

@@ -125,6 +125,8 @@ def test_partial_reads_and_errors(comm, tier, everywhere):
     assert everywhere(raises(BlockNotFound, tier.__delitem__, key(comm.rank, 99)))
     holder = tier.location(k)[0]
     assert everywhere(raises(ValueError, tier.read_remote, holder, tier.windows.window_bytes(holder), bytearray(1)))
+    for rank in (-1, comm.size):  # no such rank: an error, never another rank's bytes
+        assert everywhere(raises(ValueError, tier.read_remote, rank, 0, bytearray(1)))
     # A block changed behind the tier's back is caught (verify=True), here and via the directory's checksum.
     rank, location, length = tier.location(k)
     tier.windows.put(rank, location + 5, [memoryview(bytes([data[5] ^ 0xFF]))])

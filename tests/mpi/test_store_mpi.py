@@ -121,6 +121,19 @@ def test_a_block_past_its_ttl_is_not_found_by_its_holder(comm, shared_dir, every
     assert everywhere(seen == (False, 0, [False]) and not hit, (seen, hit))
 
 
+def test_unpin_of_an_id_no_rank_holds_is_blocknotfound_at_every_size(comm, shared_dir, everywhere):
+    store = make_store(comm, shared_dir)
+    try:
+        held = comm.bcast(store.put(*block(store.spec, 88_000)) if comm.rank == 0 else None)
+        comm.Barrier()
+        unknown = raises(BlockNotFound, store.unpin, "e" * 32)
+        not_mine = comm.rank == 0 or raises(BlockPinned, store.unpin, held)  # held elsewhere, not pinned here
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(unknown and not_mine, (unknown, not_mine))
+
+
 def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
