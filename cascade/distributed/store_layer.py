@@ -22,6 +22,7 @@ store's, then this one's).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 
 def _serialized(method: _F) -> _F:
@@ -259,8 +261,15 @@ class Joined(Solo):
 
     @_serialized
     def unpinned(self, meta: BlockMeta) -> None:
+        """Give back the directory's pin of a block this rank pinned (the local count is
+        already down): an entry gone meanwhile has no pin left to give back."""
         if meta.entry is not None:
-            self.cluster.unpin(meta.key)
+            from .directory import PinUnderflow
+
+            try:
+                self.cluster.unpin(meta.key)
+            except (PinUnderflow, BlockNotFound):
+                log.warning("unpin of %s: its directory entry holds no pin of ours", meta.key[1])
 
     @_serialized
     def not_pinned(self, key: BlockKey, meta: BlockMeta | None) -> Exception:

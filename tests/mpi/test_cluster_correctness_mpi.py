@@ -136,6 +136,22 @@ def test_a_child_published_before_its_parent_gives_back_no_count_it_never_took(c
     assert everywhere(children == 1, children)
 
 
+def test_an_unpin_whose_directory_pin_is_gone_still_ends_the_local_pin(comm, shared_dir, everywhere):
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir)
+    try:
+        mine = store.put(*block(store.spec, 300 + comm.rank))
+        store.pin(mine)
+        store.cluster.unpin(("default", mine))  # the directory's pin gone behind the store's back
+        store.unpin(mine)  # raised PinUnderflow with the local pin already counted down
+        store.delete(mine)  # not pinned any more: it goes
+        gone = not store.contains(mine)
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(gone)
+
+
 def test_a_full_directory_rejects_the_put_and_stores_nothing(comm, shared_dir, everywhere):
     needs_ranks(comm)
     store = make_store(comm, shared_dir, directory_slots=8, shm_bytes=256 * 4096)
