@@ -35,6 +35,7 @@ from .core.batch import BatchCalls
 from .core.chain import TierChain
 from .core.housekeeper import Housekeeper
 from .core.demoter import Demoter
+from .core.expiry import ExpirySweeper
 from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
 from .core.index import BlockIndex
@@ -133,15 +134,21 @@ class CascadeStore(BatchCalls):
         self._housekeeper = Housekeeper(self.tiers, self._inflight, self._lock)  # file-tier kills and compactions, off the lock
         self._demoter = Demoter(self._chain, self._inflight, self._lock, high=self.config.demote_high,
                                 low=self.config.demote_low)  # keeps room in the fastest tier for puts
+        self._expiry = ExpirySweeper(self._index, self._chain, self.metrics, self._inflight, self._lock)
+        self._index.on_ttl = self._expiry.enter  # blocks past their TTL go without waiting for a read
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, self._demoter, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
                                default_ttl=self.config.default_ttl, promote_on_hit=self.config.promote_on_hit,
                                cache_cluster_reads=self.config.cache_cluster_reads,
                                ttl_on_use=self.config.ttl_mode == "last_use")
-        with self._lock:
-            open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
-                        comm=comm if clustered else None, layout=self.layout if tiers is None else None)
+        try:
+            with self._lock:
+                open_layers(self._chain, built, self.config, block_bytes=nbytes, rank=rank,
+                            comm=comm if clustered else None, layout=self.layout if tiers is None else None)
+        except BaseException:
+            self._expiry.stop()  # it may have started for blocks found at open
+            raise
 
     # -- what the layers hold, for reports and tests ------------------------------------------
     @property
@@ -457,6 +464,8 @@ class CascadeStore(BatchCalls):
             meta.ttl = ttl
             self._index.changed(meta)
             self._chain.persist_ttl(meta)
+            if ttl:
+                self._expiry.enter(meta, self._index.expires_at(meta))
 
     def set_priority(self, block_id: str, priority: int, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Raise (or lower, negative) a block's value: each step doubles (halves) it."""
@@ -513,6 +522,7 @@ class CascadeStore(BatchCalls):
                         unfinished, ASYNC_CLOSE_SECONDS)
         self._demoter.stop()  # after its move under way; a put then makes room itself
         self._housekeeper.stop()  # a compaction's copying stops between two records and is undone
+        self._expiry.stop()  # blocks past their TTL are left to the next open, which drops them
         with self._closer, self._lock:
             if self._closed:
                 return

@@ -232,6 +232,35 @@ def test_ttl_expires_blocks(tiny_config, monkeypatch):
         assert s.contains(pinned)  # a pinned block never expires
 
 
+@pytest.mark.parametrize("tier", ["shm", "file"])
+def test_blocks_past_their_ttl_go_without_a_read(tiny_config, tier):
+    import time
+
+    def gone(store, bid, within=10.0) -> bool:  # polled: the sweep runs on its own thread
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            if ("default", bid) not in store._meta:
+                return True
+            time.sleep(0.02)
+        return False
+
+    with CascadeStore(tiny_config.replace(shm_bytes=0) if tier == "file" else tiny_config) as s:
+        put = s.put(*make_block(s.spec, 910), ttl=0.3)
+        later = s.put(*make_block(s.spec, 912))
+        s.set_ttl(later, 0.3)  # a TTL given after the put
+        pinned = s.put(*make_block(s.spec, 913), ttl=0.3)
+        s.pin(pinned)
+        kept = s.put(*make_block(s.spec, 914), ttl=3600)
+        assert gone(s, put) and gone(s, later)
+        assert s.stats()["expired"] == 2 and s.stats()["tiers"][tier]["blocks"] == 2
+        assert s.contains(pinned) and s.contains(kept)  # pinned: never expires; not due yet
+        s.unpin(pinned)
+        assert gone(s, pinned) and s.stats()["expired"] == 3 and s.contains(kept)
+    if tier == "file":  # the records went too
+        with CascadeStore(tiny_config.replace(shm_bytes=0)) as s:
+            assert len(s) == 1 and s.contains(kept)
+
+
 def test_first_use_ttl(tiny_config, monkeypatch):
     import time  # the clock every layer of the store reads
 

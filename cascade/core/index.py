@@ -10,7 +10,7 @@ It never touches a tier. Not thread-safe: called under the store's lock.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import InvalidBlock
 from ..policy import BlockMeta, Policy
@@ -31,6 +31,9 @@ class BlockIndex:
         self.ns_bytes: list[dict[str, int]] = [{} for _ in range(num_tiers)]
         self.hinted_bytes = 0  # bytes of blocks with hints > 0 (capped by the store)
         self.unconfirmed: set[BlockKey] = set()
+        #: Told of each block entered with a TTL and when it runs out (the store's
+        #: :class:`~.expiry.ExpirySweeper`); None: nobody.
+        self.on_ttl: Callable[[BlockMeta, float], None] | None = None
 
     @property
     def policy_kind(self) -> str:
@@ -85,6 +88,8 @@ class BlockIndex:
         self._policy.admitted(meta, now)
         if meta.parent is not None:
             self._count_child(meta, tier, +1)
+        if meta.ttl and self.on_ttl is not None:
+            self.on_ttl(meta, self._policy.expires_at(meta))
 
     def adopt(self, found: list[BlockMeta], now: float) -> None:
         """Enter blocks found on disk at open (unconfirmed), all at once: their depths
@@ -99,6 +104,8 @@ class BlockIndex:
             self._policy.admitted(meta, now)
         for meta in found:
             self._count_child(meta, meta.tier, +1)
+            if meta.ttl and self.on_ttl is not None:
+                self.on_ttl(meta, self._policy.expires_at(meta))
 
     def moved(self, meta: BlockMeta, tier: int) -> None:
         """``meta`` now sits in ``tier``."""
@@ -191,6 +198,10 @@ class BlockIndex:
 
     def expired(self, meta: BlockMeta, now: float) -> bool:
         return meta.pins == 0 and now > self._policy.expires_at(meta)
+
+    def expires_at(self, meta: BlockMeta) -> float:
+        """When ``meta``'s TTL runs out (``time.monotonic()`` seconds; inf without one)."""
+        return self._policy.expires_at(meta)
 
     def wall_expiry(self, key: BlockKey) -> float:
         """Wall-clock expiry of a block, for persistent tiers (0 = none): TTLs run on the

@@ -106,6 +106,35 @@ def test_puts_from_several_threads_into_a_nearly_full_remote_tier_go_further_dow
                       (refused[:1], stats["stored"], wrong))
 
 
+def test_a_put_after_another_ranks_copy_expired_is_stored_and_stays(comm, shared_dir, everywhere):
+    store = make_store(comm, shared_dir)
+    try:
+        data = block(store.spec, 78_000)
+        if comm.rank == 0:
+            store.put(*data, ttl=0.3)
+        comm.Barrier()
+        time.sleep(1.0)  # past its TTL, never read: its rank drops it in the background
+        comm.Barrier()
+        stored = deduped = 0
+        if comm.rank == 1:  # was a cluster dedup onto the expired copy: nothing stored, then a miss
+            before = store.stats()
+            bid = store.put(*data)
+            stored = store.stats()["stored"] - before["stored"]
+            deduped = store.stats()["cluster_deduped"] - before["cluster_deduped"]
+        comm.Barrier()
+        if comm.rank == 0:
+            store.get(block_id(*data))  # the holder reads it: nothing of its own left to drop
+        comm.Barrier()
+        served = comm.rank != 1 or same(store.get(bid), data)
+        expired = comm.allreduce(store.stats()["expired"])
+        comm.Barrier()
+    finally:
+        store.close()
+    if comm.size > 1:
+        assert everywhere(served and (stored, deduped) == ((1, 0) if comm.rank == 1 else (0, 0)) and expired == 1,
+                          (served, stored, deduped, expired))
+
+
 def test_a_block_past_its_ttl_is_not_found_by_its_holder(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
