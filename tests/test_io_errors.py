@@ -222,3 +222,58 @@ def test_an_adoption_meeting_an_io_error_keeps_the_old_files_and_the_next_start_
     assert parents == {k: (keys[i - 1][1] if i else None) for i, k in enumerate(keys)}
     with CascadeStore(cfg, block_spec=SPEC) as store:
         assert all(served(store, i) for i in range(4))
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_an_adoption_whose_write_fails_keeps_the_old_files(tmp_path, monkeypatch, code):
+    from cascade.core.factory import open_file_tier
+    from cascade.tiers.adoption import adopt_orphans, ranks_with_files
+
+    cfg = config(tmp_path)
+    keys = [("default", ident(i)) for i in range(3)]
+    old = open_file_tier(cfg, 1)
+    for i, key in enumerate(keys):
+        old.put(key, [b.reshape(-1) for b in block(i)])
+    old.close()
+    write = os.pwritev
+    once = [True]
+
+    def pwritev(fd, iov, offset):  # the first copy's write fails: a full disk, or EIO
+        if once and once.pop():
+            raise OSError(code, os.strerror(code))
+        return write(fd, iov, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    own = open_file_tier(cfg, 0)
+    report = adopt_orphans(own, 1, lambda o: open_file_tier(cfg, o, capacity=1 << 62))
+    own.close()
+    monkeypatch.undo()
+    assert (report.blocks, report.deferred, report.dropped) == (2, 1, 0)
+    assert ranks_with_files(cfg.file_dir) == {0, 1}  # the only copy of the third is kept
+    own = open_file_tier(cfg, 0)
+    report = adopt_orphans(own, 1, lambda o: open_file_tier(cfg, o, capacity=1 << 62))  # the next start copies it
+    own.close()
+    assert (report.blocks, report.deferred) == (1, 0) and ranks_with_files(cfg.file_dir) == {0}
+    with CascadeStore(cfg, block_spec=SPEC) as store:
+        assert all(served(store, i) for i in range(3))
+
+
+def test_an_adoption_skips_expired_blocks_keeps_ttls_and_counts_what_it_drops(tmp_path):
+    import time
+
+    from cascade.core.factory import open_file_tier
+    from cascade.tiers.adoption import adopt_orphans
+
+    cfg = config(tmp_path)
+    old = open_file_tier(cfg, 1)
+    ttls = {("default", ident(0)): time.time() - 1, ("default", ident(1)): time.time() + 3600}
+    old.expiry_of = lambda key: ttls.get(key, 0.0)
+    for i in range(6):  # block 0 is past its TTL, 1 has an hour left, 2-5 have none
+        old.put(("default", ident(i)), [b.reshape(-1) for b in block(i)])
+    old.close()
+    small = open_file_tier(cfg, 0, capacity=3 * RECORD)  # room for three of the five live blocks
+    report = adopt_orphans(small, 1, lambda o: open_file_tier(cfg, o, capacity=1 << 62))
+    expires = small.expires_of(("default", ident(1)))
+    small.close()
+    assert (report.blocks, report.expired, report.dropped, report.deferred) == (3, 1, 2, 0)
+    assert 3500 < expires - time.time() <= 3600  # written with the copy itself, not after it

@@ -53,8 +53,10 @@ def build_tiers(config: Config, *, rank: int = 0, array_module=None, comm=None,
             slow.append(open_file_tier(config, rank))
             if world_size is not None:
                 adopted = adopt_orphans(slow[0], world_size, lambda old: open_file_tier(config, old, capacity=1 << 62))
-                slow[0].counters["adopted"] = adopted.blocks
-                slow[0].counters["adoption_deferred"] = adopted.deferred
+                counters = slow[0].counters
+                counters["adopted"], counters["adoption_deferred"] = adopted.blocks, adopted.deferred
+                counters["adoption_dropped"], counters["adoption_expired"] = adopted.dropped, adopted.expired
+                counters["corrupt_reads"] += adopted.corrupt  # read through the old rank's tier, closed since
         opened = True
     except BaseException:
         opened = False

@@ -10,8 +10,10 @@ its own files with its parent and expiry, makes them durable, and only then remo
 ``o``'s files. An adoption cut short leaves both copies; the next start finds the
 block already adopted and finishes the job, so nothing is lost or served twice. So does
 one that met an I/O error (a record it could not read, :class:`UnreadableBlock`, or a
-write that failed with room left, :class:`TierWriteError`): ``o``'s files are kept and
-the next start copies what is still missing. A job
+write that failed, a full disk included, while the tier had room): ``o``'s files are
+kept and the next start copies what is still missing. Blocks past their TTL are not
+copied (counted as expired); each copy is written with its expiry in the same append.
+A block the tier has no room for is dropped (counted in ``adoption_dropped``). A job
 that grows needs no adoption: its old ranks keep their files and the new ranks start empty.
 
 Cost: one verified read and one append per adopted block (see the note in docs/scale.md
@@ -22,12 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CascadeError, CorruptBlock, TierFull, TierWriteError, UnreadableBlock
+from ..errors import CascadeError, CorruptBlock, UnreadableBlock
 from .file_tier import FileTier
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,9 @@ _RANK_FILE = re.compile(r"^agg_rank(\d{3,})_\d{6,}\.bin$")
 
 @dataclass
 class Adoption:
-    """What one rank adopted at start (also in the file tier's stats)."""
+    """What one rank adopted at start (in the file tier's stats: ``adopted``,
+    ``adoption_deferred``, ``adoption_dropped``, ``adoption_expired``; corrupt blocks in
+    ``corrupt_reads``)."""
 
     ranks: list[int]
     blocks: int = 0
@@ -45,6 +50,7 @@ class Adoption:
     corrupt: int = 0   # failed verification: never copied
     dropped: int = 0   # no room left in this rank's tier: logged, not served
     deferred: int = 0  # an I/O error reading or writing it: the old files are kept for the next start
+    expired: int = 0   # past its TTL: not copied
     skipped_ranks: list[int] | None = None  # still locked by a live process
 
 
@@ -93,31 +99,45 @@ def adopt_orphans(own: FileTier, world_size: int, open_tier: Callable[[int], Fil
 
 
 def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> int:
-    """Copy ``old``'s blocks that ``own`` lacks; returns how many met an I/O error
-    (counted in ``report.deferred``: still in ``old``'s files only)."""
+    """Copy ``old``'s live blocks that ``own`` lacks, each with its parent and expiry in
+    one append; returns how many met an I/O error (counted in ``report.deferred``: still
+    in ``old``'s files only)."""
     deferred = 0
-    for key in list(old):
-        if key in own:  # adopted by an earlier start that was cut short
-            continue
-        buf = np.empty(old.length(key), dtype=np.uint8)
-        try:
-            old.read_into(key, buf)
-            own.put(key, [buf], parent=old.parent_of(key))
-        except (UnreadableBlock, TierWriteError) as exc:  # perhaps transient: left for the next start
-            log.warning("adoption: %s", exc)
-            deferred += 1
-            continue
-        except CorruptBlock as exc:
-            log.warning("adoption: %s", exc)
-            report.corrupt += 1
-            continue
-        except TierFull:
-            report.dropped += 1
-            continue
-        expires = old.expires_of(key)
-        if expires:
-            own.set_expiry(key, expires)
-        report.blocks += 1
-        report.bytes += buf.nbytes
+    copying: dict = {}
+    asked, own.expiry_of = own.expiry_of, lambda key: copying.get(key, 0.0)
+    try:
+        for key in list(old):
+            if key in own:  # adopted by an earlier start that was cut short
+                continue
+            expires = old.expires_of(key)
+            if 0 < expires <= time.time():
+                report.expired += 1
+                continue
+            if not own.fits(old.length(key)):
+                report.dropped += 1
+                continue
+            buf = np.empty(old.length(key), dtype=np.uint8)
+            copying[key] = expires
+            try:
+                old.read_into(key, buf)
+                own.put(key, [buf], parent=old.parent_of(key))
+            except UnreadableBlock as exc:  # perhaps transient: left for the next start
+                log.warning("adoption: %s", exc)
+                deferred += 1
+                continue
+            except CorruptBlock as exc:
+                log.warning("adoption: %s", exc)
+                report.corrupt += 1
+                continue
+            except OSError as exc:  # a failed write (TierFull of a full disk included), with room in the tier
+                log.warning("adoption: %s", exc)
+                deferred += 1
+                continue
+            finally:
+                copying.pop(key, None)
+            report.blocks += 1
+            report.bytes += buf.nbytes
+    finally:
+        own.expiry_of = asked
     report.deferred += deferred
     return deferred

@@ -121,7 +121,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
                          "unlink_errors": 0, "old_files": 0, "expiry_writes": 0, "adopted": 0,
-                         "adoption_deferred": 0}
+                         "adoption_deferred": 0, "adoption_dropped": 0, "adoption_expired": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
