@@ -48,7 +48,7 @@ def read(directory: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no manifest (the directory's own check says why)
         return None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is unreadable ({exc}): remove it only if the files beside it "

@@ -169,6 +169,33 @@ def test_the_header_key_is_made_once_private_and_a_damaged_one_is_refused(tmp_pa
         CascadeStore(cfg)
 
 
+def test_a_header_key_that_cannot_be_made_leaves_nothing_behind_and_names_its_path(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    cfg = _file_only(tmp_path)
+    sync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="cannot make .*header.key: No space left on device"):
+            CascadeStore(cfg)
+    monkeypatch.setattr(os, "fsync", sync)
+    assert not [n for n in os.listdir(tmp_path / "files") if n.startswith("header.key")]
+    with CascadeStore(cfg) as store:  # with room again, it is made
+        assert (store.get(store.put(*_block(store, 5)))[0] == 5).all()
+
+
+def test_a_file_dir_below_a_regular_file_is_refused_as_a_directory_not_as_a_manifest(tmp_path):
+    (tmp_path / "afile").write_bytes(b"")
+    cfg = _file_only(tmp_path).replace(file_dir=str(tmp_path / "afile" / "sub"))
+    with pytest.raises(ConfigError, match="file_dir: cannot create .*Not a directory; choose another directory"):
+        CascadeStore(cfg)
+
+
 def test_a_file_of_an_earlier_record_format_is_dropped_whole(tmp_path):
     cfg = _file_only(tmp_path)
     with CascadeStore(cfg) as store:

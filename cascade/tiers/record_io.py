@@ -447,18 +447,23 @@ def header_key(directory: str) -> int:
     except FileNotFoundError:
         pass
     made = f"{path}.{os.getpid()}.{threading.get_ident()}"
-    fd = open_own(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        os.write(fd, os.urandom(_KEY_BYTES))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(made, path)
-    except FileExistsError:  # another rank made it first: theirs is the one
-        pass
-    finally:
-        os.unlink(made)
+        fd = open_own(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            try:
+                if os.write(fd, os.urandom(_KEY_BYTES)) != _KEY_BYTES:
+                    raise OSError(errno.EIO, "short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(made, path)
+            except FileExistsError:  # another rank made it first: theirs is the one
+                pass
+        finally:
+            os.unlink(made)  # never left behind, made or not
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make {path}: {exc.strerror or exc}") from exc
     return _read_header_key(path)
 
 
