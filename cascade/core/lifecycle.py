@@ -153,6 +153,13 @@ def open_layers(chain: TierChain, built: list[Tier], config: Config, *, block_by
             # leaving before the others finish republishing misses their blocks.
             together = False
             agree(comm, True, "warm restart")
+            try:  # every parent is listed now: count the children (a head whose tail another rank caches stays)
+                chain.peers.count_recovered_children()
+            except BaseException:
+                agree(comm, False, "warm restart: child counts")
+                together = True
+                raise
+            agree(comm, True, "warm restart: child counts")
     except PeerStepFailed:  # the agreement itself completed: every rank is failing
         _abandon(chain, built, collective=True)
         raise

@@ -244,6 +244,10 @@ class Cluster:
                 raise
         return inserted, current, counted
 
+    def add_child(self, namespace: str, parent: str) -> bool:
+        """Count one more cached child of ``parent``; False when no rank lists it."""
+        return self._adjust_child(namespace, parent, +1)
+
     def lookup(self, key: BlockKey) -> DirectoryEntry | None:
         return self.directory.lookup(*key)
 

@@ -71,6 +71,9 @@ class Solo:
     def recovered(self, meta: BlockMeta) -> bool:
         return True
 
+    def count_recovered_children(self) -> None:
+        pass
+
     def held_elsewhere(self, key: BlockKey) -> bool:
         return False
 
@@ -121,6 +124,7 @@ class Joined(Solo):
         self.rank = rank
         self._foreign_pins: dict[BlockKey, int] = {}  # pins this rank took on blocks it does not hold
         self._uncounted: set[BlockKey] = set()  # published while no rank listed the parent: no child count taken
+        self._recovered: list[BlockMeta] = []  # republished at open, their child counts not taken yet
         self._lock = threading.RLock()
 
     def checksum(self, parts: Sequence[Any]) -> int:
@@ -128,12 +132,27 @@ class Joined(Solo):
 
     @_serialized
     def recovered(self, meta: BlockMeta) -> bool:
-        """Publish a block found on disk at start (its checksum read back first).
-        :class:`CorruptBlock` when its bytes fail verification."""
+        """Publish a block found on disk at start (its checksum read back first), without
+        its parent's child count: every rank republishes at once, and the parent may not
+        be listed yet (:meth:`count_recovered_children` counts it once every rank's blocks
+        are). :class:`CorruptBlock` when its bytes fail verification."""
         buf = np.empty(meta.nbytes, dtype=np.uint8)
         self.tiers[meta.tier].read_into(meta.key, buf)
         meta.checksum = parts_checksum([buf])
-        return self.publish(meta)
+        published = self._publish(meta, None)
+        if meta.parent is not None and meta.entry is not None:
+            self._uncounted.add(meta.key)  # until counted: a withdrawal meanwhile gives none back
+            self._recovered.append(meta)
+        return published
+
+    @_serialized
+    def count_recovered_children(self) -> None:
+        """After every rank republished its blocks (a collective step of the caller's):
+        count each recovered block still listed as ours among its parent's children."""
+        recovered, self._recovered = self._recovered, []
+        for meta in recovered:
+            if meta.key in self._uncounted and self.cluster.add_child(meta.key[0], meta.parent):
+                self._uncounted.discard(meta.key)
 
     @_serialized
     def held_elsewhere(self, key: BlockKey) -> bool:
@@ -160,12 +179,16 @@ class Joined(Solo):
         """Announce a local block in the directory. False when another rank's readable
         copy won the race (the caller drops ours and counts a dedup). All or nothing: on
         an exception nothing is published."""
+        return self._publish(meta, meta.parent)
+
+    def _publish(self, meta: BlockMeta, parent: str | None) -> bool:
+        """:meth:`publish`, counting the block among ``parent``'s children (None: not)."""
         kind, rank, location = self._placement(meta)  # REMOTE: the rank whose window holds it
-        inserted, entry, counted = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, meta.parent,
+        inserted, entry, counted = self.cluster.publish(meta.key, kind, rank, location, meta.nbytes, parent,
                                                         checksum=meta.checksum)
         if inserted:
             meta.entry = entry
-            if meta.parent is not None and not counted:  # no rank listed the parent: nothing to give back
+            if parent is not None and not counted:  # no rank listed the parent: nothing to give back
                 self._uncounted.add(meta.key)
             return True
         # not theirs, or unreadable here: a private copy (ours serves this rank)

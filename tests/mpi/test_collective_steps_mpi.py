@@ -146,3 +146,33 @@ def test_a_warm_restart_keeps_a_block_whose_read_fails_once_with_an_io_error(com
     with CascadeStore(file_only(shared_dir), comm=comm) as store:  # and the next restart still has it
         served = sum(same(store.get(b), block(store.spec, comm.rank * 10_000 + i)) for i, b in enumerate(mine))
     assert everywhere(served == blocks), served
+
+
+def test_a_warm_restart_counts_a_tail_on_another_rank_whatever_rank_republishes_first(comm, shared_dir, everywhere,
+                                                                                        monkeypatch):
+    if comm.size < 2:
+        pytest.skip("a head and its tail on two ranks")
+    import time
+
+    from cascade.core import lifecycle
+
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        head = comm.bcast(store.put(*block(store.spec, 1)) if comm.rank == 0 else None)
+        tail = comm.bcast(store.put(*block(store.spec, 2), parent=head) if comm.rank == 1 else None, root=1)
+    if comm.rank == 0:  # the head's rank republishes last (a slower scan): the tail's found no parent listed
+        adopt = lifecycle.adopt_found_blocks
+
+        def late(*args, **kwargs):
+            time.sleep(1.0)
+            return adopt(*args, **kwargs)
+
+        monkeypatch.setattr(lifecycle, "adopt_found_blocks", late)
+    with CascadeStore(file_only(shared_dir), comm=comm) as store:
+        children = store.cluster.lookup(("default", head)).children
+        comm.Barrier()
+        if comm.rank == 1:
+            store.delete(tail)  # gives back the count it took
+        comm.Barrier()
+        after = store.cluster.lookup(("default", head)).children
+        comm.Barrier()
+    assert everywhere((children, after) == (1, 0), (children, after))

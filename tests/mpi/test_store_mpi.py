@@ -114,6 +114,10 @@ def test_a_put_after_another_ranks_copy_expired_is_stored_and_stays(comm, shared
             store.put(*data, ttl=0.3)
         comm.Barrier()
         time.sleep(1.0)  # past its TTL, never read: its rank drops it in the background
+        if comm.rank == 0:  # the withdrawal's directory atomics wait for their target to enter MPI
+            end = time.monotonic() + 30  # (across nodes): the others wait in the barrier meanwhile
+            while store.stats()["expired"] == 0 and time.monotonic() < end:
+                time.sleep(0.05)
         comm.Barrier()
         stored = deduped = 0
         if comm.rank == 1:  # was a cluster dedup onto the expired copy: nothing stored, then a miss
