@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from cascade import CascadeStore, Config, block_id
 from cascade.errors import BlockNotFound, TierFull
@@ -34,7 +35,7 @@ from cascade.testing import interrupted_reader, mpich_segments
 from cascade.testing.pids import invisible_pid
 from cascade.tiers.shm import ShmPeerSlabs
 
-from .results import write_results
+from .results import results_dir, write_results
 
 
 # blocks acknowledged before each fault is injected
@@ -69,13 +70,23 @@ _WRITER = textwrap.dedent("""
 """)
 
 
-def sigkill_mid_put(rounds: int, rnd: random.Random, base: str) -> dict[str, Any]:
-    d = tempfile.mkdtemp(prefix="fault-kill-", dir=base)
+def _torn_records(d: str) -> int:
+    """Torn records the file tier in ``d`` finds when it opens (a torn record stays in its
+    file: every later open finds it again)."""
+    with CascadeStore(_file_cfg(d)) as s:
+        return s.stats()["tiers"]["file"]["torn_records"]
+
+
+def sigkill_mid_put(rounds: int, rnd: random.Random, d: str) -> dict[str, Any]:
+    """SIGKILL a writer of the file-tier store in ``d`` mid-put, ``rounds`` times, each
+    followed by a reopen that checks every acknowledged block; ``detected`` sums the torn
+    records each kill left (those found at its reopen and not before its writer started)."""
     acked: dict[str, int] = {}
-    lost = wrong = 0
+    lost = wrong = torn = 0
     recover = []
     seed = 0
     for _ in range(rounds):
+        before = _torn_records(d)
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, d, str(seed)], stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + rnd.uniform(0.3, 1.0)
         for line in proc.stdout:
@@ -96,7 +107,7 @@ def sigkill_mid_put(rounds: int, rnd: random.Random, base: str) -> dict[str, Any
                 got = s.get(bid)
                 lost += got is None
                 wrong += _wrong(got, _block(s.spec, i))
-            torn = s.stats()["tiers"]["file"]["torn_records"]
+            torn += s.stats()["tiers"]["file"]["torn_records"] - before
     return {"fault": "SIGKILL of a writer mid-put", "injected": rounds, "acked_blocks": len(acked),
             "acked_lost": lost, "wrong_served": wrong, "detected": torn, "recover_s": max(recover)}
 
@@ -476,21 +487,28 @@ FAULTS = ("sigkill", "byte_flips", "header", "shm_flips", "enospc", "full_disk_c
 
 def campaign(rounds: int, faults: tuple[str, ...] = FAULTS, seed: int = 2026) -> list[dict[str, Any]]:
     """Run the selected faults ``rounds`` times each (byte flips 4x; ENOSPC, full-disk
-    churn and the multi-rank faults rounds/5, at least once); every temporary file is
-    removed afterwards."""
+    churn and the multi-rank faults rounds/5, at least once), with a progress bar naming
+    the fault that runs; every temporary file is removed afterwards."""
     rnd = random.Random(seed)
     unknown = set(faults) - set(FAULTS)
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
     few = max(1, rounds // 5)
-    runs = {"sigkill": lambda b: sigkill_mid_put(rounds, rnd, b), "byte_flips": lambda b: byte_flips(4 * rounds, rnd, b),
+    runs = {"sigkill": lambda b: sigkill_mid_put(rounds, rnd, tempfile.mkdtemp(prefix="fault-kill-", dir=b)),
+            "byte_flips": lambda b: byte_flips(4 * rounds, rnd, b),
             "header": lambda b: header_and_truncation(rounds, rnd, b), "shm_flips": lambda b: shm_flips(rounds, rnd),
             "enospc": lambda b: enospc(few, b), "full_disk_churn": lambda b: full_disk_churn(few, rnd, b),
             "foreign_slab": lambda b: foreign_slab_owner(rounds, b), "ctrl_c": lambda b: ctrl_c_mid_get(few, rnd, b),
             "dead_rank": lambda b: dead_rank(few),
             "rank_open_failure": lambda b: rank_open_failure(few), "rank_close_death": lambda b: rank_close_death(few)}
-    with tempfile.TemporaryDirectory(prefix="fault-campaign-") as base:
-        return [runs[name](base) for name in FAULTS if name in faults]
+    selected = [name for name in FAULTS if name in faults]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fault-campaign-") as base, \
+            tqdm(selected, desc="faults", unit="fault") as bar:
+        for name in bar:
+            bar.set_postfix_str(name)
+            rows.append(runs[name](base))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -501,11 +519,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    if not faults:
+        p.error(f"--faults names no fault; choose from {', '.join(FAULTS)}")
     try:
-        rows = campaign(args.rounds, tuple(f.strip() for f in args.faults.split(",") if f.strip()))
+        out = results_dir(args.out)
+    except OSError as exc:
+        p.error(f"--out {args.out}: cannot write results there ({exc.strerror or exc})")
+    try:
+        rows = campaign(args.rounds, faults)
     except ValueError as exc:
         p.error(str(exc))
-    path = write_results("cascade", "faults", {"rows": rows}, config={"rounds": args.rounds, "faults": args.faults}, directory=args.out)
+    path = write_results("cascade", "faults", {"rows": rows}, config={"rounds": args.rounds, "faults": args.faults}, directory=out)
     print("| fault | injected | detected | acked blocks lost | wrong bytes served | hangs | calls raised "
           "| deleted blocks back after restart | time to recover |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,21 @@ def git_state() -> dict[str, Any]:
     return {"commit": commit, "dirty_paths": dirty.splitlines()} if commit else {}
 
 
+def results_dir(directory: str | Path | None = None) -> Path:
+    """The results directory (default :data:`RESULTS_DIR`), created and proven writable
+    by a file made and removed in it: call before a run, so an unwritable one is known
+    before the run, not after. Raises ``OSError``."""
+    path = Path(directory) if directory else RESULTS_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    tempfile.TemporaryFile(dir=path).close()
+    return path
+
+
 def write_results(system: str, workload: str, payload: dict[str, Any], *, nodes: int = 1,
                   ranks: int = 1, config: dict[str, Any] | None = None,
                   directory: str | Path | None = None) -> Path:
     """Write one results file and return its path. Call on rank 0 only."""
-    directory = Path(directory) if directory else RESULTS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = results_dir(directory)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     path = directory / f"{system}_{workload}_{nodes}n_{stamp}.json"
     n = 1

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .adapters import ADAPTER_NAMES
-from .results import write_results
+from .results import results_dir, write_results
+from .workloads.common import OptionError
 from .workloads.scaling import SYSTEMS as SCALING_SYSTEMS
 from .workloads.trace_replay import SYSTEMS as TRACE_SYSTEMS
 
@@ -37,67 +39,109 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 
 
-def _parse_sizes(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    from cascade.config import parse_size
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+    return parse
 
-    return [parse_size(s.strip(), "--sizes") for s in text.split(",")]
+
+def _counts(least: int) -> Callable[[str], list[int]]:
+    """An argparse type: a comma list of integers >= ``least``, e.g. ``1,2,4``."""
+    one = _count(least)
+    return lambda text: [one(item.strip()) for item in text.split(",")]
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes > 0, e.g. ``2M``."""
+    from cascade.config import ConfigError, parse_size
+
+    try:
+        value = parse_size(text.strip())
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 64K or 2M, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be > 0, got {text!r}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    """An argparse type: a comma list of sizes, e.g. ``2M,16M``."""
+    return [_size(item) for item in text.split(",")]
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmark.run_benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--system", required=True, help="a system name, or 'all'")
     p.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--sizes", help="block sizes, e.g. 2M,16M (default per workload)")
-    p.add_argument("--blocks", type=int, help="measured blocks per size (throughput/latency/scaling: per rank)")
-    p.add_argument("--warmup", type=int, help="untimed warm-up blocks per size")
-    p.add_argument("--rounds", type=int, help="timed rounds per system and size (median reported)")
-    p.add_argument("--ops", type=int, help="hot gets timed one by one (read_latency)")
+    p.add_argument("--ranks", type=_count(1), default=1)
+    p.add_argument("--sizes", type=_sizes, help="block sizes, e.g. 2M,16M (default per workload)")
+    p.add_argument("--blocks", type=_count(1), help="measured blocks per size (throughput/latency/scaling: per rank)")
+    p.add_argument("--warmup", type=_count(0), help="untimed warm-up blocks per size")
+    p.add_argument("--rounds", type=_count(1), help="timed rounds per system and size (median reported)")
+    p.add_argument("--ops", type=_count(1), help="hot gets timed one by one (read_latency)")
     p.add_argument("--data-dir", help="shared block data (python -m benchmark.data; generated if missing)")
-    p.add_argument("--seed", type=int, help="data and order seed (default 0)")
-    p.add_argument("--rank-counts", help="rank counts for scaling (default 1,2,4)")
-    p.add_argument("--threads", help="thread counts for thread_scaling (default 1,2,4)")
-    p.add_argument("--time-limit", type=float, help="seconds per replay before it stops (trace_replay)")
-    p.add_argument("--total-bytes", help="bytes moved per size and tier (tier_bandwidth); measured bytes per size (thread_scaling)")
-    p.add_argument("--capacities", help="comma-separated capacities in blocks (trace_replay)")
-    p.add_argument("--full-capacities", help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
+    p.add_argument("--seed", type=_count(0), help="data and order seed (default 0)")
+    p.add_argument("--rank-counts", type=_counts(1), help="rank counts for scaling (default 1,2,4)")
+    p.add_argument("--threads", type=_counts(1), help="thread counts for thread_scaling (default 1,2,4)")
+    p.add_argument("--time-limit", type=_seconds, help="seconds per replay before it stops (trace_replay)")
+    p.add_argument("--total-bytes", type=_size, help="bytes moved per size and tier (tier_bandwidth); measured bytes per size (thread_scaling)")
+    p.add_argument("--capacities", type=_counts(1), help="comma-separated capacities in blocks (trace_replay)")
+    p.add_argument("--full-capacities", type=_counts(1), help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
     p.add_argument("--no-full-trace", action="store_true", help="trace_replay: only the common prefix, no whole-trace replays")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
-    p.add_argument("--requests", type=int, help="trace_replay: requests every system replays for the comparison; queue_hints: prefix of each source")
-    p.add_argument("--queue-depths", help="queue depths, e.g. 0,16,64,256 (queue_hints)")
-    p.add_argument("--seeds", help="generator seeds, e.g. 0,1,2 (queue_hints)")
+    p.add_argument("--requests", type=_count(1), help="trace_replay: requests every system replays for the comparison; queue_hints: prefix of each source")
+    p.add_argument("--queue-depths", type=_counts(0), help="queue depths, e.g. 0,16,64,256 (queue_hints)")
+    p.add_argument("--seeds", type=_counts(0), help="generator seeds, e.g. 0,1,2 (queue_hints)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")
     p.add_argument("--out", help="results directory (default benchmark/results)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     module_name, systems, _ = WORKLOADS[args.workload]
     unknown = [s for s in args.system.split(",") if s not in systems] if args.system != "all" else []
     if unknown:
-        print(f"workload {args.workload} runs {', '.join(systems)}; got --system {args.system}", file=sys.stderr)
-        return 2
+        p.error(f"workload {args.workload} runs {', '.join(systems)}; got --system {args.system!r}")
+    try:
+        out = results_dir(args.out)
+    except OSError as exc:
+        p.error(f"--out {args.out}: cannot write results there ({exc.strerror or exc})")
     module = importlib.import_module(f".workloads.{module_name}", __package__)
     options: dict[str, Any] = {
-        "sizes": _parse_sizes(args.sizes),
-        "total_bytes": _parse_sizes(args.total_bytes)[0] if args.total_bytes else None,
-        "capacities": [int(c) for c in args.capacities.split(",")] if args.capacities else None,
-        "full_capacities": [int(c) for c in args.full_capacities.split(",")] if args.full_capacities else None,
-        "full_trace": False if args.no_full_trace else None,
+        "sizes": args.sizes, "total_bytes": args.total_bytes, "capacities": args.capacities,
+        "full_capacities": args.full_capacities, "full_trace": False if args.no_full_trace else None,
         "trace": args.trace, "requests": args.requests, "file_dir": args.file_dir, "ranks": args.ranks,
         "system": args.system, "blocks": args.blocks, "warmup": args.warmup, "rounds": args.rounds,
         "ops": args.ops, "data_dir": args.data_dir, "seed": args.seed, "time_limit": args.time_limit,
-        "rank_counts": [int(r) for r in args.rank_counts.split(",")] if args.rank_counts else None,
-        "threads": [int(t) for t in args.threads.split(",")] if args.threads else None,
-        "queue_depths": [int(d) for d in args.queue_depths.split(",")] if args.queue_depths else None,
-        "seeds": [int(d) for d in args.seeds.split(",")] if args.seeds else None,
+        "rank_counts": args.rank_counts, "threads": args.threads, "queue_depths": args.queue_depths,
+        "seeds": args.seeds,
     }
-    result = module.run(options)
+    try:
+        result = module.run(options)
+    except OptionError as exc:
+        p.error(str(exc))
     path = write_results(args.system.replace(",", "+"), args.workload, result, ranks=args.ranks,
-                         config={k: v for k, v in options.items() if v is not None}, directory=args.out)
+                         config={k: v for k, v in options.items() if v is not None}, directory=out)
     print(module.table(result))
     print(f"results: {path}")
     return 0

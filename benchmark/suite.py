@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad or not workloads:
         p.error(f"unknown workloads {bad}; choose from {', '.join(WORKLOADS)}")
     if args.reps < (1 if args.size == "tiny" else 3):
-        p.error("--reps must be >= 3 (spread needs repetitions)")
+        p.error(f"--reps must be >= {1 if args.size == 'tiny' else 3} at --size {args.size}, got {args.reps} "
+                "(spread needs repetitions; only tiny, for tests, allows fewer)")
     commit, dirty = git_commit()
     if dirty and not args.allow_dirty:
         print("refusing to run: tracked files differ from HEAD (commit them, or pass --allow-dirty):\n  "

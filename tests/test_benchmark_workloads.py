@@ -103,6 +103,33 @@ def test_read_latency(dirs) -> None:
     assert "p99 ms" in read_latency.table(result)
 
 
+@pytest.mark.parametrize("workload", [read_throughput, read_latency])
+def test_cold_pass_starts_right_after_the_drop(dirs, workload, monkeypatch) -> None:
+    """The warm-up gets run before the page-cache drop, never between it and the timed
+    gets: HDF5 reads whole 4 MiB chunks, so a warm-up get after the drop made the measured
+    blocks of its chunk resident (and cached in HDF5's chunk cache) while the row said 0."""
+    from benchmark.workloads import blockio
+
+    events: list = []
+    real_get_all, real_drop = blockio.get_all, read_throughput.drop
+
+    def get_all(adapter, blocks, outs):
+        resident, total = machine.resident_bytes(machine.files_under(adapter.data_dir))
+        events.append((len(blocks), resident / total))
+        return real_get_all(adapter, blocks, outs)
+
+    def drop(adapter):
+        events.append("drop")
+        return real_drop(adapter)
+
+    monkeypatch.setattr(blockio, "get_all", get_all)
+    monkeypatch.setattr(read_throughput, "drop", drop)
+    result = workload.run(_options(dirs, system="hdf5", rounds=1, ops=8))
+    assert result["not_run"] == [] and events.count("drop") == 1
+    after = events[events.index("drop") + 1]
+    assert after[0] == 4 and after[1] <= 0.01  # the timed pass of the 4 measured blocks, from evicted files
+
+
 def test_trace_replay_every_evicting_system(dirs) -> None:
     result = trace_replay.run({"system": "cascade,cascade_lru,cascade_file,redis", "requests": 30, "full_trace": False,
                                "capacities": [1000], "sizes": [16 << 10], "file_dir": dirs["file_dir"]})
@@ -362,6 +389,8 @@ def test_tier_bandwidth_small(tmp_path) -> None:
     assert row["raw_read_same_mode"] == {"read_mode": mode, "gbps": raw, "limit": (
         "raw_odirect_read" if mode == "direct" else "raw_buffered_cold_read")}
     assert row["ratios"]["lustre_cold_aggregate_vs_raw_same_mode"] == row["lustre"]["get_aggregate_gbps"] / raw
+    write = max(row["raw_file"]["write_gbps"], row["raw_file_after"]["write_gbps"])
+    assert row["ratios"]["lustre_put_vs_raw_write"] == row["lustre"]["put_gbps"] / write
     mem = result["memory_overhead"]
     assert [r["block_bytes"] for r in mem["rows"]] == [64 << 10, 1 << 20]
     for r in mem["rows"]:
@@ -371,6 +400,23 @@ def test_tier_bandwidth_small(tmp_path) -> None:
     assert mem["overhead_fraction"] == mem["rows"][-1]["overhead_fraction"] and "smaps" in mem["method"]
     assert not list(tmp_path.iterdir())  # its work directory is removed
     assert "memory overhead" in tier_bandwidth.table(result)
+
+
+def test_tier_bandwidth_ratios_take_the_better_raw_limit() -> None:
+    """Every ratio to a raw file limit, the lustre put's to the raw write included, uses
+    the better of the measurements before and after the tiers."""
+    from benchmark.workloads import tier_bandwidth
+
+    tiers = {t: {"put_gbps": 1.0, "get_gbps": 2.0} for t in ("gpu", "shm", "store_put_hashed")}
+    row = {"memcpy": {"gbps": 10.0}, **tiers,
+           "lustre": {"put_gbps": 0.5, "read_mode": "buffered", "get_aggregate_gbps": 1.0},
+           "raw_file": {"write_gbps": 0.5, "read_gbps": 4.0, "buffered_cold_read_gbps": 1.0},
+           "raw_file_after": {"write_gbps": 1.0, "read_gbps": 2.0, "buffered_cold_read_gbps": 2.0}}
+    tier_bandwidth.add_ratios(row)
+    ratios = row["ratios"]
+    assert ratios["lustre_put_vs_raw_write"] == 0.5  # against the after measurement, the better one
+    assert ratios["lustre_cold_aggregate_vs_raw_odirect_read"] == 0.25  # against the before one
+    assert ratios["lustre_cold_aggregate_vs_raw_same_mode"] == 0.5 and row["raw_read_same_mode"]["gbps"] == 2.0
 
 
 def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
@@ -429,3 +475,88 @@ def test_the_records_pass_refuses_a_record_whose_bytes_changed(tmp_path) -> None
     outs = [spec.empty() for _ in range(2)]
     assert _read_records(spans, [key_seed(DEFAULT_NAMESPACE, b) for b in ids], outs) == [True, False]
     assert np.array_equal(outs[0][0], blocks[0][0]) and np.array_equal(outs[0][1], blocks[0][1])
+
+
+def test_write_throughput_times_no_cascade_set_up_at_warmup_0(dirs, monkeypatch) -> None:
+    """With no warm-up put, Cascade's store (SHM slab, prefaulted) is still opened before
+    the timed puts, as peers start before them: every put finds it open."""
+    from benchmark.adapters.cascade_adapter import CascadeAdapter
+
+    seen: list = []
+    real_put = CascadeAdapter.put
+
+    def put(self, block_id, key, value):
+        seen.append(self.describe()["block_bytes"])
+        return real_put(self, block_id, key, value)
+
+    monkeypatch.setattr(CascadeAdapter, "put", put)
+    result = write_throughput.run(_options(dirs, system="cascade", warmup=0, rounds=2))
+    assert result["not_run"] == [] and result["rows"][0]["warmup_blocks"] == 0
+    assert seen == [SIZE] * 2 * 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sizes", "2Q"], "argument --sizes: expected a size such as 64K or 2M, got '2Q'"),
+    (["--sizes", "0"], "argument --sizes: a size must be > 0, got '0'"),
+    (["--sizes", ","], "argument --sizes: expected a size such as 64K or 2M, got ''"),
+    (["--capacities", "10,x"], "argument --capacities: expected an integer, got 'x'"),
+    (["--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    (["--blocks", "0"], "argument --blocks: must be >= 1, got 0"),
+    (["--blocks", "-1"], "argument --blocks: must be >= 1, got -1"),
+    (["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["--rank-counts", "0"], "argument --rank-counts: must be >= 1, got 0"),
+    (["--threads", "1,0"], "argument --threads: must be >= 1, got 0"),
+    (["--system", "cascade,"], "workload write_throughput runs cascade, "),
+])
+def test_runner_refuses_bad_options_in_one_line(args, message, tmp_path, capsys) -> None:
+    """A bad option is a one-line usage error (exit 2) before anything runs: never a
+    traceback, a default run in its place, or a run recorded as failed."""
+    argv = ["--system", "cascade", "--workload", "write_throughput", "--out", str(tmp_path / "out"), *args]
+    with pytest.raises(SystemExit) as exc:
+        run_benchmark.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err.splitlines()[-1] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("workload", ["scaling", "trace_replay", "queue_hints"])
+def test_one_size_workloads_refuse_more_sizes(workload, tmp_path, capsys) -> None:
+    """scaling, trace_replay and queue_hints run one block size: more are refused, not dropped."""
+    with pytest.raises(SystemExit) as exc:
+        run_benchmark.main(["--system", "cascade", "--workload", workload, "--sizes", "256K,512K",
+                            "--out", str(tmp_path)])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert exc.value.code == 2 and f"{workload} runs one block size; got 2 sizes" in last
+    assert not list(tmp_path.iterdir())
+
+
+def test_runner_checks_out_before_running(tmp_path, capsys) -> None:
+    """An --out that cannot be written is refused before the run, not found after it."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        run_benchmark.main(["--system", "cascade", "--workload", "write_throughput", "--out", str(blocked / "sub")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--out {blocked / 'sub'}: cannot write results there" in err.splitlines()[-1]
+    assert "write_throughput 2 MiB" not in err  # nothing ran
+
+
+def test_zero_counts_are_values_not_defaults(dirs) -> None:
+    """0 given for a count is taken as given (refused where it cannot run), never replaced
+    by the workload's default."""
+    from benchmark.workloads.common import OptionError
+
+    for option in ("blocks", "rounds"):
+        with pytest.raises(OptionError, match=f"{option} must be >= 1, got 0"):
+            write_throughput.run(_options(dirs, **{option: 0}))
+    with pytest.raises(OptionError, match="blocks must be >= 1, got 0"):
+        scaling.run({"system": "cascade", "blocks": 0, **dirs})
+
+
+def test_tables_label_sizes_below_a_mib() -> None:
+    from benchmark.workloads.common import format_targets
+
+    target = {"name": "t", "block_bytes": 256 << 10, "mode": "hot", "value": None, "threshold": 1.0, "met": None}
+    assert format_targets([target]) == ["target t @ 256 KiB (hot): n/a (>= 1.0x) not measured"]
+    table = scaling.table({"blocks_per_rank": 2, "block_bytes": 256 << 10, "limits": {}, "rows": [], "not_run": []})
+    assert table.splitlines()[0] == "weak scaling: 2 x 256 KiB blocks per rank"

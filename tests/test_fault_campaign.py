@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 
 import pytest
 
@@ -45,6 +47,36 @@ def test_cli_writes_results_and_rejects_bad_input(tmp_path, capsys) -> None:
         fault_campaign.main(["--faults", "nope"])
     with pytest.raises(SystemExit):
         fault_campaign.main(["--rounds", "0"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        fault_campaign.main(["--faults", ","])  # names no fault: refused, not an empty campaign
+    assert "--faults names no fault" in capsys.readouterr().err
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit):  # known before the campaign, not after it
+        fault_campaign.main(["--faults", "shm_flips", "--out", str(blocked / "sub")])
+    err = capsys.readouterr().err
+    assert "cannot write results there" in err and "shm_flips" not in err  # the campaign did not run
+
+
+def test_campaign_shows_progress_per_fault(capsys) -> None:
+    fault_campaign.campaign(1, ("shm_flips",))
+    assert "shm_flips" in capsys.readouterr().err  # the progress bar names the fault that runs
+
+
+def test_sigkill_counts_each_torn_record_once(tmp_path) -> None:
+    """A torn record stays in its file and every reopen finds it again: the campaign counts
+    the ones its kills tore, never one from before it or from an earlier round again."""
+    d = str(tmp_path)
+    with fault_campaign.CascadeStore(fault_campaign._file_cfg(d)) as s:
+        for i in range(3):
+            s.put(*fault_campaign._block(s.spec, 10_000 + i))
+    (path,) = [p for p in tmp_path.glob("agg_rank000_*.bin") if p.stat().st_size]
+    os.truncate(path, path.stat().st_size - 100)  # tear the last record
+    assert fault_campaign._torn_records(d) == 1 == fault_campaign._torn_records(d)
+    row = fault_campaign.sigkill_mid_put(2, random.Random(3), d)
+    assert row["detected"] == fault_campaign._torn_records(d) - 1
+    assert row["acked_lost"] == row["wrong_served"] == 0
 
 
 def test_campaign_covers_full_disks_foreign_slabs_and_collective_steps() -> None:

@@ -21,6 +21,10 @@ def test_refuses_dirty_tree(tmp_path, monkeypatch, capsys) -> None:
     assert "cascade/store.py" in capsys.readouterr().err and not list(tmp_path.iterdir())
     with pytest.raises(SystemExit):
         suite.main(["--reps", "2", "--allow-dirty", "--out", str(tmp_path)])  # spread needs >= 3
+    assert "--reps must be >= 3 at --size default, got 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite.main(["--size", "tiny", "--reps", "0", "--allow-dirty", "--out", str(tmp_path)])
+    assert "--reps must be >= 1 at --size tiny, got 0" in capsys.readouterr().err  # what tiny allows
     with pytest.raises(SystemExit):
         suite.main(["--workloads", "nope", "--allow-dirty", "--out", str(tmp_path)])
 

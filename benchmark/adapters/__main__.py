@@ -36,6 +36,7 @@ def _quick(name: str, block_bytes: int, blocks: int, warmup: int, data_dir: str,
     store = load_adapter(name, **options)
     try:
         store.initialize(capacity, data_dir)
+        store.prepare(2 * half)
     except AdapterUnavailable as exc:
         store.close()
         return {"name": name, "ok": False, "reason": str(exc)}
@@ -98,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="adapter option, e.g. mooncake:transfer=tcp (JSON values allowed)")
     p.add_argument("--json", action="store_true", help="print JSON lines")
     args = p.parse_args(argv)
+    unknown = [n for n in args.quick or [] if n not in ADAPTER_NAMES]
+    if unknown:
+        p.error(f"unknown adapters {unknown}; choose from {', '.join(ADAPTER_NAMES)}")
+    if args.blocks < 1:
+        p.error(f"--blocks must be >= 1, got {args.blocks}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if int(args.block_mib * (1 << 20)) < 2:
+        p.error(f"--block-mib must give a block of 2 bytes or more, got {args.block_mib}")
 
     if args.quick is None:
         for name, ok, reason in available_adapters(start=args.start):

@@ -81,7 +81,8 @@ class StorageAdapter(abc.ABC):
     """One real storage system behind the benchmark's block interface.
 
     Life cycle: construct (cheap, starts nothing) -> :meth:`initialize` once ->
-    any number of put/get/... -> :meth:`close` (idempotent; also run by ``with``).
+    :meth:`prepare` for the block size to come (optional) -> any number of
+    put/get/... -> :meth:`close` (idempotent; also run by ``with``).
 
     Semantics every adapter keeps (``tests/test_adapters.py`` checks them):
 
@@ -123,6 +124,12 @@ class StorageAdapter(abc.ABC):
         self.data_dir = os.fspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self._initialized = True
+
+    def prepare(self, block_bytes: int) -> None:
+        """Set up what depends on the block size, before any timed call: blocks of
+        ``block_bytes`` (key + value) follow. Nothing to do for most systems (they start
+        whole in :meth:`initialize`); one that sizes its store by the first put (Cascade's
+        SHM slab, prefaulted) opens it here, so no put pays for it."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -16,11 +16,13 @@ token-prefix id (:func:`cascade.prefix_ids`, computed from token ids before any 
 exists, like LMCache's chunk hash): the store does no KV hashing; integrity stays with
 the tiers' record checksums. ``hash_on_put=True`` restores content addressing (BLAKE3
 of the KV, overlapped with the copy, checked against the id: ``verify=True``). Reads go
-straight into the caller's buffers (``get_into``), no extra copy. The block shape is taken
-from the first put (key and value of equal size, as K and V are); a put of another size
-drops what the store held and starts a store of that size (``uniform_blocks``). The SHM
-slab is prefaulted at open (``shm_prefault``), as LMCache allocates its CPU pool up front:
-without it a fresh store's puts pay tmpfs page faults (about 1.6 GB/s against 18-20).
+straight into the caller's buffers (``get_into``), no extra copy. The store opens for the
+block size given to :meth:`~CascadeAdapter.prepare` (the benchmarks call it right after
+``initialize``, untimed, as peers start in ``initialize``), else for the first put's (key
+and value of equal size, as K and V are); a put of another size drops what the store held
+and starts a store of that size (``uniform_blocks``). The SHM slab is prefaulted at open
+(``shm_prefault``), as LMCache allocates its CPU pool up front: without it a fresh store's
+puts pay tmpfs page faults (about 1.6 GB/s against 18-20).
 """
 from __future__ import annotations
 
@@ -54,6 +56,14 @@ class CascadeAdapter(StorageAdapter):
     def initialize(self, capacity_bytes: int, data_dir: str) -> None:
         super().initialize(capacity_bytes, data_dir)
         self._file_dir = os.path.join(self.data_dir, f"cascade_rank{process_rank():03d}")
+
+    def prepare(self, block_bytes: int) -> None:
+        """Open the store (SHM slab prefaulted, or file tier) for blocks of ``block_bytes``."""
+        if block_bytes <= 0 or block_bytes % 2:
+            raise ValueError(f"cascade stores key and value of equal size: block_bytes must be even and "
+                             f"positive, got {block_bytes}")
+        if self._store is None or self._store.spec.half_bytes != block_bytes // 2:
+            self._open(block_bytes // 2)
 
     def _open(self, half: int) -> CascadeStore:
         self.close()
@@ -127,9 +137,11 @@ class CascadeAdapter(StorageAdapter):
         return {"cascade": cascade.__version__}
 
     def describe(self) -> dict[str, object]:
-        """Configuration; for the file tier also ``read_mode``, the read path the tier chose
-        (``buffered`` or ``direct``; ``None`` before the first put opened the store)."""
-        out: dict[str, object] = {**super().describe(), "tier": self.tier, "hash_on_put": self.hash_on_put}
+        """Configuration: ``block_bytes`` of the open store (``None`` before one opened);
+        for the file tier also ``read_mode``, the read path the tier chose (``buffered`` or
+        ``direct``; ``None`` before the store opened)."""
+        out: dict[str, object] = {**super().describe(), "tier": self.tier, "hash_on_put": self.hash_on_put,
+                                  "block_bytes": None if self._store is None else 2 * self._store.spec.half_bytes}
         if self.tier == "file":
             tiers = self._store.tiers if self._store is not None else []
             out["read_mode"] = next((t.read_mode for t in tiers if hasattr(t, "read_mode")), None)

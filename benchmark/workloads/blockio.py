@@ -35,6 +35,7 @@ from ..data import Block, BlockData, default_dir, ensure, prefault
 from ..machine import mpi_limits_via_mpiexec
 from ..timing import gbps, summarize
 from . import common
+from .common import size_label
 
 DEFAULT_SIZES = [2 << 20, 16 << 20]
 MEASURED_BYTES = 384 << 20  # per size: 192 x 2 MiB, 24 x 16 MiB
@@ -77,8 +78,8 @@ class Measure:
 
 def counts(block_bytes: int, options: dict[str, Any]) -> tuple[int, int]:
     """(warm-up blocks, measured blocks) for a size."""
-    blocks = int(options.get("blocks") or max(8, MEASURED_BYTES // block_bytes))
-    warmup = int(options["warmup"]) if options.get("warmup") is not None else max(2, min(8, (16 << 20) // block_bytes))
+    blocks = common.count_option(options, "blocks", max(8, MEASURED_BYTES // block_bytes))
+    warmup = common.count_option(options, "warmup", max(2, min(8, (16 << 20) // block_bytes)), least=0)
     return warmup, blocks
 
 
@@ -124,10 +125,6 @@ def stored(adapter: StorageAdapter, blocks: Sequence[Block]) -> int:
     return sum(adapter.contains(b.id) for b in blocks)
 
 
-def size_label(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-
-
 def _rotated(names: list[str], r: int) -> list[str]:
     k = r % len(names) if names else 0
     return names[k:] + names[:k]
@@ -140,7 +137,7 @@ def run(options: dict[str, Any], workload: str, make: type[Measure], *, vs_metri
     sizes = options.get("sizes") or DEFAULT_SIZES
     systems = common.select(options.get("system") or "all", ADAPTER_NAMES)
     file_dir = options.get("file_dir") or Config().file_dir
-    rounds = int(options.get("rounds") or rounds)
+    rounds = common.count_option(options, "rounds", rounds)
     seed = int(options.get("seed") or 0)
     need = max(sum(counts(s, options)) for s in sizes)
     data_dir = ensure(options.get("data_dir") or default_dir(), sizes, need, seed=seed)
@@ -204,7 +201,7 @@ def _run_size(make: type[Measure], systems: list[str], warm: list[Block], meas: 
     def opener(name: str) -> Opener:
         @contextlib.contextmanager
         def open_system():
-            with common.started(name, capacity, file_dir) as adapter:
+            with common.started(name, capacity, file_dir, block_bytes=ctx.block_bytes) as adapter:
                 infos[name].update(versions=adapter.versions())
                 yield adapter
                 infos[name].update(describe=adapter.describe())

@@ -27,6 +27,30 @@ PAGE = 4096
 FILE_BACKED = ("cascade_file", "lmcache_disk", "hdf5")
 
 
+class OptionError(ValueError):
+    """An option a workload cannot run as given; the runner reports it as a usage error."""
+
+
+def count_option(options: dict[str, Any], name: str, default: int, least: int = 1) -> int:
+    """``options[name]`` when given (0 is a value, never replaced by ``default``), else
+    ``default``; :class:`OptionError` when it is below ``least``."""
+    value = options.get(name)
+    if value is None:
+        return default
+    if int(value) < least:
+        raise OptionError(f"{name} must be >= {least}, got {value}")
+    return int(value)
+
+
+def one_size(options: dict[str, Any], default: int, workload: str) -> int:
+    """The block size of a workload that runs one: ``options["sizes"]`` (a single size)
+    or ``default``; :class:`OptionError` for more than one."""
+    sizes = options.get("sizes") or [default]
+    if len(sizes) != 1:
+        raise OptionError(f"{workload} runs one block size; got {len(sizes)} sizes ({', '.join(map(str, sizes))})")
+    return sizes[0]
+
+
 def file_backed(name: str) -> bool:
     """Whether ``name`` or the peer it is a variant of keeps its blocks in files."""
     return family(name) in FILE_BACKED
@@ -61,15 +85,20 @@ def with_eviction() -> list[str]:
 
 
 @contextlib.contextmanager
-def started(name: str, capacity_bytes: int, base_dir: str, **options: Any) -> Iterator[StorageAdapter]:
-    """A started adapter in a fresh directory under ``base_dir``; closed and removed after.
-    Raises :class:`AdapterUnavailable` when the system cannot run here."""
+def started(name: str, capacity_bytes: int, base_dir: str, *, block_bytes: int | None = None,
+            **options: Any) -> Iterator[StorageAdapter]:
+    """A started adapter in a fresh directory under ``base_dir``, prepared for blocks of
+    ``block_bytes`` when given (:meth:`StorageAdapter.prepare`: set-up that no timed put
+    may pay for); closed and removed after. Raises :class:`AdapterUnavailable` when the
+    system cannot run here."""
     os.makedirs(base_dir, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix=f"bench_{name}_", dir=base_dir)
     adapter = None
     try:
         adapter = load_adapter(name, **options)
         adapter.initialize(capacity_bytes, workdir)
+        if block_bytes is not None:
+            adapter.prepare(block_bytes)
         yield adapter
     finally:
         if adapter is not None:
@@ -206,10 +235,15 @@ def loadavg() -> list[float]:
     return list(os.getloadavg())
 
 
+def size_label(nbytes: int) -> str:
+    """``2 MiB``, ``256 KiB``: a block size for tables."""
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
 def format_targets(targets: list[dict[str, Any]]) -> list[str]:
     lines = []
     for t in targets:
-        where = f" @ {t['block_bytes'] >> 20} MiB" if "block_bytes" in t else ""
+        where = f" @ {size_label(t['block_bytes'])}" if "block_bytes" in t else ""
         where += f" ({t['mode']})" if "mode" in t else ""
         value = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
         verdict = {True: "MET", False: "MISSED", None: "not measured"}[t["met"]]

@@ -16,7 +16,7 @@ the queued requests' references alone, LRU among the rest:
 ``monotonic_in_depth`` (Cascade's hit ratio never falls as the depth grows).
 
 Options: ``capacities`` (blocks), ``queue_depths``, ``seeds`` (generator seeds; default
-0,1,2), ``trace``, ``requests`` (prefix of each source), ``sizes`` (first = block bytes,
+0,1,2), ``trace``, ``requests`` (prefix of each source), ``sizes`` (one block size,
 default 4 KiB: hit ratios do not depend on it), ``hint_fraction``.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from cascade.trace import DEFAULT_TRACE, TOKENS_PER_BLOCK, read_trace
 from cascade.workload import WorkloadParams, generate
 
 from ..reference_policies import simulate
+from . import common
 
 CAPACITIES = [1000, 5000, 20000]
 QUEUE_DEPTHS = [0, 16, 64, 256]
@@ -75,7 +76,7 @@ def replay_depth(requests: list, capacity: int, depth: int, tpb: int, block_byte
 def run(options: dict[str, Any]) -> dict[str, Any]:
     capacities = options.get("capacities") or CAPACITIES
     depths = sorted(options.get("queue_depths") or QUEUE_DEPTHS)
-    block_bytes = (options.get("sizes") or [BLOCK_BYTES])[0]
+    block_bytes = common.one_size(options, BLOCK_BYTES, "queue_hints")
     hint_fraction = float(options.get("hint_fraction") or Config().hint_fraction)
     rows = []
     for name, requests, tpb in sources(options):

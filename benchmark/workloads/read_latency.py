@@ -4,8 +4,9 @@ system, hot and (file-backed systems) cold, 2 MiB and 16 MiB blocks.
 Loaded as in :mod:`.read_throughput`, every system up while rounds run interleaved.
 ``hot``: ``ops`` gets in all (default ``max(200, blocks)``, split over the rounds) of
 measured blocks drawn at random (seeded: the same sequence for every system), after
-untimed warm-up gets. ``cold``: per round, after evicting the system's files from the
-page cache, every measured block once in a seeded random order. Ratios: ``vs_limit`` =
+untimed warm-up gets. ``cold``: per round, after untimed warm-up gets and then the
+eviction of the system's files from the page cache (last, right before the timed gets:
+:func:`.read_throughput.prepare_pass`), every measured block once in a seeded random order. Ratios: ``vs_limit`` =
 the limit's time for one block / p50 (memcpy of one block; one block at the raw O_DIRECT
 or cold buffered read rate), ``vs_systems[other]`` = other's p50 / this p50; both > 1
 mean faster. See ``benchmark/README.md``.
@@ -25,7 +26,7 @@ class Measure(blockio.Measure):
         self.adapter = self.stack.enter_context(self.open_system())
         self.held = read_throughput.load(self.adapter, self.warm, self.meas)
         rng = random.Random(self.ctx.seed)
-        self.ops = int(self.ctx.options.get("ops") or max(200, len(self.meas)))
+        self.ops = common.count_option(self.ctx.options, "ops", max(200, len(self.meas)))
         self.hot_order = [rng.randrange(len(self.meas)) for _ in range(self.ops)]
         self.cold_orders = [rng.sample(range(len(self.meas)), len(self.meas)) for _ in range(self.ctx.rounds)]
         self.cold = common.file_backed(self.name)
@@ -40,8 +41,7 @@ class Measure(blockio.Measure):
         self.samples["hot"] += samples
         self.misses["hot"] += miss
         if self.cold:
-            self.drops.append(read_throughput.drop(self.adapter))
-            blockio.get_all(self.adapter, self.warm, self.ctx.outs)
+            self.drops.append(read_throughput.prepare_pass(self.adapter, self.warm, self.ctx.outs, cold=True))
             _, samples, miss = blockio.get_all(self.adapter, [self.meas[i] for i in self.cold_orders[r]], self.ctx.outs)
             self.samples["cold"] += samples
             self.misses["cold"] += miss

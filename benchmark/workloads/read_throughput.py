@@ -8,11 +8,16 @@ rounds run interleaved across systems (:mod:`.blockio`); each round has
 * ``hot``: get the warm-up blocks (untimed), then time ``get_into`` of every measured
   block into the same page-aligned buffers (the data was just written: in DRAM, or in
   the page cache for file-backed systems);
-* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5 and their variants): first empty the
-  system's in-process cache (``drop_process_cache``: HDF5 reopens its file, so its chunk
-  cache starts empty), then evict the system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
+* ``cold`` (file-backed systems: cascade_file, lmcache_disk, hdf5 and their variants): get
+  the warm-up blocks (untimed), then empty the system's in-process cache
+  (``drop_process_cache``: HDF5 reopens its file, so its chunk cache starts empty), then
+  evict the system's own files from the page cache (``sync`` + ``posix_fadvise(DONTNEED)`` on every
   file under its directory; as root ``drop_caches`` too if pages stayed), checked with
-  ``mincore``, then as hot. ``cold_method`` and the resident fractions are in the row.
+  ``mincore``, then time the measured gets as hot. Nothing runs between the drop and the
+  timed gets (a warm-up get after it would bring back what shares its HDF5 chunk or
+  readahead window with measured blocks), so the drop's ``resident_fraction_after`` is
+  the residency the timed pass starts from. ``cold_method`` and the resident fractions
+  are in the row.
 
 In-memory systems have no cold read; lmcache_cpu_disk serves every block from its CPU
 tier. Both are listed in ``not_applicable`` with the reason. See ``benchmark/README.md``.
@@ -32,6 +37,14 @@ def drop(adapter: StorageAdapter) -> dict[str, Any]:
     file under its directory from the page cache."""
     adapter.drop_process_cache()
     return drop_page_cache(files_under(adapter.data_dir))
+
+
+def prepare_pass(adapter: StorageAdapter, warm: list[Block], outs, cold: bool) -> dict[str, Any] | None:
+    """The untimed steps before a timed pass: the warm-up gets, then for a cold pass the
+    drop (:func:`drop`), last, so the timed gets start from what the drop left; returns
+    the drop's record (``None`` for a hot pass)."""
+    blockio.get_all(adapter, warm, outs)
+    return drop(adapter) if cold else None
 
 
 def load(adapter: StorageAdapter, warm: list[Block], meas: list[Block]) -> int:
@@ -58,9 +71,9 @@ class Measure(blockio.Measure):
 
     def round(self, r: int) -> None:
         for mode in self.modes:
-            if mode == "cold":
-                self.drops.append(drop(self.adapter))
-            blockio.get_all(self.adapter, self.warm, self.ctx.outs)
+            dropped = prepare_pass(self.adapter, self.warm, self.ctx.outs, cold=mode == "cold")
+            if dropped is not None:
+                self.drops.append(dropped)
             total, samples, miss = blockio.get_all(self.adapter, self.meas, self.ctx.outs)
             self.round_s[mode].append(total)
             self.op_s[mode].append(samples)

@@ -76,14 +76,14 @@ def rank_counts(ranks: int) -> list[int]:
 # -- the launcher (runner side, one process) ------------------------------------------------
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Options: ``system``, ``rank_counts`` (default 1, 2, 4, ... up to ``max(4, ranks)``),
-    ``sizes`` (first = block bytes), ``blocks``
+    ``sizes`` (one block size), ``blocks``
     (per rank), ``warmup``, ``rounds``, ``data_dir``, ``file_dir``, ``seed``."""
     systems = common.select(options.get("system") or "all", SYSTEMS)
     counts = options.get("rank_counts") or rank_counts(int(options.get("ranks") or 1))
-    size = (options.get("sizes") or [BLOCK_BYTES])[0]
-    blocks = int(options.get("blocks") or BLOCKS)
-    warmup = int(options["warmup"]) if options.get("warmup") is not None else WARMUP
-    rounds = int(options.get("rounds") or ROUNDS)
+    size = common.one_size(options, BLOCK_BYTES, "scaling")
+    blocks = common.count_option(options, "blocks", BLOCKS)
+    warmup = common.count_option(options, "warmup", WARMUP, least=0)
+    rounds = common.count_option(options, "rounds", ROUNDS)
     seed = int(options.get("seed") or 0)
     file_dir = options.get("file_dir") or Config().file_dir
     data_dir = str(ensure(options.get("data_dir") or default_dir(), [size], max(counts) * (blocks + warmup), seed=seed))
@@ -147,7 +147,7 @@ def _ratios(rows: list[dict[str, Any]], limits: dict[str, Any]) -> None:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"weak scaling: {result['blocks_per_rank']} x {result['block_bytes'] >> 20} MiB blocks per rank"]
+    lines = [f"weak scaling: {result['blocks_per_rank']} x {common.size_label(result['block_bytes'])} blocks per rank"]
     for ranks, lim in result["limits"].items():
         lines.append(f"limits @ {ranks} rank(s): memcpy aggregate {lim['memcpy_aggregate_gbps']:.2f} GB/s"
                      + (f", raw MPI Get pair {lim['mpi_get_pair_gbps']:.2f} / aggregate {lim['mpi_get_aggregate_gbps']:.2f} GB/s"

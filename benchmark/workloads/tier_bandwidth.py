@@ -3,7 +3,7 @@
 Measured in one run beside this machine's limits: memcpy at the same size (over buffers
 larger than the cache), and raw sequential write, O_DIRECT read (requests cut as the file
 tier cuts them) and cold buffered read of a file on the file tier's file system, before
-and after the tiers (the better of the two is the limit). Reported:
+and after the tiers (the better of the two is the limit, for every ratio to it). Reported:
 
 - per tier (gpu with numpy as array module — no GPU here —, shm, lustre): ``put`` and
   ``get_into`` GB/s (median of per-block times; lustre puts include their share of one
@@ -34,6 +34,7 @@ from cascade.tiers.shm import ShmTier
 
 from ..machine import drop_page_cache, files_under, memcpy_gbps, raw_file_gbps
 from ..timing import gbps, summarize
+from .common import size_label
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -191,28 +192,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     tier.close()
             row["store_put_hashed"] = _store_put_with_hashing(size, n, "/dev/shm")
             row["raw_file_after"] = raw_file_gbps(workdir, size, n * size)  # the disk is shared: bracket the tiers
-            mem = row["memcpy"]["gbps"]
-            # the better of the measurements before and after the tiers (conservative ratios)
-            raw_od = max(row["raw_file"]["read_gbps"], row["raw_file_after"]["read_gbps"])
-            raw_buf = max(row["raw_file"]["buffered_cold_read_gbps"], row["raw_file_after"]["buffered_cold_read_gbps"])
-            mode = row["lustre"]["read_mode"]
-            same = raw_od if mode == "direct" else raw_buf
-            row["raw_read_same_mode"] = {"read_mode": mode, "gbps": same,
-                                         "limit": "raw_odirect_read" if mode == "direct" else "raw_buffered_cold_read"}
-            cold = row["lustre"]["get_aggregate_gbps"]
-            row["ratios"] = {
-                "gpu_numpy_get_vs_memcpy": row["gpu"]["get_gbps"] / mem,
-                "shm_get_vs_memcpy": row["shm"]["get_gbps"] / mem,
-                "shm_put_vs_memcpy": row["shm"]["put_gbps"] / mem,
-                **_vs_streamed(row),
-                "store_put_hashed_vs_memcpy": row["store_put_hashed"]["put_gbps"] / mem,
-                "lustre_put_vs_raw_write": row["lustre"]["put_gbps"] / row["raw_file"]["write_gbps"],
-                # whole-pass GB/s against the better raw read of the same mode, and of each mode
-                "lustre_cold_aggregate_vs_raw_same_mode": cold / same,
-                "lustre_cold_aggregate_vs_raw_odirect_read": cold / raw_od,
-                "lustre_cold_aggregate_vs_raw_buffered_cold_read": cold / raw_buf,
-                "lustre_cold_aggregate_vs_best_raw_read": cold / max(raw_od, raw_buf),
-            }
+            add_ratios(row)
             rows.append(row)
         overhead = memory_overhead(data_bytes=max(8 << 20, total))
     finally:
@@ -224,6 +204,34 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "record); lustre_cold_aggregate_vs_raw_same_mode compares whole-pass GB/s with the better of the "
         "two raw reads of that mode (before / after the tiers)",
     ]}
+
+
+def add_ratios(row: dict[str, Any]) -> None:
+    """Fill ``raw_read_same_mode`` and ``ratios`` of a measured row; every raw limit is the
+    better of its measurements before and after the tiers (conservative ratios)."""
+    def raw(key: str) -> float:
+        return max(row["raw_file"][key], row["raw_file_after"][key])
+
+    mem = row["memcpy"]["gbps"]
+    raw_od, raw_buf = raw("read_gbps"), raw("buffered_cold_read_gbps")
+    mode = row["lustre"]["read_mode"]
+    same = raw_od if mode == "direct" else raw_buf
+    row["raw_read_same_mode"] = {"read_mode": mode, "gbps": same,
+                                 "limit": "raw_odirect_read" if mode == "direct" else "raw_buffered_cold_read"}
+    cold = row["lustre"]["get_aggregate_gbps"]
+    row["ratios"] = {
+        "gpu_numpy_get_vs_memcpy": row["gpu"]["get_gbps"] / mem,
+        "shm_get_vs_memcpy": row["shm"]["get_gbps"] / mem,
+        "shm_put_vs_memcpy": row["shm"]["put_gbps"] / mem,
+        **_vs_streamed(row),
+        "store_put_hashed_vs_memcpy": row["store_put_hashed"]["put_gbps"] / mem,
+        "lustre_put_vs_raw_write": row["lustre"]["put_gbps"] / raw("write_gbps"),
+        # whole-pass GB/s against the better raw read of the same mode, and of each mode
+        "lustre_cold_aggregate_vs_raw_same_mode": cold / same,
+        "lustre_cold_aggregate_vs_raw_odirect_read": cold / raw_od,
+        "lustre_cold_aggregate_vs_raw_buffered_cold_read": cold / raw_buf,
+        "lustre_cold_aggregate_vs_best_raw_read": cold / max(raw_od, raw_buf),
+    }
 
 
 def _vs_streamed(row: dict[str, Any]) -> dict[str, float]:
@@ -248,7 +256,7 @@ def table(result: dict[str, Any]) -> str:
             f"{r['ratios']['store_put_hashed_vs_memcpy']:.2f}")
     for r in result["rows"]:
         ratios = r["ratios"]
-        lines.append(f"lustre cold {r['block_bytes'] >> 20} MiB ({r['lustre'].get('read_mode', '?')}): "
+        lines.append(f"lustre cold {size_label(r['block_bytes'])} ({r['lustre'].get('read_mode', '?')}): "
                      f"{r['lustre']['get_aggregate_gbps']:.2f} GB/s whole pass = "
                      f"{ratios['lustre_cold_aggregate_vs_raw_same_mode']:.2f}x the raw read of that mode, "
                      f"{ratios['lustre_cold_aggregate_vs_raw_odirect_read']:.2f}x raw O_DIRECT, "

@@ -167,12 +167,12 @@ def replay_adapter(name: str, requests: Sequence[Request], capacity: int, block_
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Options: ``system``, ``capacities`` (blocks), ``trace``, ``requests`` (the prefix
     every system replays for the comparison), ``full_trace`` (default True: Cascade also
-    replays the whole trace) at ``full_capacities`` (default: ``capacities``), ``sizes`` (first = block bytes), ``time_limit`` (s per
+    replays the whole trace) at ``full_capacities`` (default: ``capacities``), ``sizes`` (one block size), ``time_limit`` (s per
     replay), ``file_dir``."""
+    block_bytes = common.one_size(options, BLOCK_BYTES, "trace_replay")
     requests, source, tpb = load_requests(options)
     capacities = options.get("capacities") or CAPACITIES
     systems = common.select(options.get("system") or "all", SYSTEMS)
-    block_bytes = (options.get("sizes") or [BLOCK_BYTES])[0]
     limit = float(options.get("time_limit") or TIME_LIMIT_S)
     file_dir = options.get("file_dir") or Config().file_dir
     os.makedirs(file_dir, exist_ok=True)
