@@ -74,6 +74,10 @@ def check(directory: str, layout: Layout, world_size: int | None) -> dict[str, A
         log.info("%s was written by a job of %s ranks on %s node(s); this job has %d ranks: "
                  "orphaned ranks' files are adopted", directory, manifest.get("world_size"),
                  manifest.get("nodes"), world_size)
+    elif world_size is None and (manifest.get("world_size") or 1) > 1:
+        log.warning("%s was written by a job of %s ranks; a store opened without comm serves only "
+                    "its own rank's files there (open it with comm= to adopt the others')",
+                    directory, manifest.get("world_size"))
     return manifest
 
 

@@ -74,6 +74,18 @@ def test_same_size_blocks_of_another_shape_are_refused(tmp_path):
         assert len(store) == 1
 
 
+def test_a_store_opened_without_comm_on_a_bigger_jobs_files_says_it_serves_its_own_only(tmp_path, caplog):
+    cfg = Config(model="tiny", shm_bytes=0, file_bytes=1 << 20, file_dir=str(tmp_path))
+    with CascadeStore(cfg) as store:
+        store.put(*store.spec.empty())
+    path = tmp_path / "cascade-manifest.json"
+    written = json.loads(path.read_text())
+    path.write_text(json.dumps({**written, "world_size": 3}))  # as a job of 3 ranks leaves it
+    with caplog.at_level("WARNING", logger="cascade.manifest"), CascadeStore(cfg) as store:
+        assert len(store) == 1
+    assert "written by a job of 3 ranks; a store opened without comm serves only its own rank's files" in caplog.text
+
+
 def test_close_counts_every_block_it_could_not_keep(tmp_path):
     stats_dir = tmp_path / "stats"
     records = 3  # the file tier has room for 3 records (header page + one 4 KiB payload each)
