@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cascade.cli import count_arg
+
 from .adapters import ADAPTER_NAMES
 from .results import results_dir, write_results
 from .workloads.common import OptionError
@@ -39,22 +41,9 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 
 
-def _count(least: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``least``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
-        return value
-    return parse
-
-
 def _counts(least: int) -> Callable[[str], list[int]]:
     """An argparse type: a comma list of integers >= ``least``, e.g. ``1,2,4``."""
-    one = _count(least)
+    one = count_arg(least)
     return lambda text: [one(item.strip()) for item in text.split(",")]
 
 
@@ -91,14 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmark.run_benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--system", required=True, help="a system name, or 'all'")
     p.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    p.add_argument("--ranks", type=_count(1), default=1)
+    p.add_argument("--ranks", type=count_arg(1), default=1)
     p.add_argument("--sizes", type=_sizes, help="block sizes, e.g. 2M,16M (default per workload)")
-    p.add_argument("--blocks", type=_count(1), help="measured blocks per size (throughput/latency/scaling: per rank)")
-    p.add_argument("--warmup", type=_count(0), help="untimed warm-up blocks per size")
-    p.add_argument("--rounds", type=_count(1), help="timed rounds per system and size (median reported)")
-    p.add_argument("--ops", type=_count(1), help="hot gets timed one by one (read_latency)")
+    p.add_argument("--blocks", type=count_arg(1), help="measured blocks per size (throughput/latency/scaling: per rank)")
+    p.add_argument("--warmup", type=count_arg(0), help="untimed warm-up blocks per size")
+    p.add_argument("--rounds", type=count_arg(1), help="timed rounds per system and size (median reported)")
+    p.add_argument("--ops", type=count_arg(1), help="hot gets timed one by one (read_latency)")
     p.add_argument("--data-dir", help="shared block data (python -m benchmark.data; generated if missing)")
-    p.add_argument("--seed", type=_count(0), help="data and order seed (default 0)")
+    p.add_argument("--seed", type=count_arg(0), help="data and order seed (default 0)")
     p.add_argument("--rank-counts", type=_counts(1), help="rank counts for scaling (default 1,2,4)")
     p.add_argument("--threads", type=_counts(1), help="thread counts for thread_scaling (default 1,2,4)")
     p.add_argument("--time-limit", type=_seconds, help="seconds per replay before it stops (trace_replay)")
@@ -107,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-capacities", type=_counts(1), help="capacities of Cascade's whole-trace replays (trace_replay; default --capacities)")
     p.add_argument("--no-full-trace", action="store_true", help="trace_replay: only the common prefix, no whole-trace replays")
     p.add_argument("--trace", help="Mooncake-format trace (trace_replay; default: the shared trace)")
-    p.add_argument("--requests", type=_count(1), help="trace_replay: requests every system replays for the comparison; queue_hints: prefix of each source")
+    p.add_argument("--requests", type=count_arg(1), help="trace_replay: requests every system replays for the comparison; queue_hints: prefix of each source")
     p.add_argument("--queue-depths", type=_counts(0), help="queue depths, e.g. 0,16,64,256 (queue_hints)")
     p.add_argument("--seeds", type=_counts(0), help="generator seeds, e.g. 0,1,2 (queue_hints)")
     p.add_argument("--file-dir", help="directory for file-backed tiers and systems")

@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 from . import __version__
 from .config import Config, parse_overrides
@@ -189,7 +189,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _count(minimum: int):
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (a usage error otherwise)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -222,10 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="the main job: replay a workload, report per tier")
     run.add_argument("--trace", type=_trace_file,
                      help="Mooncake-format JSONL trace (default: the built-in workload generator)")
-    run.add_argument("--requests", type=_count(0), default=None, help="replay only the first N requests")
-    run.add_argument("--seed", type=_count(0), default=0)
-    run.add_argument("--ranks", type=_count(1), default=1, help="run N local MPI ranks (mpiexec)")
-    run.add_argument("--blocks", type=_count(0), help="with --ranks: blocks each rank puts and all others read back")
+    run.add_argument("--requests", type=count_arg(0), default=None, help="replay only the first N requests")
+    run.add_argument("--seed", type=count_arg(0), default=0)
+    run.add_argument("--ranks", type=count_arg(1), default=1, help="run N local MPI ranks (mpiexec)")
+    run.add_argument("--blocks", type=count_arg(0), help="with --ranks: blocks each rank puts and all others read back")
     run.add_argument("--warm", action="store_true",
                      help="reuse file_dir and the blocks earlier runs left there (default: a fresh directory)")
     run.add_argument("--results", help="write a results JSON into this directory")
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="one rank of a job that local engines attach to (python -m mpi4py -m cascade serve)")
     serve.add_argument("--socket-dir", help="node-local private directory of the rank sockets "
                        "(default /tmp/cascade-<uid>, plus /j<SLURM_JOB_ID> in a SLURM job)")
-    serve.add_argument("--block-bytes", type=_count(2), help="raw blocks of this many bytes (default: the model's)")
+    serve.add_argument("--block-bytes", type=count_arg(2), help="raw blocks of this many bytes (default: the model's)")
     serve.set_defaults(func=cmd_serve)
     stats = sub.add_parser("stats", parents=[common], help="stats of a running or finished job")
     stats.add_argument("dir", nargs="?", help="the job's stats_dir (default: config stats_dir)")
