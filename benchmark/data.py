@@ -41,6 +41,7 @@ from tqdm import tqdm
 from cascade import block_id
 from cascade.config import parse_size
 from cascade.models import MODEL_PRESETS
+from cascade.report import human_bytes
 
 FORMAT = "cascade-bench-data/1"
 INDEX = "index.json"
@@ -104,7 +105,7 @@ def _write_set(out: Path, model: str, block_bytes: int, blocks: int, seed: int,
     entries: dict[str, dict[str, Any]] = {}
     fd = -1
     try:
-        for i in tqdm(range(blocks), desc=f"data {block_bytes >> 20} MiB", unit="block", disable=not progress):
+        for i in tqdm(range(blocks), desc=f"data {human_bytes(block_bytes)}", unit="block", disable=not progress):
             if i % per_file == 0:
                 if fd >= 0:
                     os.fsync(fd)
@@ -294,7 +295,7 @@ def verify(directory: str | os.PathLike | None = None, progress: bool = True) ->
             meta = data.index["sets"][str(size)]
             if len(meta["ids"]) != meta["blocks"] or len(set(meta["ids"])) != meta["blocks"]:
                 raise ValueError(f"set {size}: {len(meta['ids'])} ids for {meta['blocks']} blocks")
-            for bid in tqdm(meta["ids"], desc=f"verify {size >> 20} MiB", unit="block", disable=not progress):
+            for bid in tqdm(meta["ids"], desc=f"verify {human_bytes(size)}", unit="block", disable=not progress):
                 e = data.index["blocks"][bid]
                 if e["offset"] % PAGE or e["key_bytes"] + e["value_bytes"] != size:
                     raise ValueError(f"block {bid}: bad entry {e}")

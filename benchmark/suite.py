@@ -22,6 +22,8 @@ from typing import Any, Iterator, Sequence
 
 from tqdm import tqdm
 
+from cascade.testing.children import run_in_group
+
 from . import main_job
 from .machine import machine_facts, mpiexec_command
 from .results import RESULTS_DIR, versions
@@ -175,12 +177,9 @@ def run_one(workload: str, size: str, rep: int, suite_dir: Path) -> dict[str, An
            **MPI_WORKLOADS.get(workload, (0, {}))[1]}
     t0 = time.perf_counter()
     cpu0 = _children_cpu()
-    with open(log_path, "w") as log:
-        try:
-            code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=RUN_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    with open(log_path, "w") as log:  # a run past the limit is ended with every process it started
+        done = run_in_group(cmd, timeout=RUN_TIMEOUT_S, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    code = None if done is None else done.returncode
     seconds = time.perf_counter() - t0
     cpu = _children_cpu() - cpu0
     new = sorted(set(rep_dir.glob("*.json")) - before)
@@ -363,7 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     suite_dir = Path(args.out or RESULTS_DIR) / f"suite_{(commit or 'nogit')[:12]}_{stamp}"
-    suite_dir.mkdir(parents=True)
+    try:
+        suite_dir.mkdir(parents=True)
+    except OSError as exc:
+        p.error(f"--out {args.out or RESULTS_DIR}: cannot write results there ({exc.strerror or exc})")
     order = [rotated(workloads, r) for r in range(args.reps)]
     manifest: dict[str, Any] = {
         "format": "cascade-bench-suite/1", "commit": commit, "dirty": bool(dirty), "dirty_paths": dirty,

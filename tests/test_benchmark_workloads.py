@@ -228,6 +228,26 @@ def test_parallel_raw_reads_land_every_block(tmp_path) -> None:
     assert copy["bytes"] == 3 * SIZE and copy["gbps"] > 0
 
 
+def test_scaling_ends_a_job_past_its_limit_with_its_ranks_and_goes_on(dirs, tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cascade.testing.pids import SLEEPING_GRANDCHILD, gone, written_pid
+
+    pid_files = []
+
+    def hung_job(ranks, *args):  # a job whose ranks never finish
+        pid_files.append(tmp_path / f"pid{ranks}")
+        return [sys.executable, "-c", SLEEPING_GRANDCHILD, str(pid_files[-1])]
+
+    monkeypatch.setattr(scaling, "TIMEOUT_S", 2.0)
+    monkeypatch.setattr(scaling, "mpiexec_command", hung_job)
+    result = scaling.run({"system": "cascade", "sizes": [SIZE], "blocks": 2, "warmup": 1, "rounds": 1,
+                          "rank_counts": [1, 2], **dirs})
+    failed = [p for p in result["not_run"] if p.get("status") == "failed"]
+    assert [p["ranks"] for p in failed] == [1, 2] and all("ran past 2.0 s" in p["reason"] for p in failed)
+    assert all(gone(written_pid(path)) for path in pid_files)
+
+
 def test_thread_scaling(dirs) -> None:
     result = thread_scaling.run({"sizes": [SIZE], "threads": [1, 2], "blocks": 4, "warmup": 1, "rounds": 2, **dirs})
     assert result["schema"] == "cascade-bench/thread_scaling/1" and result["thread_counts"] == [1, 2]

@@ -1,4 +1,5 @@
-"""CleanupIfKilled: a stop command runs when its starter is killed, and never after a disarm."""
+"""CleanupIfKilled: a stop command runs when its starter is killed, and never after a disarm;
+run_in_group: a command that times out or is interrupted takes its whole process group with it."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from cascade.testing.children import CleanupIfKilled
+from cascade.testing.children import CleanupIfKilled, run_in_group
+from cascade.testing.pids import SLEEPING_GRANDCHILD, gone, written_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +57,15 @@ def test_disarming_after_the_watcher_died_is_quiet(tmp_path):
     guard.disarm()  # no BrokenPipeError
     guard.disarm()  # idempotent
     assert not marker.exists()
+
+
+def test_a_command_that_times_out_takes_its_grandchildren_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+    assert run_in_group([sys.executable, "-c", SLEEPING_GRANDCHILD, str(pid_file)], timeout=3, grace=2) is None
+    assert gone(written_pid(pid_file))
+
+
+def test_a_command_that_ends_gives_its_output_and_status():
+    done = run_in_group([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], timeout=30,
+                        capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (3, "hi\n")

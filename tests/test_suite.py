@@ -111,3 +111,25 @@ def test_repetitions_interleaved_with_spread(tmp_path) -> None:
     for f in summary["figures"]:
         if (f["metric"].startswith("vs_limit.") or f.get("tier") == "ratios") and f["max"] > 1:
             assert f["above_noisy_limit"] is True
+
+
+def test_a_run_past_its_limit_ends_with_every_process_it_started(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from cascade.testing.pids import SLEEPING_GRANDCHILD, gone, written_pid
+
+    pid_file = tmp_path / "pid"
+    monkeypatch.setattr(suite, "RUN_TIMEOUT_S", 3)
+    monkeypatch.setattr(suite, "command", lambda *_: [sys.executable, "-c", SLEEPING_GRANDCHILD, str(pid_file)])
+    entry = suite.run_one("small_blocks", "tiny", 0, tmp_path)
+    assert entry["status"] == "failed" and entry["returncode"] is None
+    assert gone(written_pid(pid_file))  # the job's own children too, not only the process started
+
+
+def test_an_out_that_cannot_be_written_is_a_usage_error(tmp_path, capsys) -> None:
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        suite.main(["--size", "tiny", "--reps", "1", "--allow-dirty", "--workloads", "tier_bandwidth",
+                    "--out", str(blocked / "sub")])
+    assert exc.value.code == 2 and "cannot write results there" in capsys.readouterr().err.splitlines()[-1]

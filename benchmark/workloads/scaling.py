@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cascade import Config
+from cascade.testing.children import run_in_group
 
 from ..data import BlockData, default_dir, ensure, prefault
 from ..machine import memcpy_aggregate, mpi_get_limits, mpiexec_command
@@ -100,7 +100,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                   "--warmup", str(warmup), "--rounds", str(rounds), "--data-dir", data_dir,
                                   "--file-dir", file_dir)
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+            proc = run_in_group(cmd, timeout=TIMEOUT_S, capture_output=True, text=True)  # a hung job: every rank ends
+            if proc is None:
+                launches.append({"ranks": ranks, "command": cmd, "returncode": None,
+                                 "seconds": time.perf_counter() - t0, "stderr_tail": ""})
+                problems.append({"system": ",".join(runnable), "ranks": ranks, "status": "failed",
+                                 "reason": f"mpiexec ran past {TIMEOUT_S} s and was ended with its ranks"})
+                continue
             launches.append({"ranks": ranks, "command": cmd, "returncode": proc.returncode,
                              "seconds": time.perf_counter() - t0, "stderr_tail": proc.stderr[-2000:]})
             if proc.returncode != 0 or not os.path.exists(out):
