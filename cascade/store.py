@@ -136,6 +136,7 @@ class CascadeStore(BatchCalls):
                                 low=self.config.demote_low)  # keeps room in the fastest tier for puts
         self._expiry = ExpirySweeper(self._index, self._chain, self.metrics, self._inflight, self._lock)
         self._index.on_ttl = self._expiry.enter  # blocks past their TTL go without waiting for a read
+        self._index.on_ttl_gone = self._expiry.forget
         self._writes = WritePath(self._chain, self._inflight, self._lock, self._pools, self._demoter, nbytes=nbytes,
                                  hash_algo=self.config.hash_algo, default_ttl=self.config.default_ttl)
         self._reads = ReadPath(self._chain, self._inflight, self._lock, nbytes=nbytes, rank=rank,
@@ -149,6 +150,11 @@ class CascadeStore(BatchCalls):
         except BaseException:
             self._expiry.stop()  # it may have started for blocks found at open
             raise
+        cluster = self._chain.peers.cluster
+        if cluster is not None and cluster.atomics_progress is False and cluster.progress_thread is None:
+            self._expiry.stop()  # its withdrawals would hold the lock while atomics wait for busy ranks
+            self._index.on_ttl = self._index.on_ttl_gone = None
+            log.info("TTL expiry at reads only: inter-node atomics wait for busy ranks and mpi_progress is off")
 
     # -- what the layers hold, for reports and tests ------------------------------------------
     @property

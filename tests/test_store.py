@@ -261,6 +261,25 @@ def test_blocks_past_their_ttl_go_without_a_read(tiny_config, tier):
             assert len(s) == 1 and s.contains(kept)
 
 
+def test_background_expiry_survives_any_ttl_and_forgets_blocks_that_leave(tiny_config):
+    import time
+
+    with CascadeStore(tiny_config.replace(default_ttl=3600)) as s:
+        s.put(*make_block(s.spec, 920), ttl=1e10)  # first due: the thread's wait was past what a lock takes
+        short = s.put(*make_block(s.spec, 921), ttl=0.2)
+        end = time.monotonic() + 10
+        while ("default", short) in s._meta and time.monotonic() < end:
+            time.sleep(0.02)
+        assert ("default", short) not in s._meta and s.stats()["expired"] == 1
+        churn = make_block(s.spec, 922)
+        for _ in range(3000):  # blocks that leave take their entries with them
+            s.delete(s.put(*churn))
+        for _ in range(3000):
+            s.set_ttl(s.put(*churn), 3600)
+        live = len(s._expiry._entry)
+        assert live <= len(s) and len(s._expiry._due) <= 2 * live + 1025
+
+
 def test_first_use_ttl(tiny_config, monkeypatch):
     import time  # the clock every layer of the store reads
 

@@ -11,8 +11,16 @@ entry is due, then, under the store's lock, drops each due block that is still c
 and past its TTL, withdrawn from the directory first (counted in ``expired``, as a read's
 drop is). A block whose TTL moved on meanwhile (a read under ``last_use``, a ``set_ttl``)
 is entered again at its new time; a pinned one, or one another rank pins, is looked at
-again after :data:`RECHECK_S`. The thread starts at the first entry; :meth:`stop`
-(``close()``) joins it. Thread-safe.
+again after :data:`RECHECK_S`. A block that leaves the cache otherwise leaves the queue
+too (:meth:`forget`), and the heap is rebuilt from the live entries when stale ones
+outnumber them. A TTL counts the uses on the block's own rank: reads from other ranks
+do not move it. The thread starts at the first entry; :meth:`stop` (``close()``) joins it.
+
+Multi-rank, a drop first withdraws the block from the cluster directory, under the
+store's lock; across nodes those atomics wait for their target rank to enter MPI unless
+it runs a progress thread. The store therefore turns the sweep off (:meth:`stop`) where
+the start-up self-test found such waits and no progress thread runs (``mpi_progress``):
+blocks past their TTL then go at their rank's next read, as before. Thread-safe.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0  # a pinned block past its TTL is looked at again this much later
+LONGEST_WAIT_S = 3600.0  # the thread looks again at least this often (a TTL may be any finite length)
 BATCH = 256  # most blocks dropped in one locked step (gets and puts go on between steps)
 JOIN_S = 5.0  # stop(): most seconds to wait for the thread
 
@@ -61,11 +70,21 @@ class ExpirySweeper:
             number = next(self._numbers)
             self._entry[meta.key] = (number, meta)
             heapq.heappush(self._due, (due, number, meta.key))
+            if len(self._due) > 2 * len(self._entry) + 1024:  # mostly stale entries: keep the live ones
+                self._due = [entry for entry in self._due if self._entry.get(entry[2], (None,))[0] == entry[1]]
+                heapq.heapify(self._due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cascade-expiry", daemon=True)
                 self._thread.start()
             elif self._due[0][1] == number:  # the earliest now: wake the thread to sleep less
                 self._state.notify()
+
+    def forget(self, meta: BlockMeta) -> None:
+        """``meta`` left the cache: its entry goes (a stale one is skipped when due)."""
+        with self._state:
+            live = self._entry.get(meta.key)
+            if live is not None and live[1] is meta:
+                del self._entry[meta.key]
 
     def stop(self) -> None:
         """Stop the thread and join it (a bounded wait); later entries are ignored."""
@@ -80,7 +99,7 @@ class ExpirySweeper:
         while True:
             with self._state:
                 while not self._stopped and (not self._due or self._due[0][0] > time.monotonic()):
-                    self._state.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                    self._state.wait(min(self._due[0][0] - time.monotonic(), LONGEST_WAIT_S) if self._due else None)
                 if self._stopped:
                     return
                 due = self._take_due(time.monotonic())

@@ -31,9 +31,10 @@ class BlockIndex:
         self.ns_bytes: list[dict[str, int]] = [{} for _ in range(num_tiers)]
         self.hinted_bytes = 0  # bytes of blocks with hints > 0 (capped by the store)
         self.unconfirmed: set[BlockKey] = set()
-        #: Told of each block entered with a TTL and when it runs out (the store's
-        #: :class:`~.expiry.ExpirySweeper`); None: nobody.
+        #: Told of each block entered with a TTL and when it runs out, and of each such
+        #: block that leaves (the store's :class:`~.expiry.ExpirySweeper`); None: nobody.
         self.on_ttl: Callable[[BlockMeta, float], None] | None = None
+        self.on_ttl_gone: Callable[[BlockMeta], None] | None = None
 
     @property
     def policy_kind(self) -> str:
@@ -119,6 +120,8 @@ class BlockIndex:
 
     def forget(self, meta: BlockMeta) -> None:
         """``meta`` left the cache (its bytes are gone or going)."""
+        if meta.ttl and self.on_ttl_gone is not None:
+            self.on_ttl_gone(meta)
         if meta.hints:
             self.hinted_bytes -= meta.nbytes
             meta.hints = 0

@@ -107,7 +107,8 @@ def test_puts_from_several_threads_into_a_nearly_full_remote_tier_go_further_dow
 
 
 def test_a_put_after_another_ranks_copy_expired_is_stored_and_stays(comm, shared_dir, everywhere):
-    store = make_store(comm, shared_dir)
+    # (across nodes the background expiry needs a progress thread where atomics wait for busy ranks)
+    store = make_store(comm, shared_dir, mpi_progress="auto")
     try:
         data = block(store.spec, 78_000)
         if comm.rank == 0:
@@ -137,6 +138,22 @@ def test_a_put_after_another_ranks_copy_expired_is_stored_and_stays(comm, shared
     if comm.size > 1:
         assert everywhere(served and (stored, deduped) == ((1, 0) if comm.rank == 1 else (0, 0)) and expired == 1,
                           (served, stored, deduped, expired))
+
+
+@pytest.mark.parametrize("progress", ["off", "auto"])
+def test_background_expiry_runs_only_where_withdrawals_cannot_wait_on_a_busy_rank(comm, shared_dir, everywhere,
+                                                                                  progress):
+    store = make_store(comm, shared_dir, mpi_progress=progress)
+    try:
+        cluster = store.cluster
+        waits = cluster is not None and cluster.atomics_progress is False and cluster.progress_thread is None
+        sweeping = not store._expiry._stopped
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(sweeping == (not waits), (sweeping, waits))
+    if comm.size > 1 and progress == "auto":
+        assert everywhere(sweeping)  # a progress thread runs wherever atomics would wait
 
 
 def test_a_block_past_its_ttl_is_not_found_by_its_holder(comm, shared_dir, everywhere):
