@@ -244,12 +244,16 @@ class TierChain:
         with move, staging_buffer(move.meta.nbytes, device=_touches_device(move)) as buf:
             meta, lease, dst = move.meta, move.source, move.dst  # a demotion's source is a Lease
             error: Exception | None = None
+            gone = False
             with nullcontext() if lease.tier.concurrent else self._lock:
-                try:
-                    lease.read([buf])
-                except CorruptBlock as exc:
-                    error = exc
-            if error is None:
+                if not lease.tier.concurrent and not lease.current():
+                    gone = True  # deleted or replaced since the move began (such a tier keeps no leased bytes)
+                else:
+                    try:
+                        lease.read([buf])
+                    except CorruptBlock as exc:
+                        error = exc
+            if error is None and not gone:
                 try:
                     dst.fill([buf])
                 except OSError as exc:  # TierFull included: ENOSPC and friends

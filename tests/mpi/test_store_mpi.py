@@ -184,6 +184,27 @@ def test_unpin_of_an_id_no_rank_holds_is_blocknotfound_at_every_size(comm, share
     assert everywhere(unknown and not_mine, (unknown, not_mine))
 
 
+def test_a_move_out_of_the_remote_tier_of_a_block_deleted_meanwhile_is_given_up_quietly(comm, shared_dir,
+                                                                                          everywhere):
+    if comm.size < 2:
+        pytest.skip("the REMOTE tier holds bytes only in other ranks' windows")
+    store = make_store(comm, shared_dir, shm_bytes=0, demote_high=1.0, demote_low=1.0)
+    try:
+        bid = store.put(*block(store.spec, 99_000 + comm.rank))
+        meta = store._meta[("default", bid)]
+        remote = meta.tier == 0  # REMOTE is the fastest tier here
+        chain = store._chain
+        with store._lock:
+            move = chain.begin_move(meta, len(chain.tiers) - 1)  # a demotion to the file tier begins
+        store.delete(bid)  # then the block goes: its REMOTE room is freed at once
+        moved = chain.run_move(move)  # raised BlockNotFound (the background demoter logged it as failed)
+        left = (len(store), store.stats()["tiers"]["file"]["blocks"])
+        comm.Barrier()
+    finally:
+        store.close()
+    assert everywhere(remote and moved is False and left == (0, 0), (remote, moved, left))
+
+
 def test_longest_prefix_sees_the_whole_cluster(comm, shared_dir, everywhere):
     store = make_store(comm, shared_dir)
     try:
