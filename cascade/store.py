@@ -151,7 +151,7 @@ class CascadeStore(BatchCalls):
             self._expiry.stop()  # it may have started for blocks found at open
             raise
         cluster = self._chain.peers.cluster
-        if cluster is not None and cluster.atomics_progress is False and cluster.progress_thread is None:
+        if cluster is not None and cluster.atomics_wait_for_busy_ranks:
             self._expiry.stop()  # its withdrawals would hold the lock while atomics wait for busy ranks
             self._index.on_ttl = self._index.on_ttl_gone = None
             log.info("TTL expiry at reads only: inter-node atomics wait for busy ranks and mpi_progress is off")

@@ -216,6 +216,13 @@ class Cluster:
                         "cluster.unreadable; this rank keeps its own copies)",
                         self.rank, TierKind(entry.tier).name, entry.rank)
 
+    @property
+    def atomics_wait_for_busy_ranks(self) -> bool:
+        """Whether this rank's directory atomics may wait for a target rank busy outside
+        MPI: the start-up self-test found inter-node atomics waiting, and no progress
+        thread runs (``mpi_progress``)."""
+        return self.atomics_progress is False and self.progress_thread is None
+
     # -- the holder's bookkeeping ---------------------------------------------------------------
     def publish(self, key: BlockKey, kind: TierKind, rank: int, location: int, length: int,
                 parent: str | None, *, checksum: int) -> tuple[bool, DirectoryEntry, bool]:

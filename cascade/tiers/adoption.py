@@ -103,8 +103,7 @@ def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> int:
     one append; returns how many met an I/O error (counted in ``report.deferred``: still
     in ``old``'s files only)."""
     deferred = 0
-    copying: dict = {}
-    asked, own.expiry_of = own.expiry_of, lambda key: copying.get(key, 0.0)
+    asked, own.expiry_of = own.expiry_of, old.expires_of  # each copy's header carries the old record's expiry
     try:
         for key in list(old):
             if key in own:  # adopted by an earlier start that was cut short
@@ -117,7 +116,6 @@ def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> int:
                 report.dropped += 1
                 continue
             buf = np.empty(old.length(key), dtype=np.uint8)
-            copying[key] = expires
             try:
                 old.read_into(key, buf)
                 own.put(key, [buf], parent=old.parent_of(key))
@@ -133,8 +131,6 @@ def _copy_blocks(old: FileTier, own: FileTier, report: Adoption) -> int:
                 log.warning("adoption: %s", exc)
                 deferred += 1
                 continue
-            finally:
-                copying.pop(key, None)
             report.blocks += 1
             report.bytes += buf.nbytes
     finally:

@@ -147,6 +147,7 @@ def test_background_expiry_runs_only_where_withdrawals_cannot_wait_on_a_busy_ran
     try:
         cluster = store.cluster
         waits = cluster is not None and cluster.atomics_progress is False and cluster.progress_thread is None
+        assert cluster is None or cluster.atomics_wait_for_busy_ranks == waits
         sweeping = not store._expiry._stopped
         comm.Barrier()
     finally:
