@@ -232,7 +232,9 @@ class Cluster:
         first (cross-rank dedup: its share count rose); ``counted``: the parent's child
         count was taken (not when no rank lists the parent), so the withdrawal gives it
         back (pass the parent to :meth:`withdraw` only then). All or nothing: when
-        counting the child raises, the insert is undone before the exception propagates."""
+        counting the child raises, the insert is undone before the exception propagates;
+        an insert that cannot be undone (pinned meanwhile, or the removal raised too)
+        stays, uncounted, and the publish succeeds: the entry keeps matching the bytes."""
         entry = DirectoryEntry(tier=int(kind), rank=rank, location=location, length=length, checksum=checksum)
         self._publishes += 1
         if self._publishes % SWEEP_EVERY == 0:
@@ -243,7 +245,12 @@ class Cluster:
             try:
                 counted = self._adjust_child(key[0], parent, +1)
             except BaseException:
-                undo = self.directory.remove(key[0], key[1], expect=current)
+                try:
+                    undo = self.directory.remove(key[0], key[1], expect=current)
+                except Exception:  # the entry stays: the block with it (withdrawn as any other), uncounted
+                    log.warning("publish of %s: child count of %s not taken and the insert could not be undone: "
+                                "kept published", key[1], parent, exc_info=True)
+                    return inserted, current, False
                 if undo is Removal.PINNED:  # a reader pinned it meanwhile: keep it published
                     log.warning("publish of %s: child count of %s not taken and the insert not undone "
                                 "(pinned)", key[1], parent, exc_info=True)

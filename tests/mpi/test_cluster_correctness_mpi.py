@@ -112,6 +112,46 @@ def test_a_failed_child_count_undoes_the_publish(comm, shared_dir, everywhere):
         store.close()
 
 
+def test_a_publish_whose_undo_fails_too_keeps_the_block_stored_and_published(comm, shared_dir, everywhere):
+    # the child count raises, then so does the removal meant to undo the insert: the
+    # entry cannot be taken back, so the block stays with it (an entry naming bytes that
+    # were dropped would turn every later put of the id elsewhere into a dedup onto nothing)
+    needs_ranks(comm)
+    store = make_store(comm, shared_dir)
+    try:
+        parent = store.put(*block(store.spec, 300 + comm.rank))
+        directory = store.cluster.directory
+
+        def broken_count(*args, **kwargs):
+            raise OverflowError("injected: child count overflow")
+
+        def broken_remove(*args, **kwargs):
+            raise OSError("injected: the undo fails too")
+
+        directory.add_child, directory.remove = broken_count, broken_remove
+        try:
+            child = store.put(*block(store.spec, 400 + comm.rank), parent=parent)
+        finally:
+            del directory.add_child, directory.remove
+        data = [block(store.spec, 400 + r) for r in range(comm.size)]
+        children = [block_id(*d) for d in data]
+        assert everywhere(child == children[comm.rank])
+        comm.Barrier()
+        entries = store.cluster.lookup_many([("default", c) for c in children])
+        assert everywhere(all(e is not None for e in entries), entries)
+        got = [store.get(c) for c in children]  # every rank reads every child, its own and the others'
+        assert everywhere(all(g is not None and same(g, d) for g, d in zip(got, data)))
+        stats = store.stats()
+        assert everywhere(stats["rejected"] == 0 and stats["puts"] == stats["stored"] + stats["deduped"])
+        comm.Barrier()
+        store.delete(child)  # withdrawn as any other block (its parent's count never taken, none given back)
+        comm.Barrier()
+        assert everywhere(store.cluster.lookup(("default", child)) is None)
+        comm.Barrier()
+    finally:
+        store.close()
+
+
 def test_a_child_published_before_its_parent_gives_back_no_count_it_never_took(comm, shared_dir, everywhere):
     needs_ranks(comm)
     store = make_store(comm, shared_dir)
