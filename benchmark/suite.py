@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 
 from tqdm import tqdm
 
-from cascade.testing.children import run_in_group
+from cascade.app.process_group import run_in_group
 
 from . import main_job
 from .machine import machine_facts, mpiexec_command

@@ -8,10 +8,13 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from . import __version__
 from .config import Config, parse_overrides
@@ -76,45 +79,61 @@ def _run_file_dir(args: argparse.Namespace, cfg: Config) -> tuple[str, str | Non
     return fresh, fresh
 
 
-def _say_file_tier(args: argparse.Namespace, base: str, used: str, fresh: str | None) -> None:
-    if fresh is not None:
+def _say_file_tier(cfg: Config, base: str, used: str, fresh: str | None) -> None:
+    if cfg.file_bytes == 0:
+        print("file tier: off (file_bytes=0)", flush=True)
+    elif fresh is not None:
         print(f"file tier: fresh directory {used} (cold start, removed at exit; --warm reuses {base})", flush=True)
     else:
         print(f"file tier: warm, reusing {used} and the blocks earlier runs left there", flush=True)
 
 
-def _forwarded_run_args(raw: Sequence[str]) -> list[str]:
-    """The arguments after the ``run`` subcommand, minus the ones only this launcher reads."""
+def _forwarded_run_args(args: argparse.Namespace) -> list[str]:
+    """The arguments after the ``run`` subcommand, minus the ones only this launcher
+    reads, plus ``--verbose`` when the global ``-v`` was given."""
+    raw = args.raw_argv
     start = next(i for i, a in enumerate(raw) if not a.startswith("-")) + 1  # global flags come first
-    return [a for a in raw[start:] if a != "--warm"]
+    return [a for a in raw[start:] if a != "--warm"] + (["--verbose"] if args.verbose else [])
 
 
-def _check_results_dir(path: str | None) -> None:
-    """Make the ``--results`` directory now, so that a path that cannot be one fails
-    before the run, not after it."""
-    if path is not None:
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            raise CascadeError(f"--results {path}: not a directory this run can write into ({exc.strerror})") from None
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM (a ``kill``, a scheduler, a CI time limit) raises ``SystemExit(143)`` in
+    the main thread while the ``with`` block runs, so that its ``finally`` clauses run:
+    the ranks of a run are stopped and its fresh directory removed. Elsewhere than on
+    the main thread (where no handler can be set) it does nothing."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Replay the built-in workload (or ``--trace``) against a store; print the report."""
-    cfg = _config(args)
-    _check_results_dir(args.results)
-    used, fresh = _run_file_dir(args, cfg)
-    try:
-        _say_file_tier(args, os.path.abspath(cfg.file_dir), used, fresh)
-        if args.ranks > 1:
-            from .app.launcher import run_local_ranks
+    from .app.results import check_results_dir
 
-            forwarded = _forwarded_run_args(args.raw_argv) + ["--set", f"file_dir={used}"]
-            return run_local_ranks(args.ranks, forwarded)
-        return _run_here(args, cfg.replace(file_dir=used))
-    finally:
-        if fresh is not None:
-            shutil.rmtree(fresh, ignore_errors=True)
+    cfg = _config(args)
+    if args.results is not None:
+        check_results_dir(args.results)
+    with _sigterm_exits():
+        used, fresh = _run_file_dir(args, cfg)
+        try:
+            _say_file_tier(cfg, os.path.abspath(cfg.file_dir), used, fresh)
+            if args.ranks > 1:
+                from .app.launcher import run_local_ranks
+
+                return run_local_ranks(args.ranks, _forwarded_run_args(args) + ["--set", f"file_dir={used}"])
+            return _run_here(args, cfg.replace(file_dir=used))
+        finally:
+            if fresh is not None:
+                shutil.rmtree(fresh, ignore_errors=True)
 
 
 def _run_here(args: argparse.Namespace, cfg: Config) -> int:
@@ -203,7 +222,8 @@ def count_arg(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _trace_file(text: str) -> str:
+def trace_file(text: str) -> str:
+    """An argparse type: the path of a readable file (a usage error otherwise)."""
     if not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"no such trace file: {text}")
     if not os.access(text, os.R_OK):
@@ -220,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--config", help="TOML file with a [cascade] table (or CASCADE_CONFIG)")
     common.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
     sub.add_parser("info", parents=[common], help="tiers, capacities, paths and versions").set_defaults(func=cmd_info)
-    run = sub.add_parser("run", parents=[common], help="the main job: replay a workload, report per tier")
-    run.add_argument("--trace", type=_trace_file,
+    run = sub.add_parser("run", parents=[common], help="the main job: replay a workload, report per tier",
+                         allow_abbrev=False)  # (its arguments go on to cascade.app, which takes no abbreviations)
+    run.add_argument("--trace", type=trace_file,
                      help="Mooncake-format JSONL trace (default: the built-in workload generator)")
     run.add_argument("--requests", type=count_arg(0), default=None, help="replay only the first N requests")
     run.add_argument("--seed", type=count_arg(0), default=0)

@@ -255,6 +255,19 @@ class Config:
     ) -> "Config":
         """Defaults < TOML file ``path`` (a ``[cascade]`` table or top-level keys) <
         ``CASCADE_*`` variables of ``env`` (default ``os.environ``) < ``overrides``."""
+        return cls(**cls._given(path, env, overrides))
+
+    @classmethod
+    def given_keys(cls, path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,
+                   **overrides: Any) -> set[str]:
+        """The keys that :meth:`load` with the same arguments takes from a source (the
+        file, the environment, ``overrides``) rather than from the defaults."""
+        return set(cls._given(path, env, overrides))
+
+    @classmethod
+    def _given(cls, path: str | os.PathLike | None, env: Mapping[str, str] | None,
+               overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of :meth:`load`'s sources, the later ones winning."""
         values: dict[str, Any] = {}
         if path is not None:
             values.update(_check_keys(_file_keys(path), f"config file {path}"))
@@ -269,7 +282,7 @@ class Config:
             elif key not in _NON_CONFIG_ENV:
                 raise ConfigError(f"environment variable {name}: unknown Cascade key {key!r}; known: {sorted(known)}")
         values.update(_check_keys(overrides, "keyword arguments"))
-        return cls(**values)
+        return values
 
     def replace(self, **changes: Any) -> "Config":
         """A copy with ``changes`` applied (validated like any other source)."""

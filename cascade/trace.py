@@ -71,7 +71,7 @@ class Request:
 def _parse_line(line: str, tokens_per_block: int) -> Request:
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, and an integer past Python's digit limit
         raise ConfigError(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"expected a JSON object, got {type(obj).__name__}")
@@ -95,13 +95,17 @@ def iter_trace(path: str | Path, tokens_per_block: int = TOKENS_PER_BLOCK) -> It
     """Yield the requests of a Mooncake-format JSONL trace in file order; blank lines are skipped.
 
     Streams the file (constant memory). A malformed line raises :class:`ConfigError` naming
-    the file and line number: bad JSON, a missing field, a wrong type, or a ``hash_ids``
-    length that does not match ``ceil(input_length / tokens_per_block)``.
+    the file and line number: bytes that are not UTF-8, bad JSON, a missing field, a wrong
+    type, or a ``hash_ids`` length that does not match ``ceil(input_length / tokens_per_block)``.
     """
     if tokens_per_block < 1:
         raise ConfigError(f"tokens_per_block: must be >= 1, got {tokens_per_block}")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 text: {exc}") from None
             if not line.strip():
                 continue
             try:

@@ -50,12 +50,17 @@ cascade_srun() {
     --ntasks=$((nodes * per_node)) --ntasks-per-node="$per_node" "$@"
 }
 
+# remove_files DIR: DIR removed on every node of the job (unless JOB_KEEP_FILES=1).
+remove_files() {
+  if [[ ${JOB_KEEP_FILES:-0} != 1 ]]; then
+    srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --mpi=none \
+      rm -rf -- "$1" 2>/dev/null || true
+  fi
+}
+
 # The job's file tier is garbage afterwards, on every node when FILE_BASE is node-local.
 cleanup_files() {
-  if [[ ${JOB_KEEP_FILES:-0} != 1 && -n $MADE_FILE_DIR ]]; then
-    srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --mpi=none \
-      rm -rf -- "$MADE_FILE_DIR" 2>/dev/null || true
-  fi
+  if [[ -n $MADE_FILE_DIR ]]; then remove_files "$MADE_FILE_DIR"; fi
 }
 trap cleanup_files EXIT
 

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from cascade.testing.children import CleanupIfKilled, run_in_group
+from cascade.app.process_group import run_in_group
+from cascade.testing.children import CleanupIfKilled
 from cascade.testing.pids import SLEEPING_GRANDCHILD, gone, written_pid
 
 ROOT = Path(__file__).resolve().parents[1]

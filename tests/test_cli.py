@@ -74,6 +74,8 @@ def _cli(tmp_path, *args, timeout=300):
     (["run", "--trace", "/nonexistent/trace.jsonl"], "no such trace file"),
     (["run", "--requests", "many"], "expected an integer"),
     (["run", "--set", "shm_bytes=1iB"], "shm_bytes"),
+    (["run", "--rank", "2"], "unrecognized arguments: --rank"),  # no abbreviations: cascade.app takes none
+    (["run", "--results", "/proc"], "--results /proc: not a directory this run can write into"),
 ])
 def test_bad_run_arguments_are_one_line_usage_errors(tmp_path, args, message):
     files = tmp_path / "files"
@@ -113,4 +115,56 @@ def test_verbose_multi_rank_run(tmp_path):
                 timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "fresh directory" in done.stdout and "2 ranks" in done.stdout
+    assert "exchange: 8 cross-rank reads, 0 wrong, 0 missing" in done.stdout  # 4 blocks of the other rank, each
+    assert "INFO rank 0 " in done.stderr and "INFO rank 1 " in done.stderr  # -v reaches the ranks
     assert not list((tmp_path / "files").iterdir())
+
+
+def test_run_says_when_the_file_tier_is_off(capsys, tmp_path):
+    assert main(_run_args(tmp_path, "--set", "file_bytes=0")) == 0
+    assert "file tier: off" in capsys.readouterr().out
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of the processes whose command line contains ``text``."""
+    import os
+
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and text.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+def test_a_terminated_multi_rank_run_ends_its_ranks_and_removes_its_directory(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    files = tmp_path / "files"
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.getcwd())
+    run = subprocess.Popen([sys.executable, "-m", "cascade.cli", "run", "--ranks", "2", "--blocks", "1000000",
+                            "--set", "model=tiny", "--set", "shm_bytes=8M", "--set", f"file_dir={files}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in run.stdout:  # the ranks are up once rank 0 said so
+            if "2 ranks on" in line:
+                break
+        assert _processes_naming(str(files)), "no rank runs"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) != 0
+        deadline = time.monotonic() + 30
+        while _processes_naming(str(files)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_naming(str(files)), "ranks outlived the run"
+        assert not list(files.iterdir()), "the fresh directory was left behind"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for pid in _processes_naming(str(files)):
+            os.kill(pid, signal.SIGKILL)

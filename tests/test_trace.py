@@ -27,7 +27,7 @@ GOOD = [
 
 def write_lines(tmp_path, lines: list[str]):
     path = tmp_path / "trace.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogateescape")
     return path
 
 
@@ -64,6 +64,10 @@ def test_block_tokens_puts_the_remainder_in_the_last_block():
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": "0"}', "hash_ids"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0, "1"]}', "hash_ids"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0, 1]}', "expected 1"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [' + "9" * 5000 + "]}",
+         "not valid JSON"),  # past Python's limit on an integer's digits (a ValueError, not a JSONDecodeError)
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "note": "\udcff\udcfe", "hash_ids": [0]}',
+         "not UTF-8"),  # written with surrogateescape: the raw bytes 0xff 0xfe
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, bad, message):

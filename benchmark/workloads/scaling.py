@@ -41,7 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cascade import Config
-from cascade.testing.children import run_in_group
+from cascade.app.process_group import run_in_group
 
 from ..data import BlockData, default_dir, ensure, prefault
 from ..machine import memcpy_aggregate, mpi_get_limits, mpiexec_command

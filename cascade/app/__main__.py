@@ -9,3 +9,6 @@ try:
 except CascadeError as exc:
     print(f"cascade.app: error: {exc}", file=sys.stderr, flush=True)
     sys.exit(2)
+except KeyboardInterrupt:  # Ctrl-C, or the launcher stopping the run: the store was closed on the way out
+    print("cascade.app: interrupted", file=sys.stderr, flush=True)
+    sys.exit(130)

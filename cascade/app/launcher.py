@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import signal
 import sys
 from collections.abc import Sequence
 
 from ..errors import LaunchError
+from .process_group import run_in_group
+
+#: Seconds the ranks of an interrupted run get to close their stores (SIGINT) before SIGKILL.
+STOP_GRACE_S = 30.0
 
 
 def mpiexec_path() -> str:
@@ -21,7 +25,10 @@ def mpiexec_path() -> str:
 
 def run_local_ranks(ranks: int, args: Sequence[str]) -> int:
     """Run ``cascade.app run ARGS`` on ``ranks`` local ranks; its exit code.
-    ``--ranks N`` is dropped from ``args``; everything else is passed through."""
+    ``--ranks N`` is dropped from ``args``; everything else is passed through. The ranks
+    run in a process group of their own: when this call is interrupted (Ctrl-C, or a
+    SIGTERM turned into ``SystemExit``), every one of them gets SIGINT, then SIGKILL after
+    :data:`STOP_GRACE_S` seconds, before the exception goes on (nothing outlives the run)."""
     forwarded: list[str] = []
     skip = False
     for arg in args:
@@ -36,4 +43,6 @@ def run_local_ranks(ranks: int, args: Sequence[str]) -> int:
         forwarded.append(arg)
     cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "cascade.app",
            "run", *forwarded]
-    return subprocess.call(cmd)
+    done = run_in_group(cmd, timeout=None, grace=STOP_GRACE_S, stop=signal.SIGINT)
+    assert done is not None  # (no time limit: it returns once the command ended)
+    return done.returncode

@@ -15,6 +15,7 @@ if any rank read a wrong byte. Collective: every rank runs all of it.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import time
@@ -22,38 +23,60 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..cli import count_arg, trace_file
 from ..config import Config, parse_overrides
-from .results import write_results
+from ..errors import CascadeError
+from .results import check_results_dir, write_results
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cascade.app", description="Cascade's main job on N ranks")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="exchange + replay on every rank")
+    run = sub.add_parser("run", help="exchange + replay on every rank", allow_abbrev=False)
     run.add_argument("--results", help="directory for the results JSON (rank 0 writes it)")
-    run.add_argument("--blocks", type=int, default=32, help="blocks each rank puts in the exchange phase")
-    run.add_argument("--requests", type=int, default=200, help="requests replayed in all (0: skip the replay)")
-    run.add_argument("--trace", help="Mooncake-format trace (default: the built-in workload)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--blocks", type=count_arg(0), default=32, help="blocks each rank puts in the exchange phase")
+    run.add_argument("--requests", type=count_arg(0), default=None,
+                     help="replay only the first N requests, dealt to the ranks (default: all; 0: skip the replay)")
+    run.add_argument("--trace", type=trace_file, help="Mooncake-format trace (default: the built-in workload)")
+    run.add_argument("--seed", type=count_arg(0), default=0)
     run.add_argument("--config", help="TOML config file")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key")
     run.add_argument("--quiet", action="store_true")
+    run.add_argument("-v", "--verbose", action="store_true", help="log what the tiers do")
     return p
 
 
 def _config(args: argparse.Namespace) -> Config:
+    """The run's config: ``--config`` (or ``CASCADE_CONFIG``), ``CASCADE_*`` and ``--set``
+    over the defaults, and unless one of them sets ``remote_bytes``, half of ``shm_bytes``
+    lent to the other ranks (a multi-rank run lends DRAM by default)."""
     overrides = parse_overrides(args.set)
-    cfg = Config.load(args.config or os.environ.get("CASCADE_CONFIG"), **overrides)
-    if "remote_bytes" not in overrides and "CASCADE_REMOTE_BYTES" not in os.environ:
-        cfg = cfg.replace(remote_bytes=cfg.shm_bytes // 2)  # a multi-rank run lends DRAM by default
+    path = args.config or os.environ.get("CASCADE_CONFIG")
+    cfg = Config.load(path, **overrides)
+    if "remote_bytes" not in Config.given_keys(path, **overrides):
+        cfg = cfg.replace(remote_bytes=cfg.shm_bytes // 2)
     return cfg
+
+
+def _results_dir_checked(path: str | None, comm) -> None:
+    """Rank 0 checks that ``--results`` can take the results (:func:`check_results_dir`)
+    before anything runs; every rank raises its error. Collective."""
+    error = None
+    if comm.rank == 0 and path is not None:
+        try:
+            check_results_dir(path)
+        except CascadeError as exc:
+            error = str(exc)
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise CascadeError(error)
 
 
 def _exchange(store, comm, blocks: int, seed: int) -> dict[str, Any]:
     """Each rank puts ``blocks`` blocks of its own token sequence under token-prefix ids;
     then every rank recomputes every other rank's ids from that rank's tokens (as an
     engine would: no ids are exchanged), checks how long a prefix the cluster holds and
-    reads and checks every block."""
+    reads and checks every block of theirs (its own are not cross-rank reads)."""
     from ..prefix import model_fingerprint, prefix_ids
 
     spec = store.spec
@@ -80,6 +103,8 @@ def _exchange(store, comm, blocks: int, seed: int) -> dict[str, Any]:
     key_out, value_out = spec.empty()
     t0 = time.perf_counter()
     for rank in range(comm.size):
+        if rank == comm.rank:
+            continue
         ids = ids_of(rank)
         held = store.longest_prefix(tokens=tokens(rank), model_fingerprint=fingerprint)
         short_prefix += len(ids) - held
@@ -91,7 +116,7 @@ def _exchange(store, comm, blocks: int, seed: int) -> dict[str, Any]:
             wrong += not (np.array_equal(key_out, k) and np.array_equal(value_out, v))
     get_s = time.perf_counter() - t0
     comm.Barrier()
-    return {"blocks_put": blocks, "blocks_read": blocks * comm.size, "wrong": wrong, "missing": missing,
+    return {"blocks_put": blocks, "blocks_read": blocks * (comm.size - 1), "wrong": wrong, "missing": missing,
             "prefix_blocks_missing": short_prefix, "ids": "token-prefix (cascade.prefix_ids)",
             "put_s": put_s, "get_s": get_s}
 
@@ -111,10 +136,13 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
     from ..workload import WorkloadParams, generate
 
     comm = comm if comm is not None else MPI.COMM_WORLD  # the launcher's world: this is the program, not the library
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format=f"%(levelname)s rank {comm.rank} %(name)s: %(message)s")
     info = discover(comm)
     cfg = _config(args)
+    _results_dir_checked(args.results, comm)
     if args.trace:
-        requests = read_trace(args.trace, limit=args.requests or None)
+        requests = read_trace(args.trace, limit=args.requests)
     else:
         requests = generate(WorkloadParams(), seed=args.seed)[: args.requests]
     if comm.rank == 0 and not args.quiet:
@@ -125,7 +153,7 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
     store = CascadeStore(cfg, comm=comm)
     try:
         exchange = _exchange(store, comm, args.blocks, args.seed)
-        mine = requests[comm.rank::comm.size] if args.requests else []
+        mine = requests[comm.rank::comm.size]
         result = replay(store, mine, progress=False, seed=args.seed + comm.rank)
         comm.Barrier()
         per_rank = comm.gather(store.stats(), root=0)
