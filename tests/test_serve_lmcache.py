@@ -96,6 +96,21 @@ def test_a_block_size_other_than_the_ranks_is_refused(rank, caplog):
         sm.close()
 
 
+def test_the_plugins_timeout_reaches_its_connection_to_the_rank(rank, caplog):
+    caplog.set_level(logging.INFO, logger="cascade.integrations.lmcache_backend")
+    sm = _manager(endpoint=rank.path, timeout="5")  # how long a rank that does not answer may take
+    try:
+        assert sm.storage_backends["cascade"].store._current().timeout == 5.0
+        assert "ignoring" not in caplog.text
+    finally:
+        sm.close()
+    sm = _manager(endpoint=rank.path, timeout="0")
+    try:
+        assert "cascade" not in sm.storage_backends and "cascade.timeout" in caplog.text
+    finally:
+        sm.close()
+
+
 def _eventually(check, tries: int = 1000) -> bool:
     for _ in range(tries):
         if check():

@@ -3,6 +3,7 @@ through the channel, batches larger than the staging region, per-client pins and
 socket paths. The multi-rank runs are in tests/test_serve.py."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from cascade import (BlockNotFound, BlockPinned, CascadeStore, Config, ConfigErr
                      connect)
 from cascade.errors import StoreClosed
 from cascade.models import BlockSpec
+from cascade.serve import attached as attached_module
+from cascade.serve import client as client_module
 from cascade.serve import protocol
 from cascade.serve.attached import AttachedStore
 from cascade.serve.paths import MAX_SOCKET_PATH, resolve_endpoint, socket_path
@@ -439,3 +442,200 @@ def test_a_rank_never_removes_what_is_not_a_socket_at_its_path(tmp_path):
             os.rmdir(socket_dir)
     finally:
         store.close()
+
+
+def test_a_lookup_that_took_the_client_just_before_another_thread_lost_the_rank_is_a_miss(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    attached = AttachedStore("auto", socket_dir=socket_dir, retry_seconds=3600)
+    block_id = attached.put(*SPEC.empty())
+    holding, lost, result = threading.Event(), threading.Event(), {}
+    current = attached._current
+
+    def held():  # B has the client in hand while A loses the rank (and closes that client)
+        client = current()
+        holding.set()
+        lost.wait(10)
+        return client
+
+    def lookup():
+        try:
+            result["B"] = attached.contains(block_id)
+        except Exception as exc:  # noqa: BLE001 - what the caller would see
+            result["B"] = exc
+
+    attached._current = held
+    b = threading.Thread(target=lookup)
+    b.start()
+    try:
+        assert holding.wait(10)
+        del attached._current
+        server.close()
+        assert attached.contains(block_id) is False  # A: the rank is gone, its client closed
+    finally:
+        lost.set()
+        b.join(10)
+        attached.close()
+        store.close()
+        os.rmdir(socket_dir)
+    assert result["B"] is False
+
+
+def test_a_reply_over_the_frame_limit_is_an_error_reply_and_clients_cut_their_batches(served, monkeypatch):
+    store, server = served
+    monkeypatch.setattr(protocol, "MAX_FRAME", 2048)  # a put_many reply takes 35 bytes per id
+    monkeypatch.setattr(protocol, "MAX_BATCH", 2048 // 64, raising=False)
+    raw = _raw_session(server.path)
+    protocol.send(raw, {"op": "put_many", "ns": "default", "slots": [0] * 200})  # a request of 600 bytes
+    reply = protocol.recv(raw)
+    assert reply["ok"] is False and "frame limit" in reply["message"]
+    protocol.send(raw, {"op": "contains_many", "ns": "default", "ids": ["a" * 32]})
+    assert protocol.recv(raw) == {"ok": True, "result": [False]}  # the connection was kept
+    raw.close()
+    with connect(server.path, staging_bytes=200 * SPEC.block_bytes) as client:  # 200 slots, batches of 32
+        pairs = _blocks(100, seed=11)
+        ids = client.put_many(pairs)
+        assert ids == [store.put(k, v) for k, v in pairs]
+        got = client.get_many(ids)
+        assert all(np.array_equal(g[0], k) and np.array_equal(g[1], v) for g, (k, v) in zip(got, pairs))
+        with pytest.raises(InvalidBlock, match="at most 32 ids"):
+            client.views(ids)
+
+
+def test_a_session_forgets_the_blocks_it_no_longer_pins_or_hints(served):
+    store, server = served
+    ids = [store.put(k, v) for k, v in _blocks(3, seed=12)]
+    with connect(server.path) as client:
+        (session,) = list(server._sessions)
+        for block_id in ids:  # what the LMCache plugin does per chunk it looks up
+            client.pin(block_id)
+            client.unpin(block_id)
+        assert client.hint(ids) == 3 and client.unhint(ids[:2]) == 2
+        assert client.get(ids[2]) is not None  # the read uses up the last hint
+        assert not session.pins and not session.hints
+
+
+def test_a_client_used_after_fork_fails_in_the_child_and_works_in_its_own_process(served):
+    store, server = served
+    (ka, va), (kb, vb) = _blocks(2, seed=13)
+    a, b = store.put(ka, va), store.put(kb, vb)
+    client = connect(server.path, timeout=30)
+    pid = os.fork()
+    if pid == 0:  # the child: a call fails at once, touching neither the socket nor the staging region
+        code = 1
+        try:
+            client.get(b)
+        except RankFailure as exc:
+            code = 0 if f"belongs to process {os.getppid()}" in str(exc) else 2
+        except BaseException:  # noqa: BLE001 - any other outcome fails the test
+            code = 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got = client.get(a)
+    assert got is not None and np.array_equal(got[0], ka) and np.array_equal(got[1], va)
+    client.close()
+
+
+def test_put_many_of_slab_views_over_several_batches_stores_the_viewed_bytes(tmp_path):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=4 * SPEC.block_bytes, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    (kx, vx), (ky, vy), (k3, v3), (k4, v4), (ke, ve), (kf, vf) = _blocks(6, seed=14)
+    x, y = store.put(kx, vx), store.put(ky, vy)
+    put_many, batches = store.put_many, []
+
+    def put_many_then_reuse_the_slab(*args, **kwargs):  # between batch 1 and 2: x and y go, others take their bytes
+        ids = put_many(*args, **kwargs)
+        if not batches:
+            store.delete(x)
+            store.delete(y)
+            store.put(ke, ve)
+            store.put(kf, vf)
+        batches.append(ids)
+        return ids
+
+    store.put_many = put_many_then_reuse_the_slab
+    try:
+        with connect(server.path, staging_bytes=2 * SPEC.block_bytes) as client:  # 2 slots
+            (vkx, vvx), (vky, vvy) = client.views([x, y])
+            assert not client._staging.holds(vkx)  # in the rank's slab
+            client.put_many([(k3, v3), (k4, v4), (vkx, vvx), (vky, vvy)], namespace="copy",
+                            block_ids=["3" * 32, "4" * 32, x, y])
+            assert len(batches) == 2
+            got = client.get_many([x, y], namespace="copy")
+            assert all(g is not None and np.array_equal(g[0], k) and np.array_equal(g[1], v)
+                       for g, (k, v) in zip(got, [(kx, vx), (ky, vy)]))
+    finally:
+        server.close()
+        store.close()
+        os.rmdir(socket_dir)
+
+
+def test_a_hung_rank_costs_only_the_reattaching_thread_its_wait(tmp_path, monkeypatch):
+    socket_dir = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    store = CascadeStore(Config(shm_bytes=1 << 20, file_bytes=0, shm_dir=str(tmp_path)), block_spec=SPEC)
+    server = RankServer(store, socket_dir, 0)
+    attached = AttachedStore("auto", socket_dir=socket_dir, retry_seconds=0.1)
+    block_id = attached.put(*SPEC.empty())
+    server.close()
+    store.close()
+    os.rmdir(socket_dir)
+    assert attached.contains(block_id) is False  # lost
+    trying, other_done, attempts = threading.Event(), threading.Event(), []
+
+    def hung_connect(**kwargs):  # a rank that accepts and never answers, until the client's timeout
+        attempts.append(kwargs)
+        trying.set()
+        other_done.wait(10)
+        threading.Event().wait(0.15)  # the attempt outlasts retry_seconds
+        raise RankFailure("did not answer hello within the timeout")
+
+    monkeypatch.setattr(attached_module, "connect", hung_connect)
+    threading.Event().wait(0.1)  # retry_seconds since the loss: the next lookup attaches again
+    a = threading.Thread(target=attached.contains, args=(block_id,))
+    a.start()
+    try:
+        assert trying.wait(10)
+        other = threading.Thread(target=lambda: attached.contains(block_id) is False and other_done.set())
+        other.start()
+        assert other_done.wait(2)  # a miss at once, not after the other thread's attempt
+    finally:
+        other_done.set()
+        a.join(10)
+    assert attached.contains(block_id) is False and len(attempts) == 1  # retry_seconds from the failed attempt
+    attached.close()
+
+
+def test_new_clients_attach_after_the_slab_file_is_removed_and_a_failed_hello_is_logged(served, caplog):
+    store, server = served
+    (k, v), = _blocks(1, seed=15)
+    block_id = store.put(k, v)
+    os.unlink(store.stats()["tiers"]["shm"]["path"])  # RemoveIPC, a /dev/shm cleaner (our own tmp_path here)
+    with connect(server.path) as client:
+        got = client.get(block_id)
+        assert got is not None and np.array_equal(got[0], k) and np.array_equal(got[1], v)
+    caplog.set_level(logging.WARNING, logger="cascade.serve.server")
+
+    def no_fd():
+        raise OSError(24, "Too many open files")
+
+    server._slab.read_only_fd = no_fd
+    with pytest.raises(RankFailure, match="Too many open files"):
+        connect(server.path)
+    assert "cannot attach client pid" in caplog.text and "Too many open files" in caplog.text
+    assert _eventually(lambda: server.serve_stats()["clients"] == 0)
+
+
+def test_a_client_that_cannot_map_what_the_rank_sent_hangs_up(served, monkeypatch):
+    store, server = served
+
+    def no_map(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(client_module, "SlabMap", no_map)
+    with pytest.raises(RankFailure, match="Cannot allocate memory"):
+        connect(server.path)
+    assert _eventually(lambda: server.serve_stats()["clients"] == 0)

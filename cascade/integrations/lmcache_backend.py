@@ -38,7 +38,9 @@ How chunks map onto Cascade:
 With ``cascade.endpoint`` (a rank's socket path, or ``auto``: this node's ``cascade serve``
 ranks, see cascade/serve/), the worker attaches to its node's rank of a Cascade job and
 every instance shares one cluster-wide cache; the block size is then the rank's, and a
-rank that is gone makes every lookup a miss (the engine recomputes) until it is back.
+rank that is gone makes every lookup a miss (the engine recomputes) until it is back;
+``cascade.timeout`` (seconds, default 120) is how long a rank that does not answer may
+take before it counts as gone (while one thread tries to attach again, the others miss).
 Without it, each LMCache worker (one per tensor-parallel rank) opens its own local store
 (no MPI); its file-tier files are named by the worker id, so workers of one instance can
 share a ``file_dir`` (separate instances need separate directories). The log says which.
@@ -87,6 +89,17 @@ def chunk_block_id(key: CacheEngineKey) -> str:
     return blake3.blake3(b"cascade-lmcache/1\0" + key.to_string().encode()).hexdigest()[:ID_HEX_CHARS]
 
 
+def _seconds(value: Any, key: str) -> float:
+    """``value`` ("30", 30) as a positive, finite number of seconds; :class:`ConfigError` else."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConfigError(f"{key}: a positive number of seconds, got {value!r}")
+    return seconds
+
+
 def _full_chunk_bytes(metadata: Any) -> int:
     dtypes = metadata.get_dtypes() if hasattr(metadata, "get_dtypes") else [metadata.kv_dtype]
     itemsize = max(buffers.as_dtype(d).itemsize for d in dtypes)
@@ -120,11 +133,13 @@ class CascadeBackend(StoragePluginInterface):
             block_bytes = parse_size(block_bytes, "cascade.block_bytes")
         config_file = ours.pop("config_file", None)
         endpoint, socket_dir = ours.pop("endpoint", None), ours.pop("socket_dir", None)
+        timeout = ours.pop("timeout", None)
         worker = int(getattr(metadata, "worker_id", 0) or 0)
         if endpoint:  # the node's rank of a Cascade job: one cache for every instance
             from ..serve.attached import AttachedStore
 
-            self.store = AttachedStore(str(endpoint), worker=worker, socket_dir=socket_dir)
+            client_args = {} if timeout is None else {"timeout": _seconds(timeout, "cascade.timeout")}
+            self.store = AttachedStore(str(endpoint), worker=worker, socket_dir=socket_dir, **client_args)
             if block_bytes is not None and block_bytes != self.store.spec.block_bytes:
                 self.store.close()
                 raise ConfigError(f"cascade.block_bytes={block_bytes} but the rank at {self.store.endpoint} "

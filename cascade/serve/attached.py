@@ -5,7 +5,10 @@ LMCache plugin, for which a lost rank means "recompute", never an engine crash: 
 rank is gone, lookups and reads are misses, pins and deletes find nothing
 (:class:`BlockNotFound`), and puts raise :class:`RankFailure` (a :class:`CascadeError`,
 which such callers already log and skip). It tries to attach again at most every
-``retry_seconds``, so a restarted Cascade job is picked up without restarting the engine.
+``retry_seconds`` (counted from the end of the last try), so a restarted Cascade job is
+picked up without restarting the engine; one thread tries, and other threads' calls are
+served as misses meanwhile instead of waiting for a rank that may not answer (a try lasts
+up to the client's ``timeout``).
 
 Its ``spec`` is flat (two halves of raw bytes, ``BlockSpec.flat``): puts and reads take
 ``uint8`` halves and are viewed as the rank's spec on the way. Thread-safe.
@@ -13,6 +16,7 @@ Its ``spec`` is flat (two halves of raw bytes, ``BlockSpec.flat``): puts and rea
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BlockNotFound, ConfigError, RankFailure
+from ..errors import BlockNotFound, CascadeError, ConfigError, RankFailure, StoreClosed
 from ..models import BlockSpec
 from ..store import DEFAULT_NAMESPACE
 from .client import CascadeClient, connect
@@ -36,35 +40,58 @@ class AttachedStore:
                  retry_seconds: float = 5.0, **client_args: Any) -> None:
         self._attach_args = dict(endpoint=endpoint, worker=worker, socket_dir=socket_dir, **client_args)
         self.retry_seconds = retry_seconds
-        self._lock = threading.Lock()  # the client reference only
+        self._lock = threading.Lock()  # the client reference and the retry state only
         self._client: CascadeClient | None = connect(**self._attach_args)
-        self._lost_at = 0.0
+        self._lost_at = 0.0  # when the rank was lost or the last try failed (inf: closed)
+        self._reattaching = False
         self.rank_spec = self._client.spec
         self.spec = BlockSpec.flat(self.rank_spec.block_bytes)
         self.endpoint = self._client.path
 
     def _current(self) -> CascadeClient | None:
-        """The client, attaching again if the rank was lost more than ``retry_seconds`` ago."""
+        """The client, or None while the rank is gone. Once it was lost ``retry_seconds``
+        ago, the calling thread attaches again outside the lock; other threads get None
+        meanwhile."""
         with self._lock:
-            if self._client is None and time.monotonic() - self._lost_at >= self.retry_seconds:
-                self._lost_at = time.monotonic()
-                try:
-                    client = connect(**self._attach_args)
-                except (RankFailure, ConfigError) as exc:  # gone, or refusing us now (another spec or version)
-                    if isinstance(exc, ConfigError):
-                        log.warning("the Cascade rank at %s refused to attach again (%s): not attached",
-                                    self.endpoint, exc)
-                    return None
-                if client.spec != self.rank_spec:
-                    client.close()
-                    log.warning("the Cascade rank at %s now serves blocks of %s, not %s: not attached",
-                                client.path, client.spec, self.rank_spec)
-                    return None
-                self._client = client
-                log.warning("attached again to Cascade rank %d at %s", client.rank, client.path)
-            return self._client
+            if (self._client is not None or self._reattaching
+                    or time.monotonic() - self._lost_at < self.retry_seconds):
+                return self._client
+            self._reattaching = True
+        client, kept = None, False
+        try:
+            client = self._attach()
+        finally:
+            with self._lock:
+                self._reattaching = False
+                kept = client is not None and self._lost_at != math.inf  # (inf: closed meanwhile)
+                if kept:
+                    self._client = client
+                else:  # the next try retry_seconds from now
+                    self._lost_at = max(self._lost_at, time.monotonic())
+        if kept:
+            log.warning("attached again to Cascade rank %d at %s", client.rank, client.path)
+            return client
+        if client is not None:  # closed meanwhile
+            client.close()
+        return None
 
-    def _lost(self, client: CascadeClient, exc: RankFailure) -> None:
+    def _attach(self) -> CascadeClient | None:
+        """A new client of the rank, or None (logged) when none answers or it serves
+        another spec. Slow while the rank does not answer: called outside the lock."""
+        try:
+            client = connect(**self._attach_args)
+        except (RankFailure, ConfigError) as exc:  # gone, or refusing us now (another spec or version)
+            if isinstance(exc, ConfigError):
+                log.warning("the Cascade rank at %s refused to attach again (%s): not attached", self.endpoint, exc)
+            return None
+        if client.spec != self.rank_spec:
+            client.close()
+            log.warning("the Cascade rank at %s now serves blocks of %s, not %s: not attached",
+                        client.path, client.spec, self.rank_spec)
+            return None
+        return client
+
+    def _lost(self, client: CascadeClient, exc: CascadeError) -> None:
         with self._lock:
             if self._client is client:
                 self._client = None
@@ -81,7 +108,7 @@ class AttachedStore:
             return miss()
         try:
             return getattr(client, method)(*args, **kwargs)
-        except RankFailure as exc:
+        except (RankFailure, StoreClosed) as exc:  # StoreClosed: another thread lost this client meanwhile
             self._lost(client, exc)
             return miss()
 

@@ -30,6 +30,10 @@ from ..distributed.directory import DirectoryFull, PinUnderflow
 
 VERSION = 2
 MAX_FRAME = 16 << 20  # a request names at most a few thousand 32-hex ids
+# A block adds at most 64 bytes to a frame (a quoted 32-hex id and a slot number to a
+# request; an id, two slab offsets or a bool to its reply): a batch of at most MAX_BATCH
+# blocks passes MAX_FRAME neither in its request nor in its reply.
+MAX_BATCH = MAX_FRAME // 64
 _LEN = struct.Struct("<I")
 _ERRORS: dict[str, type[errors.CascadeError]] = {
     cls.__name__: cls for cls in vars(errors).values()
@@ -47,7 +51,7 @@ def encode(message: dict[str, Any]) -> bytes:
     :data:`MAX_FRAME` (the peer would refuse it and hang up): nothing is sent then."""
     body = json.dumps(message, separators=(",", ":"), default=str).encode()
     if len(body) > MAX_FRAME:
-        raise errors.InvalidBlock(f"a request of {len(body)} bytes passes the {MAX_FRAME}-byte frame limit: "
+        raise errors.InvalidBlock(f"a message of {len(body)} bytes passes the {MAX_FRAME}-byte frame limit: "
                                   f"split it into smaller calls")
     return _LEN.pack(len(body)) + body
 

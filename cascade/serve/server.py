@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from .. import buffers
-from ..errors import BlockPinned, CascadeError, ConfigError, InvalidBlock
+from ..errors import BlockPinned, CascadeError, ConfigError, InvalidBlock, RankFailure
 from ..store import CascadeStore
 from . import protocol
 from .paths import is_listening, prepare_socket_dir, socket_path
@@ -111,7 +111,7 @@ class RankServer:
             self._hello(session)
             while True:
                 request = protocol.recv(session.sock)
-                protocol.send(session.sock, self._answer(session, request))
+                session.sock.sendall(self._reply(session, request))
         except (protocol.ChannelClosed, OSError):
             pass  # the client left (or died), or close() shut the socket
         except ValueError as exc:  # a malformed frame: the stream cannot be trusted any more
@@ -130,20 +130,33 @@ class RankServer:
         except (CascadeError, TypeError, ValueError, OverflowError) as exc:  # (int(Infinity): OverflowError)
             protocol.send(session.sock, protocol.error_reply(exc if isinstance(exc, CascadeError) else ConfigError(str(exc))))
             raise protocol.ChannelClosed("refused hello") from exc
-        session.staging, fd = Staging.create(spec, slots)
-        fds = [fd]
         try:
-            slab_fd = self._slab.read_only_fd()
-            if slab_fd is not None:
-                fds.append(slab_fd)
+            fds = self._client_fds(session, slots)
+        except OSError as exc:  # e.g. out of memory or descriptors: say so to both sides
+            log.warning("rank %d cannot attach client pid %d: %s", self.rank, session.pid, exc)
+            protocol.send(session.sock, protocol.error_reply(RankFailure(f"rank {self.rank} cannot attach a client: "
+                                                                         f"{exc}")))
+            raise protocol.ChannelClosed("failed hello") from exc
+        try:
             protocol.send(session.sock, {"ok": True, "result": {
                 "rank": self.rank, "world_size": self.world_size, "shape": list(spec.shape), "dtype": spec.dtype,
                 "slots": slots, "stride": session.staging.stride, "block_tokens": self.store.config.block_tokens,
-                "slab_bytes": self._slab.nbytes if slab_fd is not None else 0}})
+                "slab_bytes": self._slab.nbytes if len(fds) > 1 else 0}})
             socket.send_fds(session.sock, [b"F"], fds)
         finally:
             for sent in fds:
                 os.close(sent)  # the client has its own descriptors now; the mappings stay
+
+    def _client_fds(self, session: _Session, slots: int) -> list[int]:
+        """Map ``session``'s staging region of ``slots`` slots; its descriptor and, with an
+        SHM tier, a read-only one of the slab (the caller closes them)."""
+        session.staging, fd = Staging.create(self.store.spec, slots)
+        try:
+            slab_fd = self._slab.read_only_fd()
+        except BaseException:
+            os.close(fd)
+            raise
+        return [fd] if slab_fd is None else [fd, slab_fd]
 
     def _release(self, session: _Session) -> None:
         """Give back every lease, pin and hint ``session`` holds, unmap its staging region."""
@@ -175,6 +188,17 @@ class RankServer:
         session.leases, session.leased = ExitStack(), 0
 
     # -- requests -------------------------------------------------------------------------
+    def _reply(self, session: _Session, request: dict[str, Any]) -> bytes:
+        """The frame answering ``request``: an error reply when the answer passes the frame
+        limit (the request has run; the client is not dropped for the rank's reply)."""
+        try:
+            return protocol.encode(self._answer(session, request))
+        except InvalidBlock as exc:  # (its message is short: no part of the request)
+            log.warning("rank %d: the reply to a request of client pid %d cannot be sent (%s): sent an error",
+                        self.rank, session.pid, exc)
+            return protocol.encode(protocol.error_reply(InvalidBlock(f"rank {self.rank} ran the request but cannot "
+                                                                     f"send its reply: {exc}")))
+
     def _answer(self, session: _Session, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         handler = _OPS.get(op) if isinstance(op, str) else None
@@ -245,7 +269,7 @@ class RankServer:
         if not s.pins[held]:
             raise BlockPinned(f"block {a['id']} is not pinned by this client")
         self.store.unpin(a["id"], namespace=a["ns"])
-        s.pins[held] -= 1
+        _take(s.pins, held, 1)
 
     def _hint(self, s: _Session, a: dict[str, Any]) -> int:
         taken = 0
@@ -265,7 +289,7 @@ class RankServer:
                 mine.append(block_id)
         withdrawn = self.store.unhint(mine, namespace=ns)
         for block_id, count in taken.items():
-            s.hints[(ns, block_id)] -= count
+            _take(s.hints, (ns, block_id), count)
         return withdrawn
 
     def _delete(self, s: _Session, a: dict[str, Any]) -> None:
@@ -324,7 +348,15 @@ def _hints_used(s: _Session, namespace: str, block_ids: list[str], hits: list[bo
     """A read uses up a hint of the block (ours, if we hold one)."""
     for block_id, hit in zip(block_ids, hits):
         if hit and s.hints[(namespace, block_id)]:
-            s.hints[(namespace, block_id)] -= 1
+            _take(s.hints, (namespace, block_id), 1)
+
+
+def _take(held: Counter[tuple[str, str]], block: tuple[str, str], n: int) -> None:
+    """Take ``n`` off a session's count of ``block``, forgetting it at zero (a long-lived
+    session keeps no entry for every block it ever pinned or hinted)."""
+    held[block] -= n
+    if held[block] <= 0:
+        del held[block]
 
 
 def _slot(value: Any) -> int:

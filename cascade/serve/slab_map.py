@@ -32,10 +32,13 @@ class SlabWindow:
         self._base = tier._slab_array().ctypes.data if tier is not None else 0
 
     def read_only_fd(self) -> int | None:
-        """A new read-only descriptor of the slab (the caller closes it), or None."""
-        if self._tier is None:
+        """A new read-only descriptor of the slab (the caller closes it), or None: the
+        tier's open file reopened through ``/proc``, so it works once its name is gone
+        (removed by ``RemoveIPC`` or a ``/dev/shm`` cleaner). ``OSError`` when it cannot."""
+        fd = self._tier.fd if self._tier is not None else None
+        if fd is None:  # no slab, or the store is closed
             return None
-        return os.open(self._tier.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def offset(self, array: Any) -> int | None:
         """Byte offset of C-contiguous numpy ``array`` in the slab, or None if it lies elsewhere."""
@@ -52,6 +55,10 @@ class SlabMap:
         self.spec, self.nbytes = spec, nbytes
         self._map = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
         self._raw = np.frombuffer(self._map, dtype=np.uint8)
+
+    def holds(self, array: Any) -> bool:
+        """Whether ``array`` (a numpy array) may lie in the slab: an array of ``views()``."""
+        return type(array) is np.ndarray and np.may_share_memory(array, self._raw)
 
     def pair(self, key_offset: int, value_offset: int) -> tuple[np.ndarray, np.ndarray]:
         """Read-only (key, value) arrays of the spec over the slab at the given offsets."""

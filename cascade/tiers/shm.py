@@ -256,6 +256,12 @@ class ShmTier(SlabTier):
         self._index.clear()
 
     @property
+    def fd(self) -> int | None:
+        """The slab file's open descriptor (None once closed): it reopens the slab through
+        ``/proc/self/fd`` even after the file's name is gone."""
+        return self._fd
+
+    @property
     def mapping(self) -> mmap.mmap | None:
         """The slab's shared mapping (None when closed or of capacity 0): what the
         cluster exposes as an RMA window to ranks on other nodes."""
