@@ -57,3 +57,44 @@ def test_a_results_directory_that_cannot_take_a_file_is_refused(tmp_path):
     for bad in (tmp_path / "a-file", "/proc"):
         with pytest.raises(CascadeError, match="not a directory this run can write into"):
             check_results_dir(bad)
+
+
+FAILING_RANK = """\
+import sys
+from mpi4py import MPI
+from cascade.app import main_job
+from cascade.store import CascadeStore
+
+put = CascadeStore.put
+
+
+def failing_put(self, *args, **kwargs):
+    if MPI.COMM_WORLD.rank == 1:
+        raise RuntimeError("injected: rank 1 fails in the exchange")
+    return put(self, *args, **kwargs)
+
+
+CascadeStore.put = failing_put
+sys.exit(main_job.run(["run", "--blocks", "4", "--requests", "10", "--quiet", "--set", "model=tiny",
+                       "--set", "shm_bytes=1M", "--set", "file_dir=" + sys.argv[1]]))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_one_ranks_failure_ends_the_job_at_once(tmp_path):
+    # the other rank waits in the exchange's barrier: a collective close on the failing
+    # rank waited 10 minutes for it (its agreement's time limit) before the job ended
+    import os
+    import subprocess
+    import sys
+
+    from cascade.app.launcher import mpiexec_path
+
+    pytest.importorskip("mpi4py")
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    started = time.monotonic()
+    done = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "mpi4py", str(script), str(tmp_path / "f")],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert done.returncode != 0 and "injected: rank 1 fails" in done.stderr + done.stdout
+    assert time.monotonic() - started < 60, "the job waited for a rank that had failed"

@@ -159,8 +159,14 @@ def run(argv: Sequence[str] | None = None, comm=None) -> int:
         per_rank = comm.gather(store.stats(), root=0)
         replays = comm.gather(result.as_dict() | {"store_stats": None}, root=0)
         exchanges = comm.gather(exchange, root=0)
-    finally:
+    except KeyboardInterrupt:  # Ctrl-C or the launcher's stop reaches every rank at once: they close together
         store.close()
+        raise
+    # Any other error is this rank's alone: the others wait in the job's next collective
+    # call and would never reach close(), whose agreement would wait 10 minutes for them.
+    # It propagates unclosed; python -m mpi4py then aborts every rank at once (the next
+    # open removes the slab files left in shm_dir; the file tier stays for a warm restart).
+    store.close()
     elapsed = time.perf_counter() - started
     wrong = comm.allreduce(exchange["wrong"])
     if comm.rank == 0:
