@@ -40,10 +40,11 @@ from .core.factory import build_tiers
 from .core.guards import CLOSE_WAIT_S, InFlight
 from .core.index import BlockIndex
 from .core.pools import Pools, spare_cores
+from .distributed.agree import DEFAULT_TIMEOUT as CLOSE_RANKS_WAIT_S
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, TierFull
+from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
@@ -63,6 +64,8 @@ def _plain_pair(key: Any, value: Any, shape: tuple[int, ...], dtype: np.dtype) -
             and key.shape == shape and value.shape == shape)
 
 
+#: Seconds a store left by an exception (``with``) waits for the other ranks to close it too.
+EXIT_RANKS_WAIT_S = 30.0
 #: Seconds close() lets non-blocking calls submitted before it finish before cancelling the rest.
 ASYNC_CLOSE_SECONDS = 60.0
 
@@ -507,7 +510,8 @@ class CascadeStore(BatchCalls):
                     "policy": self._index.policy_kind, "hinted_bytes": self._index.hinted_bytes,
                     "block_bytes": self.spec.block_bytes}
 
-    def close(self, *, keep: bool = True, timeout: float = CLOSE_WAIT_S) -> None:
+    def close(self, *, keep: bool = True, timeout: float = CLOSE_WAIT_S,
+              ranks_timeout: float = CLOSE_RANKS_WAIT_S) -> None:
         """Release every tier; file-tier data stays for a warm restart. Idempotent.
 
         With ``keep`` (default), blocks in the GPU and SHM tiers first move to the file
@@ -521,7 +525,11 @@ class CascadeStore(BatchCalls):
         :data:`ASYNC_CLOSE_SECONDS`; those not started by then are cancelled); calls of
         other threads still moving data get up to ``timeout`` seconds to finish (the
         wait gives the store's lock up), after which :class:`CloseTimeout` names what
-        they hold and the tiers stay open (call ``close()`` again)."""
+        they hold and the tiers stay open (call ``close()`` again). Other ranks get
+        ``ranks_timeout`` seconds to enter ``close`` (a rank that never does, e.g. it
+        waits elsewhere for this one: :class:`~cascade.errors.RankFailure`, its MPI
+        windows kept; ``with`` gives them :data:`EXIT_RANKS_WAIT_S` when leaving on an
+        exception)."""
         unfinished = self._async.close(ASYNC_CLOSE_SECONDS)
         if unfinished:
             log.warning("close: %d non-blocking calls did not finish in %.0f s and were cancelled",
@@ -536,7 +544,8 @@ class CascadeStore(BatchCalls):
             self._inflight.drain(timeout)
             self._closed = True
             try:
-                close_layers(self._chain, self._built_tiers, keep=keep, write_stats=self._write_final_stats)
+                close_layers(self._chain, self._built_tiers, keep=keep, write_stats=self._write_final_stats,
+                             ranks_timeout=ranks_timeout)
             finally:
                 self._pools.shutdown()
 
@@ -548,8 +557,18 @@ class CascadeStore(BatchCalls):
     def __enter__(self) -> "CascadeStore":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        """:meth:`close`; leaving on an exception, which may be this rank's alone (the
+        others then wait elsewhere, never entering ``close``), it waits at most
+        :data:`EXIT_RANKS_WAIT_S` seconds for them, and a :class:`RankFailure` of the close
+        is logged: the exception that ended the block goes on."""
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close(ranks_timeout=EXIT_RANKS_WAIT_S)
+        except RankFailure as exc:
+            log.warning("close after %s: %s", exc_type.__name__, exc)
 
 
 def _log_failure(future: Future) -> None:

@@ -193,9 +193,11 @@ def release_tiers(chain: TierChain, built: list[Tier], *, collective: bool) -> N
         interrupts.released()
 
 
-def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats: Callable[[], None]) -> None:
+def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats: Callable[[], None],
+                 ranks_timeout: float) -> None:
     """Keep hot blocks (with ``keep``), write the last stats, agree with every rank on
-    how its close went (collective), then give every tier back. Raises this rank's
+    how its close went (collective, waiting up to ``ranks_timeout`` seconds for them),
+    then give every tier back. Raises this rank's
     error, or :class:`PeerStepFailed` when another rank's close failed (after every rank
     released its tiers); :class:`RankFailure` when some rank never arrived (its windows
     kept: freeing them would hang)."""
@@ -213,7 +215,7 @@ def close_layers(chain: TierChain, built: list[Tier], *, keep: bool, write_stats
     peers, chain.peers = chain.peers, Solo()
     together = True
     try:
-        peers.close(ok=error is None)
+        peers.close(ok=error is None, timeout=ranks_timeout)
     except PeerStepFailed as exc:  # every rank took part: the windows are free
         error = error or exc
     except RankFailure:  # some rank never arrived: freeing MPI windows would hang

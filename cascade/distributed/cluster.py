@@ -41,7 +41,7 @@ from ..identity import BlockKey
 from ..tiers.base import TierKind
 from ..tiers.record_io import read_record
 from ..tiers.shm import ShmPeerSlabs
-from .agree import agree
+from .agree import DEFAULT_TIMEOUT as AGREE_TIMEOUT, agree
 from .directory import DirectoryEntry, PinUnderflow, Removal, ShardedDirectory
 from .progress_check import check_progress
 from .progress_thread import ProgressThread
@@ -325,11 +325,11 @@ class Cluster:
             return False  # the parent is not cached (or was re-inserted): nothing to count
         return True
 
-    def drain(self, ok: bool = True) -> None:
+    def drain(self, ok: bool = True, timeout: float = AGREE_TIMEOUT) -> None:
         """Collective: return once every rank has stopped reading (entered close) and
-        agreed that every rank's close went well (``ok``: ours did); see
-        :func:`~.agree.agree` for what it raises."""
-        agree(self.comm, ok, "closing the store")
+        agreed that every rank's close went well (``ok``: ours did), waiting up to
+        ``timeout`` seconds for them; see :func:`~.agree.agree` for what it raises."""
+        agree(self.comm, ok, "closing the store", timeout=timeout)
 
     def close(self) -> None:
         """Collective: free the directory and slab windows."""

@@ -32,6 +32,7 @@ import numpy as np
 from ..checksum import checksum
 from ..errors import BlockNotFound, BlockPinned
 from ..tiers.base import TierKind
+from .agree import DEFAULT_TIMEOUT as AGREE_TIMEOUT
 
 if TYPE_CHECKING:
     from ..policy import BlockMeta
@@ -110,7 +111,7 @@ class Solo:
             return BlockNotFound(f"no block {key[1]} in namespace {key[0]!r}")
         return BlockPinned(f"block {key[1]} is not pinned")
 
-    def close(self, ok: bool = True) -> None:
+    def close(self, ok: bool = True, timeout: float = AGREE_TIMEOUT) -> None:
         pass
 
 
@@ -304,17 +305,17 @@ class Joined(Solo):
                            "(pins are per rank: unpin on the rank that pinned it)")
 
     @_serialized
-    def close(self, ok: bool = True) -> None:
+    def close(self, ok: bool = True, timeout: float = AGREE_TIMEOUT) -> None:
         """Collective: agree with every rank on how its close went (``ok``: ours went
-        well), which also waits until every rank has stopped reading (entered close),
-        then free the windows. Before the store closes its tiers. Raises
+        well), which also waits (up to ``timeout`` seconds) until every rank has stopped
+        reading (entered close), then free the windows. Before the store closes its tiers. Raises
         :class:`~.agree.PeerStepFailed` (windows freed) when another rank's close failed,
         :class:`~cascade.errors.RankFailure` (windows kept: freeing them would hang) when
         some rank never arrived."""
         from .agree import PeerStepFailed
 
         try:
-            self.cluster.drain(ok)
+            self.cluster.drain(ok, timeout)
         except PeerStepFailed:
             self.cluster.close()
             raise
