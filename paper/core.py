@@ -55,6 +55,10 @@ class Context:
     spec: FigureSpec | None = None
     used: list[ResultsFile] = field(default_factory=list)  # every file any figure or table drew from
 
+    def device_used(self) -> bool:
+        """Whether a figure or table drew from the separate GPU suite run (:attr:`device`)."""
+        return self.device is not None and any(f in self.device.files for f in self.used)
+
     def _use(self, sources: Sequence[ResultsFile]) -> None:
         for f in sources:
             if f not in self.used:

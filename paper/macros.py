@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spread import fmt
+from .spread import Spread, fmt
 
 _NAME_RE = re.compile(r"^[A-Za-z]+$")
 MISSING = r"\textbf{[n/a]}"
@@ -35,11 +35,15 @@ def _group(digits: str) -> str:
     return sign + head + dot + tail
 
 
-def sig(x: float, digits: int = 3) -> str:
+def sig(x: float, digits: int = 3, *, around: float | None = None) -> str:
     """``x`` to ``digits`` significant figures, but never rounding integer digits away
     and without exponent notation (``12.74 -> '12.7'``, ``0.31234 -> '0.312'``,
     ``1234.5 -> '1234'``). A measured :class:`~paper.spread.Spread` reads
-    ``median (min--max)``."""
+    ``median (min--max)``; where its range holds the threshold ``around`` but its min and
+    max round alike, it gets one more digit, so that the range shows."""
+    if around is not None and isinstance(x, Spread) and x.varies and x.lo <= around <= x.hi \
+            and _sig(x.lo, digits) == _sig(x.hi, digits):
+        digits += 1
     return fmt(x, lambda v: _sig(v, digits))
 
 

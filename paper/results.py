@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .spread import Spread, merge
+from .spread import MergeError, Spread, merge
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = REPO_ROOT / "benchmark" / "results"
@@ -29,7 +29,7 @@ DEVICE_RESULTS = DEFAULT_RESULTS / "device"
 #: Workloads whose names may appear in file names (the runner's, mpi_micro and the run).
 KNOWN_WORKLOADS = ("tier_bandwidth", "trace_replay", "mpi_micro", "write_throughput", "read_throughput",
                    "read_latency", "scaling", "thread_scaling", "faults", "queue_hints", "cross_node", "stress_mpi",
-                   "small_blocks", "file_read_mode", "device_io", "cluster_serving", "restart", "run")
+                   "small_blocks", "file_read_mode", "read_stall", "device_io", "cluster_serving", "restart", "run")
 _NAME_RE = re.compile(r"^(?P<head>.+)_(?P<nodes>\d+)n_(?P<stamp>\d{8}[T-]?\d{6})(?:_(?P<seq>\d+))?\.json$")
 
 Key = str | int
@@ -75,10 +75,13 @@ class ResultsFile:
     stamp: str  # sortable: YYYYMMDDHHMMSS plus a sequence number
     notes: list[str] = field(default_factory=list)
     reps: list["ResultsFile"] = field(default_factory=list)  # the repetitions merged into this one
+    rep_numbers: list[int] = field(default_factory=list)  # the suite repetition of each (Spread.index)
 
     def __post_init__(self) -> None:
         if not self.reps:
             self.reps = [self]
+        if not self.rep_numbers:
+            self.rep_numbers = list(range(len(self.reps)))
 
     def _missing(self, walked: list[Key]) -> ResultsError:
         """The error for a field absent from the merged document: named against the
@@ -260,15 +263,29 @@ def _suite_files(suite: Path, manifest: dict[str, Any]) -> list[Path]:
     return out
 
 
+def _rep_number(path: Path, default: int) -> int:
+    """The suite repetition a file belongs to (its ``rep<k>/`` directory), else ``default``."""
+    match = re.fullmatch(r"rep(\d+)", path.parent.name)
+    return int(match.group(1)) if match else default
+
+
 def merge_files(reps: list[ResultsFile]) -> ResultsFile:
     """One :class:`ResultsFile` for the repetitions of one workload (numbers that differ
-    become :class:`~paper.spread.Spread`); it is named after the first repetition's file
-    and a missing field is reported against the repetition that lacks it."""
+    become :class:`~paper.spread.Spread`, indexed by suite repetition); it is named after
+    the first repetition's file and a missing field is reported against the repetition
+    that lacks it. :class:`ResultsError` naming the file when the repetitions hold lists
+    that cannot be matched."""
     reps = sorted(reps, key=lambda f: (f.stamp, str(f.path)))
     first = reps[0]
-    doc = merge([f.doc for f in reps]) if len(reps) > 1 else first.doc
-    merged = ResultsFile(first.path, doc, first.system, first.workload, first.nodes, first.ranks, first.stamp)
-    merged.reps = reps
+    numbers = [_rep_number(f.path, k) for k, f in enumerate(reps)]
+    if len(set(numbers)) < len(numbers):  # not laid out one repetition per directory
+        numbers = list(range(len(reps)))
+    try:
+        doc = merge([f.doc for f in reps], numbers) if len(reps) > 1 else first.doc
+    except MergeError as exc:
+        raise ResultsError(reps[numbers.index(exc.rep)].path, field_name(exc.keys), exc.problem) from exc
+    merged = ResultsFile(first.path, doc, first.system, first.workload, first.nodes, first.ranks, first.stamp,
+                         reps=reps, rep_numbers=numbers)
     return merged
 
 
@@ -287,7 +304,8 @@ class Results:
     def load(cls, path: Path | str) -> "Results":
         """Read the suite at ``path`` (a suite directory, its ``manifest.json``, or a
         directory of suites: the newest). No suite: no files (every figure is skipped).
-        Files that are not JSON objects are kept aside in :attr:`unreadable`."""
+        Files that are not JSON objects, and repetitions that cannot be merged, are kept
+        aside in :attr:`unreadable`."""
         path = Path(path)
         suite = find_suite(path)
         if suite is None:
@@ -310,7 +328,12 @@ class Results:
                 bad.append(exc)
                 continue
             groups.setdefault((f.workload, f.system, f.nodes, f.ranks), []).append(f)
-        files = [merge_files(reps) for reps in groups.values()]
+        files = []
+        for reps in groups.values():
+            try:
+                files.append(merge_files(reps))
+            except ResultsError as exc:
+                bad.append(exc)
         return cls(suite, files, bad, suite, manifest)
 
     def describe(self) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from paper import figures
-from paper.macros import MISSING, pct, sig
+from paper.macros import MISSING, integer, pct, sig
 from paper.results import ResultsError, load_file
 from paper.spread import Spread, merge
 
@@ -274,13 +274,90 @@ def test_merge_keeps_equal_values_and_spreads_differing_ones():
     docs = [{"n": 8, "rows": [{"system": "x", "gbps": g}, {"system": "y", "gbps": 1.0}], "host": h}
             for g, h in ((3.0, "a"), (1.0, "b"), (2.0, "c"))]
     docs[2]["rows"].reverse()  # rows are matched by identity, not position
-    docs[1]["rows"].append({"system": "z", "gbps": 5.0})  # not in every repetition: dropped
+    docs[1]["rows"].append({"system": "z", "gbps": 5.0})  # not in every repetition: kept, over those
     merged = merge(docs)
     assert merged["n"] == 8 and not isinstance(merged["n"], Spread) and merged["host"] == "a"
-    assert [r["system"] for r in merged["rows"]] == ["x", "y"]
+    assert [r["system"] for r in merged["rows"]] == ["x", "y", "z"]
+    z = merged["rows"][2]["gbps"]
+    assert isinstance(z, Spread) and z.reps == (5.0,) and z.index == (1,)
     x = merged["rows"][0]["gbps"]
     assert isinstance(x, Spread) and x.reps == (3.0, 1.0, 2.0) and float(x) == 2.0
     assert merged["rows"][1]["gbps"] == 1.0 and not isinstance(merged["rows"][1]["gbps"], Spread)
+
+
+def test_merge_matches_rows_by_size_blocks_and_rank_and_keeps_partial_rows():
+    """Rows keyed as the suite keys them (size, blocks) or by rank are matched, not taken by
+    position; a row some repetitions lack stays, as spreads over the others; a rank's
+    measured ``blocks`` does not split its row."""
+    rows = [{"size": 4096, "n": 7}, {"size": 2 << 20, "us": 9.0, "n": 7}]
+    docs = [{"rows": [{**rows[0], "us": 1.0 + k}, rows[1]][: 1 if k == 1 else 2],
+             "io": [{"size": 4096, "blocks": b, "gbps": b + k} for b in (1, 64)],
+             "per_rank_stats": [{"rank": r, "blocks": 10 * r + k, "gets": 5} for r in (1, 0)][:: 1 if k else -1]}
+            for k in range(3)]
+    merged = merge(docs)
+    small, big = merged["rows"]
+    assert small["us"].reps == (1.0, 2.0, 3.0) and small["n"] == 7 and not isinstance(small["n"], Spread)
+    assert big["size"] == 2 << 20 and not isinstance(big["size"], Spread)
+    for value in (big["us"], big["n"]):  # measured in repetitions 0 and 2 only, even where they agree
+        assert isinstance(value, Spread) and value.index == (0, 2) and value.reps == (float(value),) * 2
+    assert [(r["blocks"], r["gbps"].reps) for r in merged["io"]] == [(1, (1.0, 2.0, 3.0)), (64, (64.0, 65.0, 66.0))]
+    assert [r["rank"] for r in merged["per_rank_stats"]] == [0, 1]
+    assert merged["per_rank_stats"][1]["blocks"].reps == (10.0, 11.0, 12.0)
+
+
+def test_spreads_of_different_repetitions_combine_over_those_both_measured():
+    from paper.plots.common import met_in, per_rep
+
+    full, partial = Spread([1.0, 2.0, 3.0], index=(0, 1, 2)), Spread([2.0, 4.0], index=(0, 2))
+    ratio = full / partial
+    assert ratio.reps == (0.5, 0.75) and ratio.index == (0, 2)
+    assert (partial * 2).index == (0, 2)
+    with pytest.raises(ValueError):
+        Spread([1.0], index=(1,)) + Spread([1.0], index=(0,))
+    assert per_rep(partial, [0, 1, 2]) == [2.0, None, 4.0]
+    assert met_in([partial], [0, 1, 2], lambda v: v > 0) == 2  # not measured: not met
+
+
+def test_merge_of_lists_that_cannot_be_matched_is_an_error_naming_the_file(tmp_path):
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "small_blocks", rep)
+        doc = json.loads(path.read_text())
+        doc["per_pass_s"] = [0.5, 0.25] if rep != 1 else [0.5]
+        path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["small_blocks"])
+    assert report.exit_code(strict=False) == 2
+    [error] = [e for e in report.errors if e.field == "per_pass_s"]
+    assert error.path == str(_sample(results, "small_blocks", 1)) and "repetition 1" in str(error)
+
+
+def test_a_row_measured_in_some_repetitions_is_kept_over_those(tmp_path):
+    """small_blocks of repetition 1 lacks its largest size: every size stays in the table and
+    the smallest one's numbers are spreads over all three repetitions."""
+    results = _copy_samples(tmp_path)
+    path = _sample(results, "small_blocks", 1)
+    doc = json.loads(path.read_text())
+    doc["rows"] = sorted(doc["rows"], key=lambda r: r["size"])[:-1]
+    path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["small_blocks"])
+    assert not report.errors and not report.skipped
+    per_rep = [min(json.loads(_sample(results, "small_blocks", k).read_text())["rows"], key=lambda r: r["size"])
+               for k in range(3)]
+    assert _defined(tmp_path / "out")["SbGetUs"] == sig(Spread([r["get_loop_us"] for r in per_rep]))
+    sizes = {r["size"] for r in json.loads(_sample(results, "small_blocks", 0).read_text())["rows"]}
+    body = (tmp_path / "out" / "Tables" / "small_blocks.tex").read_text().split(r"\midrule")[1]
+    assert body.count(r"\\") == len(sizes)
+
+
+def test_small_negative_numbers_read_as_unsigned_zero_and_straddled_targets_show():
+    from paper.macros import integer
+
+    assert pct(-0.0033, 0) == "0" and sig(-0.0) == "0" and integer(-0.2) == "0"
+    assert pct(Spread([-0.004, 0.004, 0.02]), 0) == "0 (0--2)"
+    assert pct(-0.02, 0) == "-2"
+    straddles = Spread([2.98, 3.01, 3.03])  # a target of 3 met in two repetitions of three
+    assert sig(straddles, 2) == "3.0" and sig(straddles, 2, around=3.0) == "3.01 (2.98--3.03)"
+    assert sig(straddles, 2, around=4.0) == "3.0"
 
 
 def test_numbers_and_tables_show_median_and_range(built):
@@ -309,7 +386,7 @@ def test_get_breakdown_shows_spread_over_repetitions(built, monkeypatch, tmp_pat
     cells = (out / "Tables" / "get_latency.tex").read_text().split(r"\midrule")[1]
     assert re.search(r"[0-9]+\\,\{\\scriptsize\([0-9.]+--[0-9.]+\)\}", cells), "no range in the get table"
     numbers = (out / "Generated" / "numbers.tex").read_text()
-    assert re.search(r"\\newcommand\{\\RunGets\}\{[0-9]+ \([0-9]+--[0-9]+\)", numbers)
+    assert re.search(r"\\newcommand\{\\RunServedGets\}\{[0-9]+ \([0-9]+--[0-9]+\)", numbers)
     from matplotlib.axes import Axes
     bands: list[int] = []
     real = Axes.fill_between
@@ -428,6 +505,120 @@ def test_device_io_without_a_gpu_says_not_run_and_why(tmp_path):
     assert f"not run: {escape(doc['skipped'])}" in table and r"\toprule" in table
 
 
+def _add_full_trace_row(doc: dict, requests: int, references: int) -> None:
+    """A capacity at which Cascade replayed the whole trace (``scope: "full"``), on more
+    requests than the common prefix of the sample's one capacity, with a wide LRU-to-Belady gap."""
+    import copy
+
+    row = copy.deepcopy(doc["rows"][0])
+    row["capacity_blocks"] = 3000
+    row["reference_lru"].update(block_hit_ratio=0.1, references=references)
+    row["reference_belady"].update(block_hit_ratio=0.5, references=references)
+    for policy in ("cascade_semantic", "cascade_lru"):
+        row[policy].update(requests=requests, references=references, scope="full", capacity_blocks=3000,
+                           prefix_requests=requests, block_hit_ratio=0.2, gap_closed=0.25)
+        doc["system_rows"].append({k: v for k, v in row[policy].items() if k != "prefill_saving"})
+    doc["rows"].append(row)
+
+
+def test_trace_replay_quotes_each_capacity_on_its_own_requests(tmp_path):
+    """The capacities replay different requests (the common prefix, the whole trace): the
+    numbers quoted come with the requests and references of their own row, and the table
+    says how many requests each capacity replayed."""
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "trace_replay", rep)
+        doc = json.loads(path.read_text())
+        _add_full_trace_row(doc, requests=90, references=2345)
+        path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["hit_ratio"])
+    assert not report.errors and not report.skipped and not report.layout
+    doc = json.loads(_sample(results, "trace_replay").read_text())
+    prefix = doc["rows"][0]["cascade_semantic"]["requests"]
+    defined = _defined(tmp_path / "out")
+    assert (defined["TrCapacity"], defined["TrRequests"], defined["TrReferences"]) == ("3000", "90", "2345")
+    assert defined["TrTraceRequests"] == integer(doc["requests"])
+    assert defined["TrPeerRequests"] == str(prefix) and defined["TrPeerPrefix"] == "a shorter prefix"
+    table = (tmp_path / "out" / "Tables" / "trace_replay.tex").read_text()
+    assert "capacity & requests & LRU" in table and f"300 & {prefix} & " in table and "3000 & 90 & " in table
+    assert "whole run is its first" not in (tmp_path / "out" / "Generated" / "figure_hit_ratio.tex").read_text()
+
+
+def test_trace_replay_peers_on_the_quoted_requests_are_not_called_a_shorter_prefix(built):
+    doc = json.loads(_sample(SAMPLES, "trace_replay").read_text())
+    assert len(doc["rows"]) == 1  # the sample quotes the common prefix: the peers replayed the same
+    assert _defined(built[0])["TrPeerPrefix"] == "the same requests"
+
+
+def test_a_trace_replay_row_is_whole_per_row_not_by_the_first_row():
+    from paper.plots.hit_ratio import _whole
+
+    assert _whole({"scope": "full", "requests": 12031, "prefix_requests": 12031, "truncated": False})
+    assert _whole({"scope": "compare", "requests": 600, "prefix_requests": 600, "truncated": False})
+    assert not _whole({"scope": "compare", "requests": 400, "prefix_requests": 600, "truncated": True})
+
+
+def test_a_system_that_failed_in_one_repetition_is_kept_and_noted(tmp_path):
+    """Mooncake replayed in repetitions 0 and 1 and could not start in 2: its rows stay (over
+    two repetitions) and the caption names it as not run in one or more repetitions."""
+    results = _copy_samples(tmp_path)
+    path = _sample(results, "trace_replay", 2)
+    doc = json.loads(path.read_text())
+    doc["system_rows"] = [r for r in doc["system_rows"] if r["system"] != "mooncake"]
+    doc["not_run"] = [{"system": "mooncake", "status": "skipped", "reason": "setup returned -1",
+                       "capacity_blocks": 300, "scope": "compare"}]
+    path.write_text(json.dumps(doc))
+    report = figures.generate(results, tmp_path / "out", only=["hit_ratio"])
+    assert not report.errors and not report.skipped
+    assert "Mooncake" in _defined(tmp_path / "out")["TrPeersReplayed"]
+    assert "Mooncake" in (tmp_path / "out" / "Tables" / "trace_replay_systems.tex").read_text()
+    caption = (tmp_path / "out" / "Generated" / "figure_hit_ratio.tex").read_text()
+    assert "Not run in one or more repetitions: Mooncake" in caption
+
+
+def test_the_run_quotes_all_gets_and_the_served_gets_apart(built):
+    """The tier histograms hold served gets (hits): \\RunGets is every get, and the hit ratio
+    beside it is served over all gets of the same run."""
+    out, _ = built
+    totals = []
+    for rep in range(3):
+        doc = json.loads(_sample(SAMPLES, "run", rep).read_text())
+        ranks = doc["per_rank_stats"]
+        served = sum(t["get_latency"]["count"] for r in ranks for t in r["tiers"].values())
+        totals.append((sum(r["gets"] for r in ranks), served + sum(r["cluster_get_latency"]["count"] for r in ranks)))
+    defined = _defined(out)
+    assert defined["RunGets"] == integer(Spread([g for g, _ in totals]))
+    assert defined["RunServedGets"] == integer(Spread([s for _, s in totals]))
+    assert defined["RunHitPct"] == pct(Spread([s / g for g, s in totals]))
+    text = (PAPER / "4. Evaluation.tex").read_text()
+    assert r"\GetLustreGetsPct\% of the served" in text and r"(\GetClusterGetsPct\% of the served gets)" in text
+
+
+def test_the_targets_table_reads_every_file_with_targets(built):
+    from paper.plots.targets import _key
+
+    out, _ = built
+    recorded = sum(len(json.loads(p.read_text()).get("targets") or [])
+                   for p in sorted((_suite(SAMPLES) / "rep0").glob("*.json")))
+    assert any("thread_scaling" in p.name for p in (_suite(SAMPLES) / "rep0").glob("*.json"))
+    assert _defined(out)["TargetsCount"] == str(recorded)
+    assert _key({"name": "get x", "block_bytes": 1, "threads": 1}) != _key({"name": "get x", "block_bytes": 1,
+                                                                            "threads": 2})
+
+
+def test_the_restart_caption_says_recovered_and_adopted_are_medians():
+    from paper.plots.restart import TABLE_CAPTION
+
+    medians, summed = TABLE_CAPTION.split("summed")[0].rsplit(";", 1)
+    assert "recovered" in medians and "adopted" in medians and "median" in medians and "recovered" not in summed
+
+
+def test_read_stall_files_are_known_by_name(tmp_path):
+    path = tmp_path / "all_read_stall_1n_20990101T000000.json"
+    path.write_text(json.dumps({"rows": []}))
+    assert load_file(path).workload == "read_stall"
+
+
 def test_device_io_with_a_gpu_gives_ratios_and_verdicts(tmp_path):
     """The GPU branch, on results shaped as device_io.run writes them on a GPU (no GPU here:
     the numbers are placeholders; the real run is in benchmark/results/device)."""
@@ -460,6 +651,35 @@ def test_device_io_skipped_in_the_suite_is_read_from_the_gpu_suite_beside_it(tmp
     assert "ran on Test GPU (driver 13000)" in sentence
     body = (tmp_path / "out" / "Tables" / "device_io.tex").read_text()
     assert str(gpu_suite.name) in body and body.split(r"\midrule")[1].count(r"\\") == 4
+
+
+def test_the_gpu_suite_device_io_came_from_is_named_with_its_commit_and_repetitions(tmp_path):
+    """The paper reads one suite run but for device_io: the GPU suite run, at its own commit
+    and with its own repetitions, is named in the captions, the numbers' header and on stdout."""
+    results = _copy_samples(tmp_path)
+    device = tmp_path / "device"
+    shutil.copytree(SAMPLES, device)
+    gpu_suite = _suite(device)
+    _keep_runs(gpu_suite, lambda r: False)
+    _add_gpu_device_io(gpu_suite)
+    _keep_runs(gpu_suite, lambda r: r["rep"] != 2)  # a GPU suite of two repetitions
+    manifest = json.loads((gpu_suite / "manifest.json").read_text())
+    manifest["commit"] = "feedfacecafe" + "0" * 28
+    (gpu_suite / "manifest.json").write_text(json.dumps(manifest))
+    only = ["small_blocks", "device_io", "machine"]  # small_blocks: a file that records its machine
+    report = figures.generate(results, tmp_path / "out", only=only, device_dir=device)
+    assert not report.errors and not report.skipped
+    defined = _defined(tmp_path / "out")
+    assert defined["DevReps"] == "2" and defined["SuiteReps"] == "3"
+    assert gpu_suite.name.replace("_", r"\_") in defined["SuiteDevice"] and "feedfacecafe" in defined["SuiteDevice"]
+    assert "2 repetitions" in defined["SuiteDevice"]
+    assert "device_io from the suite run" in report.source and "commit feedfacecafe" in report.source
+    assert "feedfacecafe" in (tmp_path / "out" / "Generated" / "numbers.tex").read_text().split("\n\n")[0]
+    for table in ("results_files", "versions"):
+        assert r"\SuiteDevice" in (tmp_path / "out" / "Tables" / f"{table}.tex").read_text()
+    assert r"\DevReps repetitions" in (tmp_path / "out" / "Tables" / "device_io.tex").read_text()
+    report = figures.generate(results, tmp_path / "alone", only=only, device_dir=None)
+    assert _defined(tmp_path / "alone")["SuiteDevice"] == "" and "device_io from" not in report.source
 
 
 def _add_gpu_device_io(suite: Path) -> None:

@@ -24,20 +24,27 @@ def reference_row(rows: Sequence[dict[str, Any]], target: int, key: str = "block
     return rows[-1]
 
 
-def per_rep(value: Any, reps: int) -> list[float]:
-    """Each repetition's value of a merged number (a plain number was equal in all)."""
+def per_rep(value: Any, reps: Sequence[int]) -> list[float | None]:
+    """Each of the repetitions ``reps``' value of a merged number (``ResultsFile.rep_numbers``;
+    a plain number was equal in all, ``None``: a row that repetition did not measure)."""
     from ..spread import Spread
 
     if isinstance(value, Spread):
-        return list(value.reps)
-    return [float(value)] * reps
+        got = dict(zip(value.index if value.index is not None else reps, value.reps))
+        return [got.get(k) for k in reps]
+    return [float(value)] * len(reps)
 
 
-def met_in(values: Sequence[Any], reps: int, ok) -> int:
-    """In how many of ``reps`` repetitions ``ok`` holds for every one of ``values`` (each
-    judged repetition by repetition, never on medians)."""
+def measured(value: Any, reps: Sequence[int]) -> list[float]:
+    """The values of the repetitions that measured ``value``."""
+    return [v for v in per_rep(value, reps) if v is not None]
+
+
+def met_in(values: Sequence[Any], reps: Sequence[int], ok) -> int:
+    """In how many of the repetitions ``reps`` ``ok`` holds for every one of ``values``
+    (each judged repetition by repetition, never on medians; not measured: not met)."""
     columns = [per_rep(v, reps) for v in values]
-    return sum(all(ok(col[r]) for col in columns) for r in range(reps))
+    return sum(all(col[r] is not None and ok(col[r]) for col in columns) for r in range(len(reps)))
 
 
 def met_phrase(k: int, reps: int) -> str:

@@ -3,12 +3,13 @@ reason the suite could not run it.
 
 Source: the suite's ``device_io`` results (:mod:`benchmark.workloads.device_io`). Without a
 usable GPU the file holds ``skipped`` (the reason) and no rows: the newest suite run in
-``benchmark/results/device`` (device_io alone on a GPU machine) is read instead, and the text
-names that run; with none, the table and the text say "not run" with the reason. With a GPU: ``gpu``,
-``driver_version``, and per block size and batch (``size``, ``blocks``) ``limits.<raw>.gbps``,
-``cascade.<op>.gbps`` and ``cpu_us_per_block``, and ``ratios`` (Cascade over the raw copy
-that bounds it, same round); the target ratio is the workload's ``TARGET``, judged here per
-repetition.
+``benchmark/results/device`` (device_io alone on a GPU machine, at its own commit) is read
+instead, and the text, the table's repetitions (``\\DevReps``) and the results-files
+caption (``\\SuiteDevice``) name that run; with none, the table and the text say "not run"
+with the reason. With a GPU: ``gpu``, ``driver_version``, and per block size and batch
+(``size``, ``blocks``) ``limits.<raw>.gbps``, ``cascade.<op>.gbps`` and
+``cpu_us_per_block``, and ``ratios`` (Cascade over the raw copy that bounds it, same
+round); the target ratio is the workload's ``TARGET``, judged here per repetition.
 """
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from ..tables import escape
 from .common import met_in, met_phrase
 
 TABLE_CAPTION = (
-    r"GPU buffers (cupy device arrays) through Cascade, GB/s, median and range over the \SuiteReps repetitions, "
+    r"GPU buffers (cupy device arrays) through Cascade, GB/s, median and range over the \DevReps repetitions, "
     r"beside the raw copies of the same GPU in the same run; ``$\times$'': Cascade over the raw copy that bounds "
     r"it (GPU tier put and get: device-to-device; SHM-tier hit into GPU memory: pinned host-to-device; put from "
     r"GPU memory into the SHM tier: pinned device-to-host), taken within each round; CPU: process time per "
     r"block of the batch call.")
 
-MACROS = ("DevSentence",)
+MACROS = ("DevSentence", "DevReps")
 #: (ratio key, Cascade op, raw limit, words)
 RATIOS = (("gpu_put_vs_d2d", "gpu_put", "raw_d2d", "GPU-tier puts"),
           ("gpu_get_vs_d2d", "gpu_get", "raw_d2d", "GPU-tier gets"),
@@ -65,6 +66,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         where = (f"was skipped in this suite run ({escape(str(rf.get('skipped')))}); a separate run of it alone, "
                  f"{escape(ctx.device.describe())}, ")
         rf = gpu_rf
+    m.add("DevReps", integer(len(rf.reps)), f"{rf.name}: repetitions of its suite run ({', '.join(rf.rep_names)})")
     if "skipped" in rf.doc:
         reason = escape(str(rf.get("skipped")))
         m.add("DevSentence", f"was not run in this suite run: {reason}", rf.source("skipped"))
@@ -76,14 +78,14 @@ def build(ctx: Context) -> list[ResultsFile]:
             (r"$\times$", "r"), ("pinned H2D", "r"), (r"SHM$\to$GPU", "r"), (r"$\times$", "r"), ("pinned D2H", "r"),
             (r"GPU$\to$SHM", "r"), (r"$\times$", "r"), (r"CPU $\mu$s", "r")]
     rows = _rows(rf)
-    reps = len(rf.reps)
+    reps = rf.rep_numbers
     target = _target()
     verdicts = []
     for key, _, _, words in RATIOS:
         values = [r["ratios"][key] for _, r in rows]
         lo = min(values, key=float)
         verdicts.append(f"{words} at least {sig(lo, 2)}$\\times$ of the raw copy "
-                        f"({met_phrase(met_in(values, reps, lambda v: v >= target), reps)})")
+                        f"({met_phrase(met_in(values, reps, lambda v: v >= target), len(reps))})")
     m.add("DevSentence", where + f"ran on {escape(str(rf.get('gpu')))} (driver {int(rf.num('driver_version'))}): "
           f"against a target of {sig(target, 2)}$\\times$, " + "; ".join(verdicts),
           "; ".join(rf.source("rows", "*", "ratios", k) for k, *_ in RATIOS)

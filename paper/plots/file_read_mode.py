@@ -81,7 +81,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     if rf is None:
         raise absent("file_read_mode")
     rows = _rows(rf)
-    reps = len(rf.reps)
+    reps = rf.rep_numbers
     target = rf.num("target_vs_best_raw")
     auto, auto_src, extra = _auto(ctx, rf, rows)
     m = ctx.macros
@@ -100,7 +100,7 @@ def build(ctx: Context) -> list[ResultsFile]:
                   "; ".join(rf.source("rows", i, f"{auto}_{form}", "vs_best_raw") for i, _ in rows))
         else:
             m.add(name, "not measured", auto_src)
-    m.add("FrmAutoMet", met_phrase(met_in(cells, reps, lambda v: v >= target), reps) if cells else "not judged",
+    m.add("FrmAutoMet", met_phrase(met_in(cells, reps, lambda v: v >= target), len(reps)) if cells else "not judged",
           f"every cell of FrmAutoLoop and FrmAutoBatch >= {rf.source('target_vs_best_raw')}, per repetition")
     better = []
     for i, r in rows:

@@ -5,9 +5,10 @@ Source: the suite run's ``run`` workload, the main job ``cascade run --ranks 4``
 REMOTE-tier and cross-rank gets). Per rank, ``CascadeStore.stats()`` holds one latency
 histogram per serving tier (``tiers.<t>.get_latency``: counts per power-of-two
 microsecond bucket, ``sum_s``, ``count``) and one for gets another rank served
-(``cluster_get_latency``); they are summed over ranks here. Each repetition's histograms
-stay apart: quantiles and cumulative fractions are taken per repetition, then shown as
-median with min-max.
+(``cluster_get_latency``); they are summed over ranks here. The histograms hold the gets
+a tier served (hits), not every get: the text calls them served gets and sets them against
+all gets (``gets`` per rank). Each repetition's histograms stay apart: quantiles and
+cumulative fractions are taken per repetition, then shown as median with min-max.
 """
 from __future__ import annotations
 
@@ -26,21 +27,21 @@ from ..spread import Spread
 TIER_ORDER = ("gpu", "shm", "remote", "lustre", "cluster")
 
 CAPTION = (r"Where get time goes, by the tier that served the get, from the store's own per-tier "
-           r"latency histograms summed over all ranks of a \texttt{cascade run}. Top: cumulative "
-           r"fraction of gets against latency (histogram buckets are powers of two in microseconds, "
-           r"so each step is a bucket's upper bound). Bottom: each tier's share of the gets and of "
-           r"the total get time. ``another rank'' are local misses read from a peer's tier "
-           r"through the global directory. Over the \SuiteReps repetitions of the suite run: the top panel "
-           r"draws the median cumulative fraction with the minimum to maximum shaded, the bottom medians "
-           r"with their minimum and maximum as horizontal bars.")
+           r"latency histograms summed over all ranks of a \texttt{cascade run}; they hold the served gets "
+           r"(those that found their block). Top: cumulative fraction of served gets against latency "
+           r"(histogram buckets are powers of two in microseconds, so each step is a bucket's upper bound). "
+           r"Bottom: each tier's share of the served gets and of their total time. ``another rank'' are "
+           r"local misses read from a peer's tier through the global directory. Over the \SuiteReps "
+           r"repetitions of the suite run: the top panel draws the median cumulative fraction with the minimum "
+           r"to maximum shaded, the bottom medians with their minimum and maximum as horizontal bars.")
 
-TABLE_CAPTION = (r"Gets by serving tier in the \texttt{cascade run} of Fig.~\ref{fig:get_breakdown}: count, "
-                 r"mean, median (p50) and p99 latency as histogram-bucket upper bounds, and the tier's "
-                 r"share of all get time.")
+TABLE_CAPTION = (r"Served gets by serving tier in the \texttt{cascade run} of Fig.~\ref{fig:get_breakdown}: "
+                 r"count, mean, median (p50) and p99 latency as histogram-bucket upper bounds, and the tier's "
+                 r"share of the served gets' time.")
 
-MACROS = ("RunRanks", "RunNodes", "RunGets", "RunHitPct", "GetShmMedianUs", "GetShmMeanUs", "GetLustreMedianUs",
-          "GetLustreMeanUs", "GetLustreGetsPct", "GetLustreTimePct", "GetRemoteMedianUs", "GetClusterMedianUs",
-          "GetClusterGetsPct", "RunFileTierFs")
+MACROS = ("RunRanks", "RunNodes", "RunGets", "RunServedGets", "RunHitPct", "GetShmMedianUs", "GetShmMeanUs",
+          "GetLustreMedianUs", "GetLustreMeanUs", "GetLustreGetsPct", "GetLustreTimePct", "GetRemoteMedianUs",
+          "GetClusterMedianUs", "GetClusterGetsPct", "RunFileTierFs")
 
 
 def _per_rank(rf: ResultsFile) -> tuple[list[dict], str]:
@@ -50,6 +51,13 @@ def _per_rank(rf: ResultsFile) -> tuple[list[dict], str]:
     if "store_stats" in rf.doc:
         return [rf.mapping("store_stats")], "store_stats"
     raise ResultsError(rf.path, "per_rank_stats", "is missing (and so is store_stats, its single-rank form)")
+
+
+def all_gets(rf: ResultsFile) -> float:
+    """Every get of the run, served or not: ``gets`` summed over ranks (a Spread per repetition)."""
+    stats, where = _per_rank(rf)
+    prefixes = [(where, r) for r in range(len(stats))] if where == "per_rank_stats" else [(where,)]
+    return sum(rf.num("gets", within=s, prefix=p) for s, p in zip(stats, prefixes))
 
 
 def _rep_counts(buckets: list, reps: int) -> np.ndarray:
@@ -183,8 +191,8 @@ def build(ctx: Context) -> list[ResultsFile]:
     ax_bar.set_xlim(0, 100)
     ax_bar.set_xlabel("share (%)")
     ax_bar.grid(axis="y", visible=False)
-    ax_bar.legend(handles=[Patch(facecolor="#555555", alpha=0.35, label="share of gets (upper, light)"),
-                           Patch(facecolor="#555555", label="share of get time (lower, dark)")],
+    ax_bar.legend(handles=[Patch(facecolor="#555555", alpha=0.35, label="share of served gets (upper, light)"),
+                           Patch(facecolor="#555555", label="share of their time (lower, dark)")],
                   loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=1, borderaxespad=0.1)
     fig.subplots_adjust(left=0.27, right=0.93, top=0.91, bottom=0.1, hspace=0.8)
     ctx.save(fig, [rf])
@@ -193,11 +201,11 @@ def build(ctx: Context) -> list[ResultsFile]:
     where = "per_rank_stats[*]" if "per_rank_stats" in rf.doc else "store_stats"
     m.add("RunRanks", integer(rf.ranks), rf.source("ranks") if "ranks" in rf.doc else f"{rf.name}: (single-rank run)")
     m.add("RunNodes", integer(rf.nodes), rf.source("nodes") if "nodes" in rf.doc else f"{rf.name}: file name")
-    m.add("RunGets", integer(total_n), rf.source(where, "tiers.*.get_latency.count") + " + cluster_get_latency.count, summed")
-    if "replay" in rf.doc:
-        m.add("RunHitPct", pct(rf.num("replay", "block_hit_ratio")), rf.source("replay", "block_hit_ratio"))
-    else:
-        m.add("RunHitPct", pct(rf.num("block_hit_ratio")), rf.source("block_hit_ratio"))
+    gets = all_gets(rf)
+    served = rf.source(where, "tiers.*.get_latency.count") + " + cluster_get_latency.count, summed"
+    m.add("RunGets", integer(gets), rf.source(where, "gets") + ", summed (every get, served or not)")
+    m.add("RunServedGets", integer(total_n), served + " (the gets a tier served)")
+    m.add("RunHitPct", pct(total_n / gets), f"{served} / {rf.source(where, 'gets')}, summed, per repetition")
 
     stats, where_key = _per_rank(rf)
     prefix = (where_key, 0) if where_key == "per_rank_stats" else (where_key,)
@@ -215,8 +223,8 @@ def build(ctx: Context) -> list[ResultsFile]:
             return
         value = {"median": sig(quantile_bound_us(h["buckets"], 0.5)),
                  "mean": sig(mean_us(h)),
-                 "gets": pct(h["count"] / total_n, 0),
-                 "time": pct(h["sum_s"] / total_s, 0)}[what]
+                 "share of served gets": pct(h["count"] / total_n, 0),
+                 "share of served get time": pct(h["sum_s"] / total_s, 0)}[what]
         field = "cluster_get_latency" if tier == "cluster" else f"tiers.{tier}.get_latency"
         m.add(macro, value, f"{rf.source(where, field)} ({what}, summed over ranks)")
 
@@ -224,14 +232,14 @@ def build(ctx: Context) -> list[ResultsFile]:
     tier_macro("GetShmMeanUs", "shm", "mean")
     tier_macro("GetLustreMedianUs", "lustre", "median")
     tier_macro("GetLustreMeanUs", "lustre", "mean")
-    tier_macro("GetLustreGetsPct", "lustre", "gets")
-    tier_macro("GetLustreTimePct", "lustre", "time")
+    tier_macro("GetLustreGetsPct", "lustre", "share of served gets")
+    tier_macro("GetLustreTimePct", "lustre", "share of served get time")
     tier_macro("GetRemoteMedianUs", "remote", "median")
     tier_macro("GetClusterMedianUs", "cluster", "median")
-    tier_macro("GetClusterGetsPct", "cluster", "gets")
+    tier_macro("GetClusterGetsPct", "cluster", "share of served gets")
 
-    t = ctx.table("get_latency", [("served by", "l"), ("gets", "r"), (r"mean ($\mu$s)", "r"), (r"p50 ($\mu$s)", "r"),
-                                  (r"p99 ($\mu$s)", "r"), ("time (\\%)", "r")], [rf])
+    t = ctx.table("get_latency", [("served by", "l"), ("served gets", "r"), (r"mean ($\mu$s)", "r"),
+                                  (r"p50 ($\mu$s)", "r"), (r"p99 ($\mu$s)", "r"), ("time (\\%)", "r")], [rf])
     for name, h in hists.items():
         t.add(style.label(name), integer(h["count"]), sig(mean_us(h)),
               integer(quantile_bound_us(h["buckets"], 0.5)), integer(quantile_bound_us(h["buckets"], 0.99)),

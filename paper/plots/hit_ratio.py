@@ -4,11 +4,17 @@ beside LRU and the offline optimum (Belady).
 Source: the newest ``trace_replay`` results file (:mod:`benchmark.workloads.trace_replay`,
 schema ``cascade-bench/trace_replay/2`` in ``benchmark/README.md``).
 
-* top: block hit ratio of every system that replayed the whole run (``system_rows`` whose
-  ``requests`` equal the run's), with LRU and Belady on those requests (``rows``);
+The capacities need not replay the same requests: Cascade replays the whole trace at
+``full_capacities`` (``scope: "full"``) and every system a common prefix at the others
+(``scope: "compare"``), so each ``rows`` entry and each number quoted from it carries its
+own request count.
+
+* top: block hit ratio of every system row that replayed the whole of its run (the whole
+  trace, or all of its prefix: :func:`_whole`) on the requests of the LRU and Belady lines
+  at its capacity (``rows``);
 * bottom: every system's place between LRU (0) and Belady (100 %) on exactly the requests
-  it replayed (``gap_closed``): slow systems replay a prefix of the trace or stop at a time
-  limit, and this is the comparison that stays fair for them.
+  it replayed (``gap_closed``): slow systems stop at a time limit, and this is the
+  comparison that stays fair for them.
 """
 from __future__ import annotations
 
@@ -32,16 +38,18 @@ SYSTEM_ORDER = ("cascade", "cascade_lru", "cascade_file", "lmcache_cpu", "lmcach
                 "mooncake")
 
 CAPTION = (r"Hit ratio against cache capacity (in blocks) when a request trace (Trace, below) is replayed through every "
-           r"system with eviction, each given the same capacity in bytes. Top: block hit ratio of the systems "
-           r"that replayed the whole run, beside LRU and the offline optimum (Belady) on the same requests. "
-           r"Bottom: where each system lies between LRU (at zero) and Belady (at the top line), each on "
-           r"exactly the requests it replayed; hollow markers are systems that replayed only a prefix of the "
-           r"run. Same semantics everywhere: every block reference is a lookup and a missed block is put "
+           r"system with eviction, each given the same capacity in bytes; a capacity replays the whole trace or "
+           r"a prefix of it (requests per capacity in Table~\ref{tab:trace_replay}). Top: block hit ratio of the "
+           r"systems that replayed all of a capacity's requests, beside LRU and the offline optimum (Belady) on "
+           r"the same requests. Bottom: where each system lies between LRU (at zero) and Belady (at the top "
+           r"line), each on exactly the requests it replayed; hollow markers are replays the time limit stopped "
+           r"early. Same semantics everywhere: every block reference is a lookup and a missed block is put "
            r"right after it. Cascade replays through its real store with parents and in-flight pins. Where the "
            r"\SuiteReps repetitions of the suite run differ, points are medians and vertical bars their "
            r"minimum and maximum.")
 
-TABLE_CAPTION = (r"Trace replay through Cascade's store: block hit ratio (\%) per capacity; ``gap closed'' is "
+TABLE_CAPTION = (r"Trace replay through Cascade's store: requests replayed (the whole trace or a prefix of it) "
+                 r"and block hit ratio (\%) per capacity, LRU and Belady on the same requests; ``gap closed'' is "
                  r"$(\mathit{hit}-\mathit{LRU})/(\mathit{Belady}-\mathit{LRU})$ of the semantic policy; "
                  r"``tokens'' is its token hit ratio, the fraction of prompt tokens needing no prefill.")
 SYSTEMS_CAPTION = (r"Trace replay, every system (Cascade: SHM tier, semantic policy, unless named): requests "
@@ -51,7 +59,8 @@ SYSTEMS_CAPTION = (r"Trace replay, every system (Cascade: SHM tier, semantic pol
 
 MACROS = ("TrRequests", "TrReferences", "TrCapacity", "TrLruPct", "TrBeladyPct", "TrSemanticPct", "TrCascadeLruPct",
           "TrGapClosedPct", "TrSemanticTokenPct", "TrMinCapacity", "TrMaxCapacity", "TrBestPeer", "TrBestPeerGapPct",
-          "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct", "TrPeersReplayed", "TrTraceKind")
+          "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct", "TrPeersReplayed", "TrTraceKind",
+          "TrTraceRequests", "TrPeerPrefix")
 
 
 def _rows(rf: ResultsFile) -> list[dict]:
@@ -65,13 +74,21 @@ def _rows(rf: ResultsFile) -> list[dict]:
     return sorted(rows, key=lambda r: r["capacity_blocks"])
 
 
-def _rows_requests(rf: ResultsFile, rows: list[dict]) -> int:
-    """Requests the policy rows were computed on: the whole trace (schema 1), or what
-    Cascade replayed for them (schema 3: the whole trace or the prefix all systems share)."""
-    first = rf.seq("rows")[0]
-    if isinstance(first.get("cascade_semantic"), dict) and "requests" in first["cascade_semantic"]:
-        return int(rf.num("rows", 0, "cascade_semantic", "requests"))
-    return int(rf.num("requests"))
+def _row_requests(rf: ResultsFile, i: int) -> tuple[float, str]:
+    """Requests ``rows[i]`` was computed on, and where that is read: what Cascade replayed
+    at that capacity (schema 3: the whole trace or the prefix all systems share), else the
+    whole trace (schema 1)."""
+    if "requests" in rf.mapping("rows", i, "cascade_semantic"):
+        return rf.num("rows", i, "cascade_semantic", "requests"), rf.source("rows", i, "cascade_semantic", "requests")
+    return rf.num("requests"), rf.source("requests")
+
+
+def _whole(row: dict) -> bool:
+    """Whether a ``system_rows`` entry replayed the whole of its run: the whole trace
+    (``scope: "full"``) or every request of its prefix, not stopped by the time limit."""
+    if row.get("truncated"):
+        return False
+    return row.get("scope") == "full" or row["requests"] == row.get("prefix_requests")
 
 
 def _system_rows(rf: ResultsFile) -> list[tuple[int, dict]]:
@@ -85,6 +102,13 @@ def _system_rows(rf: ResultsFile) -> list[tuple[int, dict]]:
         rf.get("gap_closed", within=row, prefix=p)  # null when LRU already equals Belady
         out.append((i, row))
     return out
+
+
+def _not_run(rf: ResultsFile) -> str:
+    """`` Not run in one or more repetitions: X.`` for the systems of ``not_run`` (united
+    over the repetitions by the merge), else nothing."""
+    names = sorted({str(p.get("system")) for p in rf.doc.get("not_run") or [] if isinstance(p, dict)}, key=_order)
+    return f" Not run in one or more repetitions: {escape(', '.join(style.label(s) for s in names))}." if names else ""
 
 
 def trace_name(rf: ResultsFile) -> str:
@@ -112,7 +136,8 @@ def build(ctx: Context) -> list[ResultsFile]:
         raise absent("trace_replay")
     rows = _rows(rf)
     srows = _system_rows(rf)
-    full = _rows_requests(rf, rows)
+    all_rows = rf.seq("rows")
+    requests = {r["capacity_blocks"]: _row_requests(rf, all_rows.index(r))[0] for r in rows}
     caps = [r["capacity_blocks"] for r in rows]
     systems = sorted({str(r["system"]) for _, r in srows}, key=_order)
 
@@ -124,18 +149,18 @@ def build(ctx: Context) -> list[ResultsFile]:
     for system in systems:
         mine = sorted((r for _, r in srows if r["system"] == system), key=lambda r: r["capacity_blocks"])
         _, color, marker = style.series(system)
-        whole = [r for r in mine if int(r["requests"]) == full and not r.get("truncated")]
+        whole = [r for r in mine if _whole(r) and r["requests"] == requests.get(r["capacity_blocks"])]
         if whole:
             xs, ys = [r["capacity_blocks"] for r in whole], [100 * r["block_hit_ratio"] for r in whole]
             ax_hit.plot(xs, ys, color=color, marker=marker, **_style(system))
             style.whiskers(ax_hit, xs, ys, color)
-        pts = [(r["capacity_blocks"], 100 * r["gap_closed"], int(r["requests"]) == full and not r.get("truncated"))
+        pts = [(r["capacity_blocks"], 100 * r["gap_closed"], _whole(r))
                for r in mine if r.get("gap_closed") is not None]
         if pts:
             ax_gap.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.9,
                         **{k: v for k, v in _style(system).items() if k != "ms"})
             style.whiskers(ax_gap, [p[0] for p in pts], [p[1] for p in pts], color)
-            for cap, gap, whole_run in pts:  # hollow: the system replayed only a prefix of the run
+            for cap, gap, whole_run in pts:  # hollow: the time limit stopped the replay early
                 ax_gap.plot([cap], [gap], ls="None", marker=marker, color=color, mfc=color if whole_run else "white",
                             ms=_style(system).get("ms", style.RC["lines.markersize"]),
                             zorder=_style(system).get("zorder", 2.0))
@@ -155,12 +180,11 @@ def build(ctx: Context) -> list[ResultsFile]:
         _, color, marker = style.series(system)
         handles.append(Line2D([], [], color=color, marker=marker, label=_label(system), **_style(system)))
     fig.subplots_adjust(left=0.17, right=0.97, top=0.98, bottom=style.legend_below(fig, handles), hspace=0.1)
-    extra = (f"Trace: \\texttt{{{escape(trace_name(rf))}}}; the whole run is its first \\TrRequests requests "
-             f"(\\TrReferences block references).")
+    extra = f"Trace: \\texttt{{{escape(trace_name(rf))}}}, \\TrTraceRequests requests." + _not_run(rf)
     ctx.save(fig, [rf], caption_extra=extra)
 
-    _macros(ctx.macros, rf, rows, srows, full)
-    _tables(ctx, rf, rows, srows, systems)
+    _macros(ctx.macros, rf, rows, srows)
+    _tables(ctx, rf, rows, requests, srows, systems)
     return [rf]
 
 
@@ -177,13 +201,16 @@ def _style(system: str) -> dict:
     return out
 
 
-def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]], full: int) -> None:
+def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]]) -> None:
+    """The quoted row's numbers (the capacity with the widest LRU-to-Belady gap), each on
+    that row's own requests."""
     all_rows = rf.seq("rows")
     quoted = max(rows, key=lambda r: (r["reference_belady"]["block_hit_ratio"] - r["reference_lru"]["block_hit_ratio"],
                                       -r["capacity_blocks"]))
     i = all_rows.index(quoted)
-    m.add("TrRequests", integer(full), rf.source("rows", 0, "cascade_semantic", "requests")
-          if "requests" in rf.seq("rows")[0].get("cascade_semantic", {}) else rf.source("requests"))
+    requests, where = _row_requests(rf, i)
+    m.add("TrRequests", integer(requests), where + " (at TrCapacity)")
+    m.add("TrTraceRequests", integer(rf.num("requests")), rf.source("requests") + " (the whole trace)")
     source = str(rf.get("source"))
     m.add("TrTraceKind", f"the request trace \\texttt{{{escape(trace_name(rf))}}}" if os.sep in source
           else f"a synthetic workload from Cascade's generator (\\texttt{{{escape(trace_name(rf))}}})",
@@ -205,13 +232,20 @@ def _macros(m: MacroBook, rf: ResultsFile, rows: list[dict], srows: list[tuple[i
     names = sorted({str(r["system"]) for _, r in srows if not str(r["system"]).startswith("cascade")}, key=_order)
     m.add("TrPeersReplayed", escape(", ".join(style.label(s) for s in names)) or "none",
           f"{rf.name}: system_rows[*].system (peers)")
-    _peer_macros(m, rf, srows)
+    _peer_macros(m, rf, srows, requests)
 
 
-def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]]) -> None:
-    """The peers replay a shorter prefix than Cascade's headline: quote them where they ran,
-    at the capacity of their replay with the widest LRU-to-Belady gap, beside Cascade's
-    semantic policy on exactly those requests."""
+def _prefix(peer_requests: float, requests: float) -> str:
+    """How the peers' replay relates to the quoted one of ``requests`` requests."""
+    if peer_requests < requests:
+        return "a shorter prefix"
+    return "the same requests" if peer_requests == requests else "a longer prefix"
+
+
+def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]], requests: float) -> None:
+    """Quote the peers where they ran (Cascade's quoted row may replay more of the trace
+    than they did), at the capacity of their replay with the widest LRU-to-Belady gap,
+    beside Cascade's semantic policy on exactly those requests."""
     peer = lambda r: not str(r["system"]).startswith("cascade")  # noqa: E731
     done = [(k, r) for k, r in srows if peer(r) and r.get("gap_closed") is not None and not r.get("truncated")]
     caps = sorted({r["capacity_blocks"] for _, r in done})
@@ -219,7 +253,8 @@ def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]]) -
     caps = [c for c in caps if c in cascade]
     if not caps:
         reason = f"{rf.name}: no peer finished a replay that Cascade also ran"
-        for macro in ("TrBestPeer", "TrBestPeerGapPct", "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct"):
+        for macro in ("TrBestPeer", "TrBestPeerGapPct", "TrPeerRequests", "TrPeerCapacity", "TrCascadePeerGapPct",
+                      "TrPeerPrefix"):
             m.add(macro, "--", reason)
         return
     cap = max(caps, key=lambda c: (cascade[c][1]["belady_block_hit_ratio"] - cascade[c][1]["lru_block_hit_ratio"], -c))
@@ -229,6 +264,8 @@ def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]]) -
     m.add("TrPeerCapacity", integer(cap), rf.source("system_rows", k, "capacity_blocks")
           + " (of the peers' finished replays, the capacity with the widest LRU-to-Belady gap)")
     m.add("TrPeerRequests", integer(best["requests"]), rf.source("system_rows", k, "requests"))
+    m.add("TrPeerPrefix", _prefix(best["requests"], requests),
+          rf.source("system_rows", k, "requests") + " against TrRequests")
     m.add("TrBestPeer", escape(style.label(str(best["system"]))),
           rf.source("system_rows", k, "system") + " (largest gap_closed among peers at TrPeerCapacity)")
     m.add("TrBestPeerGapPct", pct(gap, 0), rf.source("system_rows", k, "gap_closed"))
@@ -236,12 +273,14 @@ def _peer_macros(m: MacroBook, rf: ResultsFile, srows: list[tuple[int, dict]]) -
           rf.source("system_rows", k_c, "gap_closed") + " (cascade, scope compare: the same requests)")
 
 
-def _tables(ctx: Context, rf: ResultsFile, rows: list[dict], srows: list[tuple[int, dict]],
-            systems: list[str]) -> None:
-    t = ctx.table("trace_replay", [("capacity", "r"), ("LRU", "r"), ("Belady", "r"), ("Cascade LRU", "r"),
-                                   ("semantic", "r"), ("gap closed", "r"), ("tokens", "r")], [rf])
+def _tables(ctx: Context, rf: ResultsFile, rows: list[dict], requests: dict[float, float],
+            srows: list[tuple[int, dict]], systems: list[str]) -> None:
+    """``requests``: per capacity, the requests its row was computed on."""
+    t = ctx.table("trace_replay", [("capacity", "r"), ("requests", "r"), ("LRU", "r"), ("Belady", "r"),
+                                   ("Cascade LRU", "r"), ("semantic", "r"), ("gap closed", "r"), ("tokens", "r")], [rf])
     for r in rows:
-        t.add(integer(r["capacity_blocks"]), *(pct(r[p]["block_hit_ratio"]) for p in POLICIES),
+        t.add(integer(r["capacity_blocks"]), integer(requests[r["capacity_blocks"]]),
+              *(pct(r[p]["block_hit_ratio"]) for p in POLICIES),
               pct(r["cascade_semantic"]["gap_closed"], 0), pct(r["cascade_semantic"]["token_hit_ratio"]))
     ctx.put(t)
 

@@ -11,12 +11,13 @@ from ..tables import escape
 
 FILES_CAPTION = (r"The results files every figure and table of this paper was generated from: one suite run "
                  r"(\texttt{\SuiteName}, commit \texttt{\SuiteCommit}), each workload repeated \SuiteReps "
-                 r"times (the first repetition's file is named; ``runs'': how many repetitions of it the "
-                 r"suite holds), with the machine each ran on.")
-VERSIONS_CAPTION = r"Software versions recorded in those results files."
+                 r"times\SuiteDevice (the first repetition's file is named; ``runs'': how many repetitions of it "
+                 r"its suite run holds), with the machine each ran on.")
+VERSIONS_CAPTION = (r"Software versions recorded in those results files: the suite run \texttt{\SuiteName} "
+                    r"(commit \texttt{\SuiteCommit})\SuiteDevice.")
 
 MACROS = ("MachineCpus", "MachineMemGiB", "MachineCpuModel", "ResultsFilesUsed", "SuiteReps", "SuiteCommit",
-          "SuiteName", "SuiteDirty")
+          "SuiteName", "SuiteDirty", "SuiteDevice")
 PACKAGES = ("cascade", "python", "numpy", "mpi4py", "blake3", "lmcache", "torch", "redis", "h5py", "mooncake")
 
 
@@ -41,6 +42,22 @@ def _suite_macros(ctx: Context) -> None:
     ctx.macros.add("SuiteDirty", "from a clean tree" if dirty is False else
                    "from a tree with uncommitted changes" if dirty is True else "(clean state not recorded)",
                    f"{src}: dirty")
+    _device_macro(ctx)
+
+
+def _device_macro(ctx: Context) -> None:
+    """``\\SuiteDevice``: the GPU suite run device_io was read from (empty when none was)."""
+    dev = ctx.device
+    if dev is None or not ctx.device_used():
+        ctx.macros.add("SuiteDevice", "", "no file of a separate GPU suite run was used")
+        return
+    commit = dev.manifest.get("commit")
+    reps = max(len(f.reps) for f in ctx.used if f in dev.files)
+    ctx.macros.add("SuiteDevice", r"; \texttt{device\_io}, which needs a GPU this run's machine lacks, comes from "
+                   rf"a separate suite run of it alone on a GPU machine, \texttt{{{escape(dev.suite.name)}}} at "
+                   rf"commit \texttt{{{escape(str(commit)[:12])}}}, {integer(reps)} repetitions",
+                   f"{display_path(dev.suite / 'manifest.json')}: directory name, commit; "
+                   "repetitions of its files used")
 
 
 def build(ctx: Context) -> list[ResultsFile]:

@@ -10,6 +10,7 @@ the depth grows, is judged here from the numbers.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..core import Context, FigureSpec, Skip, absent
@@ -54,6 +55,12 @@ def _rows(rf: ResultsFile) -> list[tuple[int, dict[str, Any]]]:
     return list(enumerate(rows))
 
 
+def _never_falls(values: Sequence[float | None]) -> bool:
+    """Whether the measured ones of ``values`` never fall (one not measured is skipped)."""
+    seen = [v for v in values if v is not None]
+    return all(a <= b for a, b in zip(seen, seen[1:]))
+
+
 def build(ctx: Context) -> list[ResultsFile]:
     rf = ctx.results.newest("queue_hints")
     if rf is None:
@@ -62,7 +69,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         raise Skip(f"{rf.name} has no lookahead oracle (schema {rf.doc.get('schema', 'unnamed')}; "
                    "the oracle came with cascade-bench/queue_hints/2)")
     rows = _rows(rf)
-    reps = len(rf.reps)
+    reps = rf.rep_numbers
     share = _share()
     depths = sorted({int(c["queue_depth"]) for _, r in rows for c in r["cascade"]})
     cells = [(i, j, r, c) for i, r in rows for j, c in enumerate(r["cascade"]) if c["reference_lookahead"] > 0]
@@ -70,9 +77,9 @@ def build(ctx: Context) -> list[ResultsFile]:
     m = ctx.macros
     m.add("QhCells", integer(len(cells)), rf.source("rows", "*", "cascade", "*") + " (cells with an oracle above zero)")
     m.add("QhShare", sig(share, 2) + r"$\times$", "benchmark/workloads/queue_hints.py: ORACLE_SHARE")
-    per_cell = [all(v >= share for v in per_rep(x, reps)) for x in ratios]
+    per_cell = [met_in([x], reps, lambda v: v >= share) == len(reps) for x in ratios]
     m.add("QhAtShare", f"{sum(per_cell)} reach it in every repetition (the target as a whole: "
-          + met_phrase(met_in(ratios, reps, lambda v: v >= share), reps) + ")",
+          + met_phrase(met_in(ratios, reps, lambda v: v >= share), len(reps)) + ")",
           rf.source("rows", "*", "cascade", "*", "block_hit_ratio") + " / reference_lookahead, per repetition")
     if cells:
         k = min(range(len(cells)), key=lambda n: float(ratios[n]))
@@ -86,13 +93,12 @@ def build(ctx: Context) -> list[ResultsFile]:
     monotonic = 0
     for _, r in rows:
         by_depth = [c["block_hit_ratio"] for c in sorted(r["cascade"], key=lambda c: c["queue_depth"])]
-        monotonic += all(all(a <= b for a, b in zip(col, col[1:]))
-                         for col in zip(*[per_rep(v, reps) for v in by_depth]))
+        monotonic += all(_never_falls(col) for col in zip(*[per_rep(v, reps) for v in by_depth]))
     m.add("QhMonotonic", f"{monotonic} of {len(rows)}",
           rf.source("rows", "*", "cascade", "*", "block_hit_ratio") + " (never falls with depth, every repetition)")
     online = [(r, c) for _, r in rows for c in r["cascade"] if c["queue_depth"] == 0]
-    ge_lru = sum(all(a >= b for a, b in zip(per_rep(c["block_hit_ratio"], reps), per_rep(r["reference_lru"], reps)))
-                 for r, c in online)
+    ge_lru = sum(all(a >= b for a, b in zip(per_rep(c["block_hit_ratio"], reps), per_rep(r["reference_lru"], reps))
+                     if a is not None and b is not None) for r, c in online)
     m.add("QhOnlineGeLru", f"{ge_lru} of {len(online)}" if online else "none (depth 0 not replayed)",
           rf.source("rows", "*", "cascade", "queue_depth=0", "block_hit_ratio") + " >= reference_lru, every repetition")
     m.add("QhDepths", and_list([integer(d) for d in depths]), rf.source("rows", "*", "cascade", "*", "queue_depth"))

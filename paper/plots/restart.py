@@ -13,14 +13,14 @@ from typing import Any
 from ..core import Context, FigureSpec, absent
 from ..macros import and_list, integer, sig
 from ..results import ResultsFile
-from .common import per_rep
+from .common import measured
 
 TABLE_CAPTION = (
     r"Warm restart: a job of $W$ ranks fills its file tiers, the files are dropped from the page cache, and a job "
     r"of $R$ ranks opens the store on them (the collective constructor: scanning the files, adopting those of "
     r"ranks that are gone, republishing to the directory) and reads every block back once, byte-exact. Open "
-    r"time in seconds and per GiB, median and range over the \SuiteReps repetitions; blocks recovered in place "
-    r"and adopted, and blocks missing or wrong, summed over the repetitions.")
+    r"time in seconds and per GiB, and blocks recovered in place and adopted, median and range over the "
+    r"\SuiteReps repetitions; blocks missing or wrong, summed over the repetitions.")
 
 MACROS = ("RsGib", "RsSameSize", "RsOtherSize", "RsLost")
 FIELDS = ("writers", "readers", "gib", "open_s", "open_s_per_gib", "recovered", "adopted", "missing", "wrong")
@@ -48,7 +48,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     if rf is None:
         raise absent("restart")
     rows = _rows(rf)
-    reps = len(rf.reps)
+    reps = rf.rep_numbers
     m = ctx.macros
     m.add("RsGib", and_list(sorted({_gib(r["gib"]) for _, r in rows})) + r"\,GiB", rf.source("rows", "*", "gib"))
 
@@ -62,15 +62,15 @@ def build(ctx: Context) -> list[ResultsFile]:
 
     cases(True, "RsSameSize")
     cases(False, "RsOtherSize")
-    lost = sum(sum(per_rep(r[k], reps)) for _, r in rows for k in ("missing", "wrong"))
+    lost = sum(sum(measured(r[k], reps)) for _, r in rows for k in ("missing", "wrong"))
     m.add("RsLost", integer(lost), rf.source("rows", "*", "missing") + " + wrong, summed over cases and repetitions")
 
     t = ctx.table("restart", [("$W\\to R$", "l"), ("GiB", "r"), ("open (s)", "r"), ("s per GiB", "r"),
                               ("recovered", "r"), ("adopted", "r"), ("missing", "r"), ("wrong", "r")], [rf])
     for _, r in rows:
         t.add(_case(r), _gib(r["gib"]), sig(r["open_s"]), sig(r["open_s_per_gib"]), integer(r["recovered"]),
-              integer(r["adopted"]), integer(sum(per_rep(r["missing"], reps))),
-              integer(sum(per_rep(r["wrong"], reps))))
+              integer(r["adopted"]), integer(sum(measured(r["missing"], reps))),
+              integer(sum(measured(r["wrong"], reps))))
     ctx.put(t)
     return [rf]
 

@@ -14,9 +14,6 @@ from ..results import ResultsFile
 from ..spread import Spread
 from ..tables import escape
 
-WORKLOADS = ("write_throughput", "read_throughput", "read_latency", "trace_replay", "queue_hints", "scaling",
-             "tier_bandwidth")
-
 TABLE_CAPTION = (r"The targets the benchmark harness checks (its own thresholds), with the measured value "
                  r"(a ratio to the named system, or a fraction), median and range over the repetitions, and in "
                  r"how many of the repetitions each target was met; ``not measured'': the suite's sizes do not "
@@ -26,7 +23,13 @@ MACROS = ("TargetsCount", "TargetsMetAll", "TargetsMissedAll", "TargetsMixed", "
 
 
 def _key(t: dict) -> tuple:
-    return (str(t.get("name")), t.get("block_bytes"), t.get("mode"), t.get("capacity_blocks"))
+    return (str(t.get("name")), t.get("block_bytes"), t.get("mode"), t.get("capacity_blocks"), t.get("threads"))
+
+
+def _with_targets(ctx: Context) -> list[ResultsFile]:
+    """Every results file of the suite that records ``targets`` in some repetition, by workload."""
+    files = [f for f in ctx.results.files if any("targets" in r.doc for r in f.reps)]
+    return sorted(files, key=lambda f: (f.workload, f.system, f.nodes, f.ranks, f.stamp))
 
 
 def collect(rf: ResultsFile) -> list[dict]:
@@ -47,7 +50,7 @@ def collect(rf: ResultsFile) -> list[dict]:
 
 
 def build(ctx: Context) -> list[ResultsFile]:
-    files = [f for w in WORKLOADS for f in ctx.results.of(w) if any("targets" in r.doc for r in f.reps)]
+    files = _with_targets(ctx)
     if not files:
         raise Skip("no results file of the suite records targets")
     t = ctx.table("targets", [("target", "l"), ("size", "r"), ("value", "r"), ("met", "r")], files)
@@ -66,7 +69,9 @@ def build(ctx: Context) -> list[ResultsFile]:
                 yes = sum(decided)
                 counts["all" if yes == len(decided) else "none" if yes == 0 else "mixed"] += 1
                 met = f"{yes} of {len(decided)}"
-            value = "--" if not values else sig(Spread(values) if len(values) > 1 else values[0], 2)
+            threshold = target.get("threshold")
+            value = "--" if not values else sig(Spread(values) if len(values) > 1 else values[0], 2,
+                                                around=threshold if isinstance(threshold, (int, float)) else None)
             where = size(target["block_bytes"]) if isinstance(target.get("block_bytes"), int) else (
                 f"{integer(target['capacity_blocks'])} blocks" if isinstance(target.get("capacity_blocks"), int)
                 else "--")

@@ -4,8 +4,8 @@ Source: the suite's ``thread_scaling`` results (schema ``cascade-bench/thread_sc
 in ``benchmark/README.md``): per block size, thread count and configuration (tier, file
 read mode, cache state, form) or limit, ``get_gbps``, ``speedup_vs_1_thread`` and, for
 Cascade rows, ``vs_limit`` -- ratios of the same round, so the table never divides medians.
-A row or limit that some repetition did not measure (its ``not_run``) is dropped by the
-merge and shown as ``--``.
+A row or limit that only some repetitions measured is kept over those (the merge); one that
+none measured (its ``not_run``) is shown as ``--``.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ TABLE_CAPTION = (
     r"workers. File tier alone, read mode \texttt{auto} (what it chose here in parentheses) or \texttt{direct}. "
     r"``ratio'': Cascade over the limit that bounds the row at the same depth, taken within each round (DRAM: "
     r"memcpy; cold: the raw cold read of the mode the file tier read in, buffered or \texttt{O\_DIRECT}; hot: the raw buffered hot read); last column: the "
-    r"speed-up from one thread to the most. --: not measured in every repetition.")
+    r"speed-up from one thread to the most. --: not measured.")
 
 MACROS = ("ThrBlock", "ThrTop", "ThrMemcpyOneGBps", "ThrMemcpyTopGBps", "ThrMemcpySpeedup", "ThrShmTopGBps",
           "ThrShmPctMemcpy", "ThrShmBatchPctMemcpy", "ThrShmSpeedup", "ThrColdAutoPctRaw", "ThrColdDirectPctRaw",
@@ -73,13 +73,13 @@ def _at(rf: ResultsFile, index: Index, block: int, n: int, config: Config) -> tu
     """The row a quoted number needs: :class:`ResultsError` when the suite lacks it."""
     if (block, n, config) not in index:
         raise ResultsError(rf.path, f"rows[block_bytes={block}, threads={n}, {'/'.join(map(str, config))}]",
-                           "is missing (not measured in every repetition)")
+                           "is missing (not measured)")
     return index[(block, n, config)]
 
 
 def _ratio(rf: ResultsFile, index: Index, block: int, n: int, config: Config) -> float | None:
     """The row's ratio to its limit at the same depth; None when the row or the limit
-    was not measured in every repetition."""
+    was not measured."""
     if (block, n, config) not in index:
         return None
     i, row = index[(block, n, config)]
