@@ -7,7 +7,8 @@ threads and returns a :class:`concurrent.futures.Future` (``done()``, ``result(t
 error of the call is raised by ``result()``, never lost.
 
 Ordering: a read of an id (async or not) issued after a ``put_async`` of the same id in
-the same namespace sees that put: it first waits for the put to finish. (A content-hashed
+the same namespace sees that put: it first waits for the put to finish; so do the store's
+other calls on an id (``pin``, ``delete``, ``hint``, ``set_ttl``, ``set_priority``). (A content-hashed
 put has no id until it finishes, so nothing can be issued after it for that id.) Puts of
 one id are not reordered among themselves either: the later waits for the earlier. A
 non-blocking call waits only for the puts issued before it: a read issued before a

@@ -47,6 +47,13 @@ from .errors import ConfigError
 from .identity import BlockKey
 
 
+def check_position(position: object) -> float:
+    """A hint's queue position as a float; :class:`ConfigError` unless it is a finite number."""
+    if isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
+        raise ConfigError(f"hint position: expected a finite number, got {position!r}")
+    return float(position)
+
+
 @dataclass(slots=True, eq=False)
 class BlockMeta:
     """What the store knows about one cached block (exactly one tier holds it)."""
@@ -157,12 +164,9 @@ class Policy:
     def hint_position(self, position: float | None) -> float:
         """The queue position of one hint call: ``position`` as given (the request's place
         in the queue, e.g. its arrival number), or, without one, just after the latest."""
-        if position is None:
-            position = self._last_position + 1
-        elif isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
-            raise ConfigError(f"hint position: expected a finite number, got {position!r}")
+        position = self._last_position + 1 if position is None else check_position(position)
         self._last_position = max(self._last_position, position)
-        return float(position)
+        return position
 
     def hinted(self, meta: BlockMeta, position: float) -> None:
         """One more hint of ``meta``, for a request at queue ``position``

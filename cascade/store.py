@@ -48,7 +48,7 @@ from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierF
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
-from .policy import BlockMeta, Policy
+from .policy import BlockMeta, Policy, check_position
 from .stats import StoreMetrics
 from .tiers.base import Tier, fsync_and_close
 from .validate import check_priority, check_ttl
@@ -291,8 +291,9 @@ class CascadeStore(BatchCalls):
                 if arrays is None:
                     return self._read(block_id, namespace, self._check_outs(key_out, value_out))
                 key_out, value_out = arrays  # CPU torch tensors: numpy arrays over their memory
-            # A block cached here is what a pending put_async of its id would store (or
-            # dedup onto): the wait for such puts (a get after one sees it) is _read's.
+            # a get after a put_async of this id sees it (a block found on disk at a warm
+            # restart is replaced by a put of other bytes; one dict lookup when none is pending)
+            self._async.wait_for_puts([(namespace, block_id)])
             if self._reads.read_hot((namespace, block_id), (key_out, value_out)):
                 if self._stats_dir:
                     self._tick()
@@ -350,9 +351,10 @@ class CascadeStore(BatchCalls):
         self._async.wait_for_puts([bkey])
         return self._reads.view(bkey, self.spec)
 
-    def _read(self, block_id: str, namespace: str, outs: list[Any]) -> bool:
+    def _read(self, block_id: str, namespace: str, outs: list[Any], *, wait: bool = True) -> bool:
         bkey = self._key(block_id, namespace)
-        self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
+        if wait:
+            self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
         hit = self._reads.read_any(bkey, outs)
         self._tick()
         return hit
@@ -378,6 +380,7 @@ class CascadeStore(BatchCalls):
         hinted); thread-safe.
         """
         keys = self._keys(block_ids, namespace, "hint")
+        self._async.wait_for_puts(keys)  # a hint after a put_async of an id sees it
         with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
             taken, below = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
             self.counters.hints += taken
@@ -393,7 +396,7 @@ class CascadeStore(BatchCalls):
         finite number. Local."""
         keys = self._keys(block_ids, namespace, "unhint")
         if position is not None:
-            self._index.hint_position(position)  # (checked as hint() checks it)
+            check_position(position)  # (not taken as the latest position: later hints' default stays)
         with self._lock:
             return self._index.unhint(keys, position)
 
@@ -404,6 +407,7 @@ class CascadeStore(BatchCalls):
 
     def delete(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Remove a block. :class:`BlockNotFound` if absent, :class:`BlockPinned` if pinned."""
+        self._async.wait_for_puts([self._key(block_id, namespace)])  # a delete after a put_async of it sees it
         with self._lock:
             meta = self._require(block_id, namespace)
             if meta.pins or not self._chain.withdraw_and_drop(meta):
@@ -443,8 +447,9 @@ class CascadeStore(BatchCalls):
     def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Add a reference from an in-flight request: the block cannot be evicted or
         expire until the matching :meth:`unpin`."""
+        bkey = self._key(block_id, namespace)
+        self._async.wait_for_puts([bkey])  # a pin after a put_async of it sees it
         with self._lock:
-            bkey = self._key(block_id, namespace)
             meta = self._reads.cached(bkey)  # an expired block is gone, not brought back
             self._chain.peers.pin(bkey, meta)  # cluster-wide: the holder cannot move or drop it
             if meta is not None:
@@ -468,6 +473,7 @@ class CascadeStore(BatchCalls):
     def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Give a block a time to live in seconds (0 = none), counted per ``ttl_mode``."""
         ttl = check_ttl(ttl)
+        self._async.wait_for_puts([self._key(block_id, namespace)])
         with self._lock:
             meta = self._require(block_id, namespace)
             meta.ttl = ttl
@@ -479,6 +485,7 @@ class CascadeStore(BatchCalls):
     def set_priority(self, block_id: str, priority: int, *, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Raise (or lower, negative) a block's value: each step doubles (halves) it."""
         priority = check_priority(priority)
+        self._async.wait_for_puts([self._key(block_id, namespace)])
         with self._lock:
             meta = self._require(block_id, namespace)
             meta.priority = priority

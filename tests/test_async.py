@@ -160,3 +160,87 @@ def test_close_cancels_calls_not_started_and_wakes_the_reads_waiting_for_them(tm
     finally:
         gate.set()
     assert holder.result(timeout=30) is True
+
+
+def test_a_batch_get_issued_before_a_put_async_of_its_ids_does_not_wait_for_it(tmp_path):
+    # the batch's per-block reads run on I/O helper threads (max_workers=2); they waited
+    # for every pending put of their ids, the later one included, which was queued behind
+    # the batch itself: nothing moved again (flush hung, close waited its 60 s)
+    with CascadeStore(Config(model="tiny", shm_bytes=64 * 4096, file_bytes=1 << 20, io_threads=1,
+                             file_dir=str(tmp_path / "files"), shm_dir=str(tmp_path))) as store:
+        ids = [ident(i) for i in range(8)]
+        outs = [store.spec.empty() for _ in ids]
+        submitted = threading.Event()
+        hot_many = store._reads.read_hot_many
+
+        def after_the_put(keys, outputs):  # the batch reads on once the later put_async is queued
+            assert submitted.wait(30)
+            return hot_many(keys, outputs)
+
+        store._reads.read_hot_many = after_the_put
+        got = store.get_many_into_async(ids, outs, max_workers=2)
+        put = store.put_async(*block(store.spec, 7), block_id=ids[7])
+        submitted.set()
+        assert got.result(timeout=30) == [False] * 8  # issued before the put: it does not see it
+        assert put.result(timeout=30) == ids[7]
+        store.flush()
+
+
+def test_calls_on_an_id_after_its_put_async_see_the_put(tmp_path):
+    # each call is issued while the put still waits behind a slow call on the only worker
+    with CascadeStore(Config(model="tiny", shm_bytes=64 * 4096, file_bytes=1 << 20, io_threads=1,
+                             file_dir=str(tmp_path / "files"), shm_dir=str(tmp_path))) as store:
+        release = threading.Event()
+
+        def put_later(i: int):
+            store._async.submit(lambda: release.wait(30))  # the worker busy: the put queued behind it
+            future = store.put_async(*block(store.spec, i), block_id=ident(i))
+            threading.Timer(0.2, release.set).start()
+            return future
+
+        put_later(1)
+        store.pin(ident(1))  # not BlockNotFound
+        store.unpin(ident(1))
+        release.clear()
+        put_later(2)
+        assert store.hint([ident(2)]) == 1
+        release.clear()
+        put_later(3)
+        store.set_ttl(ident(3), 3600)
+        release.clear()
+        put_later(4)
+        store.set_priority(ident(4), 2)
+        release.clear()
+        put_later(5)
+        store.delete(ident(5))  # not BlockNotFound, and the block is gone after it
+        assert not store.contains(ident(5))
+
+
+def test_a_get_into_after_a_put_async_sees_it_over_a_block_found_at_a_restart(tmp_path):
+    # a block found on disk at a warm restart (not confirmed yet) is replaced by a put of
+    # other bytes: the hot path returned the old bytes while the put waited behind others
+    config = Config(model="tiny", shm_bytes=64 * 4096, file_bytes=1 << 20, io_threads=1,
+                    file_dir=str(tmp_path / "files"), shm_dir=str(tmp_path))
+    with CascadeStore(config) as store:
+        store.put(*block(store.spec, 1), block_id=ident(9))
+    with CascadeStore(config) as store:
+        key_out, value_out = store.spec.empty()
+        assert store.get_into(ident(9), key_out, value_out) and key_out.flat[0] == 1  # promoted into SHM
+        release = threading.Event()
+        store._async.submit(lambda: release.wait(30))  # the only worker busy: the put waits behind it
+        put = store.put_async(*block(store.spec, 2), block_id=ident(9))
+        threading.Timer(0.2, release.set).start()
+        assert store.get_into(ident(9), key_out, value_out) and key_out.flat[0] == 2
+        assert put.result(timeout=30) == ident(9)
+
+
+def test_bad_put_many_async_options_raise_at_once(store):
+    pairs = [block(store.spec, 1)]
+    with pytest.raises(InvalidBlock):
+        store.put_many_async(pairs, namespace="no/slashes here")
+    with pytest.raises(InvalidBlock):
+        store.put_many_async(pairs, parent="not-an-id")
+    with pytest.raises(TypeError, match="block_idz"):
+        store.put_many_async(pairs, block_idz=[ident(1)])
+    store.flush()
+    assert len(store) == 0

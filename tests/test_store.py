@@ -405,6 +405,50 @@ def test_hint_promotes_and_protects_until_read(tmp_path):
         assert s.hint(["f" * 32]) == 0  # not cached: ignored
 
 
+def test_a_hints_promotion_that_meets_an_io_error_keeps_the_block(tmp_path, monkeypatch):
+    # an EIO is no evidence against the bytes: a get keeps such a block, and so does a
+    # promotion now (it dropped the block and counted a corruption)
+    import errno
+
+    import cascade.tiers.file_reads as file_reads
+    from cascade import Config
+
+    cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 * 4096, file_dir=str(tmp_path / "f"),
+                 file_segment_bytes=1 << 20, hint_fraction=0.5)
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, 500 + i) for i in range(12)]
+        ids = [s.put(k, v) for k, v in blocks]
+        assert ids[0] in [b for _, b in s.tiers[-1]]
+        read, fails = file_reads.read_hashed, [1]
+
+        def flaky(*args, **kwargs):
+            if fails[0]:
+                fails[0] -= 1
+                raise OSError(errno.EIO, "injected: Input/output error")
+            return read(*args, **kwargs)
+
+        monkeypatch.setattr(file_reads, "read_hashed", flaky)
+        assert s.hint([ids[0]]) == 1
+        s.flush()
+        assert fails == [0]  # the promotion met the error
+        file_tier = s.stats()["tiers"][s.tiers[-1].name]
+        assert file_tier["read_errors"] == 1 and file_tier["corruptions"] == 0
+        got = s.get(ids[0])  # still cached, and the bytes are right
+        assert got is not None and np.array_equal(got[1], blocks[0][1])
+
+
+def test_unhint_at_a_position_leaves_the_default_position_of_later_hints(tmp_path):
+    from cascade import Config
+
+    cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=0, remote_bytes=0)
+    with CascadeStore(cfg) as s:
+        ids = [s.put(*make_block(s.spec, 600 + i)) for i in range(3)]
+        assert s.hint([ids[0]], position=5) == 1
+        assert s.unhint([ids[2]], position=1e9) == 0  # no such hint: nothing changes
+        assert s.hint([ids[1]]) == 1  # default: right after every earlier hint
+        assert s._index.get(("default", ids[1])).hint_uses == [6.0]
+
+
 def test_hints_count_and_deleted_blocks_release_their_bytes(store):
     k, v = make_block(store.spec, 7)
     bid = store.put(k, v)

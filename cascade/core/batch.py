@@ -220,7 +220,9 @@ class BatchCalls:
                         if hit is not None:
                             hits[i] = hit
                     rest = [i for i, hit in zip(rest, leased) if hit is None]
-                read = batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i])))
+                # (keys: the batch waited for its ids' puts above; on the I/O workers a wait
+                # would also wait for puts submitted after this call, queued behind it)
+                read = batch.bind(lambda i: self._read(block_ids[i], namespace, list(outs[i]), wait=keys is None))
                 for i, hit in zip(rest, self._pools.parallel(read, rest, max_workers, item_bytes=self.spec.block_bytes)):
                     hits[i] = hit
         return hits
@@ -240,9 +242,13 @@ class BatchCalls:
 
     def put_many_async(self, pairs: Iterable[tuple[Any, Any]], *, block_ids: Sequence[str] | None = None,
                        **options: Any) -> Future:
-        """:meth:`put_many` without waiting: a future of the list of ids. Pairs are
-        checked here; they must stay unchanged until the future is done."""
+        """:meth:`put_many` without waiting: a future of the list of ids. Pairs, ids and
+        options are checked here; the pairs must stay unchanged until the future is done."""
+        unknown = set(options) - {"namespace", "chain", "parent", "max_workers"}
+        if unknown:
+            raise TypeError(f"put_many_async: unexpected keyword argument(s) {sorted(unknown)}")
         check_workers(options.get("max_workers"), "put_many_async")
+        self._check_put_options(options.get("namespace", DEFAULT_NAMESPACE), options.get("parent"), 0, None)
         pairs = pair_list(pairs, "put_many_async")
         for key, value in pairs:
             self._check_pair(key, value)

@@ -406,8 +406,9 @@ class ReadPath(LeasedBatchReads):
         """Without the lock (a worker's job): move a hinted block up to the fastest tier,
         copying outside the lock. Cancelled (False) when the block was read, unhinted,
         moved up or dropped meanwhile, or no room can be made; until the move ends the
-        block stays readable where it is (a get reads the lower tier, never waits). A
-        corrupt record is dropped, as on a get."""
+        block stays readable where it is (a get reads the lower tier, never waits). As
+        on a get, a corrupt record is dropped (if still the one read) and one that failed
+        with an I/O error (:class:`UnreadableBlock`) is kept."""
         with self._inflight.hold(f"a hint's promotion of {key[1]}"), ExitStack() as staged, ExitStack() as held:
             with self._lock:
                 meta = self.index.get(key)
@@ -425,12 +426,17 @@ class ReadPath(LeasedBatchReads):
             if lease.tier.concurrent:
                 error = self._copy(lease, [buf])
             with self._lock:
+                current = error is not None and lease.current()
                 lease.release()
                 if error is not None:
                     held.close()  # the claim and the readings go back before the block is dropped
                     log.warning("%s", error)
-                    self.metrics.tiers[lease.t].corruptions += 1
-                    self.chain.drop_corrupt(meta)
+                    if isinstance(error, UnreadableBlock):  # no evidence against the bytes: kept
+                        self.metrics.tiers[lease.t].read_errors += 1
+                    else:
+                        self.metrics.tiers[lease.t].corruptions += 1
+                        if current:
+                            self.chain.drop_corrupt(meta)
                     return False
             held.pop_all()  # the move (and its reading) now belong to _promote
             self._promote(move, [buf])
