@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..errors import InvalidBlock
 from ..policy import BlockMeta, Policy
@@ -57,7 +58,12 @@ class BlockIndex:
     def check_parent(self, key: BlockKey, parent: str | None) -> None:
         """:class:`InvalidBlock` when naming ``parent`` would put ``key`` in a cycle of the
         prefix tree (the parent is the block itself, or one of its cached descendants):
-        such a block could never be evicted."""
+        such a block could never be evicted. O(1) for a block with no cached child (a
+        new one): only through a cached child can a walk up from ``parent`` reach it."""
+        if parent == key[1]:
+            raise InvalidBlock(f"block {key[1]} cannot be its own ancestor (parent {parent})")
+        if not any(self._kids.get(key, ())):
+            return
         seen, up = set(), parent
         while up is not None and up not in seen:
             if up == key[1]:
@@ -67,22 +73,37 @@ class BlockIndex:
             up = None if above is None else above.parent
 
     def depth(self, meta: BlockMeta) -> int:
-        """Cached ancestors of ``meta`` (0 for a head, or one whose parent is not cached)."""
-        depth, seen, parent = 0, set(), meta.parent
-        while parent is not None and parent not in seen:
-            seen.add(parent)
-            up = self.blocks.get((meta.key[0], parent))
-            if up is None:
-                break
-            depth, parent = depth + 1, up.parent
-        return depth
+        """Cached ancestors of ``meta`` when it enters (0 for a head, or one whose parent
+        is not cached): its parent's depth and one, O(1) (a walk up every ancestor made a
+        chain of n blocks cost O(n^2) puts)."""
+        up = None if meta.parent is None else self.blocks.get((meta.key[0], meta.parent))
+        return 0 if up is None else up.depth + 1
+
+    def _set_depths(self, found: list[BlockMeta]) -> None:
+        """The depth of each of ``found`` (all entered already), each chain walked once:
+        from a block up to the first ancestor whose depth is known (or no cached one),
+        then down again."""
+        known: set[BlockKey] = set()
+        for meta in found:
+            chain: list[BlockMeta] = []
+            seen: set[BlockKey] = set()
+            node: BlockMeta | None = meta
+            while node is not None and node.key not in known and node.key not in seen:
+                seen.add(node.key)
+                chain.append(node)
+                node = None if node.parent is None else self.blocks.get((node.key[0], node.parent))
+            depth = node.depth if node is not None and node.key in known else -1  # (a cycle: from 0)
+            for m in reversed(chain):
+                depth += 1
+                m.depth = depth
+                known.add(m.key)
 
     def admit(self, meta: BlockMeta, now: float) -> None:
         """Enter a new block, with the children of it that are already cached. (Per put:
         the calls a head needs not are skipped, and its namespace's bytes added inline.)"""
         key, tier = meta.key, meta.tier
         meta.child_tiers = self._kids.get(key, ())  # (none yet: its first child's count makes the list)
-        meta.depth = 0 if meta.parent is None else self.depth(meta)
+        meta.depth = self.depth(meta)
         self.blocks[key] = meta
         used = self.ns_bytes[tier]
         used[key[0]] = used.get(key[0], 0) + meta.nbytes  # _ns_add() of bytes > 0: never to zero
@@ -99,8 +120,8 @@ class BlockIndex:
             self.blocks[meta.key] = meta
             self._ns_add(meta, meta.tier, meta.nbytes)
             self.unconfirmed.add(meta.key)
+        self._set_depths(found)
         for meta in found:
-            meta.depth = self.depth(meta)
             meta.child_tiers = self._kids.get(meta.key, ())
             self._policy.admitted(meta, now)
         for meta in found:
@@ -165,6 +186,16 @@ class BlockIndex:
             self._policy.changed(parent)
         elif not any(counts):
             del self._kids[pkey]
+
+    @contextmanager
+    def counted_in(self, meta: BlockMeta, tier: int) -> Iterator[None]:
+        """``meta`` counted among its parent's children in ``tier`` too while the ``with``
+        block runs: room made there for it (a promotion) leaves its parent in place."""
+        self._count_child(meta, tier, +1)
+        try:
+            yield
+        finally:
+            self._count_child(meta, tier, -1)
 
     # -- the policy ------------------------------------------------------------------------
     def victim(self, t: int) -> BlockMeta | None:

@@ -358,11 +358,13 @@ class ReadPath(LeasedBatchReads):
     # -- promotion -------------------------------------------------------------------------
     def claim_promotion(self, meta: BlockMeta) -> Move | None:
         """Under the lock: room in the fastest tier to move ``meta`` up into, if it can be
-        made without dropping pinned or parent blocks (best effort). Until the promotion
-        ends, the block counts as being read (it stays where it is)."""
+        made without dropping pinned or parent blocks (best effort: the block counts as a
+        child there meanwhile, so its own parent stays). Until the promotion ends, the
+        block counts as being read (it stays where it is)."""
         with ExitStack() as undo:
             reading = undo.enter_context(Reading(self._lock, self.index, meta))
-            claim = self.chain.claim_fastest(meta.key, meta.nbytes, meta.parent)
+            with self.index.counted_in(meta, 0):
+                claim = self.chain.claim_fastest(meta.key, meta.nbytes, meta.parent)
             if claim is None:
                 return None
             undo.pop_all()

@@ -84,6 +84,7 @@ class WritePath:
                     # a put of the same id in another thread may have won meanwhile
                     if self._settled(key, parts, cluster=False):
                         return block_id
+                    self.index.check_parent(key, parent)  # again: a put of another thread may close a cycle
                     claim.commit(key)  # a non-concurrent tier (REMOTE) copies only now
                     committed = True
                     meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
@@ -172,6 +173,7 @@ class WritePath:
                         if self._settled(key, parts, cluster=False):  # the same id earlier in the batch
                             done[i] = block_id
                             continue
+                        self.index.check_parent(key, parent)  # again: blocks of this batch may close a cycle
                         claim.commit(key)
                         committed = True
                         meta = BlockMeta(key, self._nbytes, claim.t, parent=parent, priority=priority,
@@ -351,8 +353,11 @@ class WritePath:
     def _confirmed(self, meta: BlockMeta, parts: list[Any]) -> bool:
         """Whether a put of ``parts`` may dedup onto ``meta``. A block found on disk at
         open is compared once with the first put of its id: different bytes (a stale or
-        planted record) make the put replace it instead."""
+        planted record) make the put replace it instead, unless it is pinned (the put
+        then settles on the pinned copy; a put after the unpin compares again)."""
         if meta.key not in self.index.unconfirmed:
+            return True
+        if meta.pins:  # a reader holds this copy: the put settles on it (a later one, once unpinned, compares)
             return True
         stored = np.empty(meta.nbytes, dtype=np.uint8)
         try:
