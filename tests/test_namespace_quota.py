@@ -100,3 +100,19 @@ def test_a_put_at_its_share_does_not_scan_every_block(tmp_path):
             s.put(*block(s.spec, 10_000 + i), namespace="a")
         assert sum(1 for k in s.tiers[0] if k[0] == "a") == 8
         assert _CountingDict.visited < others // 10, _CountingDict.visited
+
+
+def test_a_batch_stays_within_its_share_and_leaves_another_namespace_its_own(tmp_path):
+    # put_many claims a chunk's room before it commits any: each claim's share check saw
+    # only committed bytes, so a batch of 12 went 11 into an SHM share of 8 and pushed the
+    # other namespace's in-share blocks out
+    with store_for(tmp_path, 0.5, block_tokens=256, shm_bytes=16 * 256 * 256, file_bytes=1 << 22,
+                   demote_high=1.0) as s:
+        other = [s.put(*block(s.spec, i), namespace="B") for i in range(8)]  # B at its share: 8 of 16
+        s.put_many([block(s.spec, 100 + i) for i in range(12)], block_ids=[f"{i + 1:032x}" for i in range(12)],
+                   namespace="A")
+        in_shm = s._index.ns_bytes[0]
+        assert in_shm.get("A", 0) <= 8 * s.spec.block_bytes and in_shm.get("B", 0) == 8 * s.spec.block_bytes
+        assert all(s.contains(b, namespace="B") for b in other)
+        assert all(s.contains(f"{i + 1:032x}", namespace="A") for i in range(12))  # the rest went below
+        assert not s._chain._claimed[0] and not s._chain._claimed[1]  # every claim ended

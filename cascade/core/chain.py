@@ -54,6 +54,9 @@ class TierChain:
         self.peers: Solo = Solo()  # the multi-rank layer, set by the store when it joins one
         self._lock = lock
         self.share = namespace_share  # a namespace's most of each tier (0: no quota)
+        #: With shares: per tier, each namespace's bytes claimed and not committed yet
+        #: (a batch claims all its room first: its share counts them, not only the committed)
+        self._claimed: list[dict[str, int]] = [{} for _ in tiers]
         self._check_open = check_open
         for t, tier in enumerate(tiers):
             if tier.records_ttl:  # a block written there keeps its TTL across restarts (wall clock)
@@ -65,8 +68,26 @@ class TierChain:
     def claim(self, t: int, key: BlockKey | None, nbytes: int, *, parent: str | None = None,
               namespace: str | None = None) -> Claim:
         """Under the lock: make room in tier ``t`` (demotions included) and claim it."""
-        self.make_room(t, nbytes, key[0] if key is not None else namespace)
-        return Claim(self._lock, self.tiers[t], t, key, nbytes, parent)
+        namespace = key[0] if key is not None else namespace
+        self.make_room(t, nbytes, namespace)
+        return self._new_claim(t, key, nbytes, parent, namespace)
+
+    def _new_claim(self, t: int, key: BlockKey | None, nbytes: int, parent: str | None,
+                   namespace: str | None) -> Claim:
+        """Under the lock: room in tier ``t`` (made already), counted against ``namespace``'s
+        share until it is committed or given back."""
+        claim = Claim(self._lock, self.tiers[t], t, key, nbytes, parent)
+        if self.share > 0 and namespace is not None:
+            claimed = self._claimed[t]
+            claimed[namespace] = claimed.get(namespace, 0) + nbytes
+            claim.on_end = functools.partial(self._unclaimed, t, namespace, nbytes)
+        return claim
+
+    def _unclaimed(self, t: int, namespace: str, nbytes: int) -> None:
+        claimed = self._claimed[t]
+        claimed[namespace] -= nbytes
+        if not claimed[namespace]:
+            del claimed[namespace]
 
     def claim_fastest(self, key: BlockKey, nbytes: int, parent: str | None) -> Claim | None:
         """Under the lock: room in the fastest tier for a best-effort copy (promotion,
@@ -123,7 +144,7 @@ class TierChain:
                 continue
             try:
                 move = self.make_room(t, nbytes, key[0], defer=True, failed=failed)
-                return move or Claim(self._lock, tier, t, key, nbytes, parent)
+                return move or self._new_claim(t, key, nbytes, parent, key[0])
             except OSError as exc:  # TierFull included (ENOSPC and friends too)
                 self.metrics.tiers[t].full_events += 1
                 reasons.append(str(exc))
@@ -171,7 +192,7 @@ class TierChain:
         share = self.share * self.tiers[t].capacity
         set_aside: list[BlockMeta] = []
         try:
-            while self.index.ns_bytes[t].get(namespace, 0) + nbytes > share:
+            while self.index.ns_bytes[t].get(namespace, 0) + self._claimed[t].get(namespace, 0) + nbytes > share:
                 victim = self.index.namespace_victim(t, namespace)
                 if victim is None:
                     self.metrics.tiers[t].full_events += 1
@@ -229,7 +250,7 @@ class TierChain:
         (:class:`TierFull` if none; nothing is then held)."""
         with ExitStack() as undo:
             lease = undo.enter_context(Lease(self._lock, self.index, meta, meta.tier, self.tiers[meta.tier]))
-            claim = Claim(self._lock, self.tiers[dst], dst, meta.key, meta.nbytes, meta.parent)
+            claim = self._new_claim(dst, meta.key, meta.nbytes, meta.parent, meta.key[0])
             undo.pop_all()
         return Move(lease, claim, meta.tier)
 

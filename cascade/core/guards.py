@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -161,7 +161,7 @@ class Claim:
     outside the lock, then committed or, at the latest when the ``with`` block ends,
     discarded."""
 
-    __slots__ = ("_lock", "tier", "t", "handle", "filled", "_open")
+    __slots__ = ("_lock", "tier", "t", "handle", "filled", "_open", "on_end")
 
     def __init__(self, lock: threading.RLock, tier: Tier, t: int, key: Any, nbytes: int,
                  parent: str | None = None) -> None:
@@ -169,6 +169,8 @@ class Claim:
         self.handle = tier.reserve(key, nbytes, parent=parent)
         self.filled = False
         self._open = True
+        #: Called under the lock once the room is committed or given back (or None).
+        self.on_end: Callable[[], None] | None = None
 
     def fill(self, parts: Sequence[Any]) -> None:
         """Copy ``parts`` in (outside the lock on a concurrent tier)."""
@@ -180,12 +182,18 @@ class Claim:
         nothing: after a failed one the room is still claimed (and discarded on exit)."""
         self.tier.commit(key, self.handle)
         self._open = False
+        if self.on_end is not None:
+            self.on_end()
 
     def discard(self) -> None:
         """Under the lock: give the room back (idempotent; nothing after a commit)."""
         if self._open:
             self._open = False
-            self.tier.discard(self.handle)
+            try:
+                self.tier.discard(self.handle)
+            finally:
+                if self.on_end is not None:
+                    self.on_end()
 
     def __enter__(self) -> "Claim":
         return self
