@@ -634,15 +634,21 @@ def test_device_io_with_a_gpu_gives_ratios_and_verdicts(tmp_path):
     assert body.count(r"\\") == 4
 
 
-def test_device_io_skipped_in_the_suite_is_read_from_the_gpu_suite_beside_it(tmp_path):
-    """The build machines have no GPU: device_io then comes from a separate suite run made on
-    a GPU machine (benchmark/results/device), and the text says which run it was."""
+def _with_gpu_suite(tmp_path):
+    """The sample results, and beside them (``device``) a GPU suite run of device_io alone."""
     results = _copy_samples(tmp_path)
     device = tmp_path / "device"
     shutil.copytree(SAMPLES, device)
     gpu_suite = _suite(device)
     _keep_runs(gpu_suite, lambda r: False)
     _add_gpu_device_io(gpu_suite)
+    return results, device, gpu_suite
+
+
+def test_device_io_skipped_in_the_suite_is_read_from_the_gpu_suite_beside_it(tmp_path):
+    """The build machines have no GPU: device_io then comes from a separate suite run made on
+    a GPU machine (benchmark/results/device), and the text says which run it was."""
+    results, device, gpu_suite = _with_gpu_suite(tmp_path)
     report = figures.generate(results, tmp_path / "out", only=["device_io"], device_dir=device)
     assert not report.errors and not report.skipped
     sentence = _defined(tmp_path / "out")["DevSentence"]
@@ -656,12 +662,7 @@ def test_device_io_skipped_in_the_suite_is_read_from_the_gpu_suite_beside_it(tmp
 def test_the_gpu_suite_device_io_came_from_is_named_with_its_commit_and_repetitions(tmp_path):
     """The paper reads one suite run but for device_io: the GPU suite run, at its own commit
     and with its own repetitions, is named in the captions, the numbers' header and on stdout."""
-    results = _copy_samples(tmp_path)
-    device = tmp_path / "device"
-    shutil.copytree(SAMPLES, device)
-    gpu_suite = _suite(device)
-    _keep_runs(gpu_suite, lambda r: False)
-    _add_gpu_device_io(gpu_suite)
+    results, device, gpu_suite = _with_gpu_suite(tmp_path)
     _keep_runs(gpu_suite, lambda r: r["rep"] != 2)  # a GPU suite of two repetitions
     manifest = json.loads((gpu_suite / "manifest.json").read_text())
     manifest["commit"] = "feedfacecafe" + "0" * 28
