@@ -151,7 +151,7 @@ class Compaction:
             target = self._new_file()
             try:  # later puts go after the copies: a kill in place there must never kill a newer record
                 old_active, self._active = self._active, self._new_file()
-            except CascadeError:
+            except (OSError, CascadeError):
                 self._drop_file(target)
                 raise
             if not old_active.size and old_active is not f:  # nothing in it yet: it goes
@@ -223,10 +223,10 @@ class Compaction:
         whole = False
         try:
             with lock:  # the store drops them (their copies are voided below); still compacting: its deletes compact nothing now
+                if run.done:  # (first: the target's bytes are counted whatever the hook does)
+                    run.target.size = run.size
                 if run.corrupt and self.on_corrupt is not None:
                     self.on_corrupt(run.corrupt)
-                if run.done:
-                    run.target.size = run.size
             if run.done:
                 for i in range(0, len(run.copies), RELOCATE_BATCH):
                     with lock:
@@ -272,12 +272,19 @@ class Compaction:
             run.unlinked = self._unlink_file(target)
             if run.error is not None and not isinstance(run.error, CompactionStopped):
                 self._defer(source, run.error)
-        elif whole:
+        elif not whole:  # a step raised: copies not pointed at must not outlive their origins at a restart
+            for key, loc, offset, _ in run.copies:
+                now = self._index.get(key)
+                if now is None or (now.file_id, now.offset) != (target.file_id, offset):
+                    self._void_record(key, target.file_id, offset, loc.length)
+        else:
             target.tombstones.extend(run.tombstones)
             if source.users:  # read meanwhile: it goes when its last read ends (release)
                 source.retired = True
             else:
                 run.unlinked = self._unlink_file(source)
+            if not run.size and not target.users:  # nothing was live in the source: no empty file kept
+                run.unlinked = [*run.unlinked, *self._unlink_file(target)]
             self.counters["compactions"] += 1
             self._retry_step = 16
             self._disk_full = False

@@ -9,9 +9,12 @@ copy names its origin: it is dropped (voided on disk) while its origin's file is
 here and that record is no longer the key's live one (deleted or replaced before the
 compaction ended); an origin still live means a crash mid-compaction, and the copy wins.
 A key seen twice keeps its later record, and the earlier one is killed on disk (the copy
-first forgets its origin, so that kill does not drop it at the next restart). The last record of each file is
-verified against its checksum now (a crash tears appends at the end); every read
-verifies the others. Files left with nothing live are removed, and so is a file of an
+first forgets its origin, so that kill does not drop it at the next restart), unless
+its bytes fail their checksum (a replacement torn by a crash: the earlier record stays,
+the torn one is voided). The last record of each file is verified against its checksum
+now (a crash tears appends at the end); every read verifies the others. A file that
+cannot be read through (an I/O error) keeps what its scan found so far and is counted
+in ``bad_files``. Files left with nothing live are removed, and so is a file of an
 earlier record format (``old_files``: see :mod:`.records`).
 """
 from __future__ import annotations
@@ -45,7 +48,11 @@ class Recovery:
                 self.counters["bad_files"] += 1
                 log.warning("%s: skipping %s: %s", self.name, self._file_path(file_id), exc)
                 continue
-            self._scan(f)
+            try:
+                self._scan(f)
+            except OSError as exc:  # e.g. EIO: the records found so far stay (every read verifies them)
+                self.counters["bad_files"] += 1
+                log.warning("%s: cannot read %s through (%s): kept what was found before", self.name, f.path, exc)
         for f in list(self._files.values()):
             if f.live == 0 and not self._needed_tombstones(f):
                 self._drop_file(f)
@@ -92,6 +99,9 @@ class Recovery:
                 origin = (header.target_file, header.target_offset)
                 if header.target_file in self._files and (old is None or (old.file_id, old.offset) != origin):
                     self._void_record(key, f.file_id, offset, header.payload_len)  # its origin died first
+                elif old is not None and not self._intact(f, key, loc):  # a torn replacement: the old one stays
+                    self.counters["torn_records"] += 1
+                    self._void_record(key, f.file_id, offset, header.payload_len)
                 else:
                     self._remember(key, loc)
                     # An older copy (e.g. a crash mid-compaction): killed for good, once
@@ -105,9 +115,12 @@ class Recovery:
                 self.counters["torn_records"] += 1
         # A crash mid-append tears the last record (or, with writes in flight from several
         # threads, one of the last few): verify the last now; every read verifies the rest.
-        if last is not None and self._index.get(last[0]) is last[1]:
-            buf = bytearray(last[1].length)
-            if (os.preadv(f.fd, [buf], last[1].offset + HEADER_BYTES) != len(buf)
-                    or checksum([buf], key_seed(*last[0])) != last[1].checksum):
-                self.counters["torn_records"] += 1
-                self._forget(last[0])
+        if last is not None and self._index.get(last[0]) is last[1] and not self._intact(f, *last):
+            self.counters["torn_records"] += 1
+            self._forget(last[0])
+
+    def _intact(self, f: SegmentFile, key: BlockKey, loc: Loc) -> bool:
+        """Whether the record at ``loc`` in ``f`` holds its whole payload, matching its checksum."""
+        buf = bytearray(loc.length)
+        return (os.preadv(f.fd, [buf], loc.offset + HEADER_BYTES) == len(buf)
+                and checksum([buf], key_seed(*key)) == loc.checksum)

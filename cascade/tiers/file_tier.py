@@ -154,7 +154,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         # Set by the store: called instead of writing kills, closing freed files and
         # compacting inline (it runs housekeep() on a thread of its own: cascade.core.housekeeper).
         self.on_housekeeping_due: Callable[[], None] | None = None
-        ensure_private_dir(directory)
+        self.directory = directory = ensure_private_dir(directory)  # absolute: a later chdir moves nothing
         try:
             self._header_key = header_key(directory)  # keys every header of its files (see .records)
         except (OSError, CascadeError) as exc:

@@ -85,8 +85,11 @@ class Writes:
         self._after_change()
 
     def discard(self, reservation: Reservation) -> None:
-        """Give the room back: cut it off the file's end when it is last, else kill a
-        written record in place (a failed write leaves no valid record)."""
+        """Give the room back: cut it off the file's end when it is last, else void it (a
+        tombstone that kills only itself, whatever was written there: a whole record that
+        lost a race with a put of its id, or a header a full disk cut short). A tombstone
+        in place would kill every earlier record of the key at a restart, the live one
+        included."""
         self._unreserve(reservation)
         f, size = reservation.file, reservation.header.record_bytes
         if f.size == reservation.offset + size:
@@ -96,9 +99,8 @@ class Writes:
                 return
             except OSError:
                 pass
-        if reservation.written:
-            header = reservation.header
-            self._kill_record((header.namespace, header.block_id), f.file_id, reservation.offset, header.payload_len)
+        header = reservation.header
+        self._void_record((header.namespace, header.block_id), f.file_id, reservation.offset, header.payload_len)
 
     def _unreserve(self, reservation: Reservation) -> None:
         reservation.file.users -= 1

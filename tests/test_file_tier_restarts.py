@@ -1,0 +1,159 @@
+"""The file tier's own records across restarts and failed steps: a put that lost a race,
+a replacement torn by a crash, a compaction whose end step raised, a compaction of dead
+files, a file that cannot be read through, a relative directory."""
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import nullcontext
+
+import pytest
+
+from cascade.tiers import compaction
+from cascade.tiers.file_tier import FileTier
+from cascade.tiers.records import HEADER_BYTES
+
+
+def key(i: int) -> tuple[str, str]:
+    return ("ns", f"{i:032x}")
+
+
+def value(i: int) -> bytes:
+    return bytes([i % 251 + 1]) * 4096
+
+
+def open_tier(directory) -> FileTier:
+    return FileTier(64 << 20, str(directory), segment_bytes=1 << 20)
+
+
+def test_a_put_that_lost_a_race_with_its_id_leaves_the_winner_at_a_restart(tmp_path):
+    # the loser's written record was killed in place: at a restart such a tombstone kills
+    # every earlier record of the key, the winner's included
+    tier = open_tier(tmp_path)
+    won, lost, other = tier.reserve(key(1), 4096), tier.reserve(key(1), 4096), tier.reserve(key(2), 4096)
+    for reservation, i in ((won, 1), (lost, 1), (other, 2)):
+        tier.fill(reservation, [value(i)])
+    tier.commit(key(1), won)
+    tier.discard(lost)  # what a put does when another put of its id committed first
+    tier.commit(key(2), other)
+    tier.close()
+    tier = open_tier(tmp_path)
+    assert tier[key(1)] == value(1) and tier[key(2)] == value(2)
+    tier.close()
+
+
+def test_a_replacement_torn_by_a_crash_leaves_the_durable_record(tmp_path):
+    tier = open_tier(tmp_path)
+    tier.put(key(1), [bytes([1]) * 8192])
+    tier.sync()
+    tier.close()
+    tier = open_tier(tmp_path)
+    reservation = tier.reserve(key(1), 8192)  # a re-put that a crash stops before its commit
+    tier.fill(reservation, [bytes([2]) * 8192])
+    path, offset = reservation.file.path, reservation.offset
+    tier.close()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(4096), offset + HEADER_BYTES + 4096)  # its last page never reached the disk
+    finally:
+        os.close(fd)
+    for _ in range(2):  # and not lost at the restart after either
+        tier = open_tier(tmp_path)
+        assert tier[key(1)] == bytes([1]) * 8192
+        assert tier.counters["torn_records"] <= 1
+        tier.close()
+
+
+def test_copies_a_failed_compaction_end_left_do_not_bring_deleted_blocks_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(compaction, "RELOCATE_BATCH", 4)
+
+    def reopen() -> FileTier:
+        tier = open_tier(tmp_path)
+        tier.on_housekeeping_due = lambda: tier._write_kills(nullcontext())
+        return tier
+
+    tier = reopen()
+    for i in range(200):
+        tier.put(key(i), [value(i)])
+    first_file = tier.record_span(key(0))[0]
+    first = [i for i in range(200) if tier.record_span(key(i))[0] == first_file]
+    for i in first[::2]:
+        del tier[key(i)]
+    batches = []
+
+    def relocated(keys):  # the directory update fails on the 11th batch of 16
+        batches.append(keys)
+        if len(batches) == 11:
+            raise RuntimeError("injected: directory update failed")
+
+    tier.on_relocate = relocated
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    with pytest.raises(RuntimeError, match="injected"):
+        tier.end_compaction(run)
+    tier.finish_compaction(run)
+    tier.on_relocate = None
+    left = sorted(run.source.keys)
+    assert left  # records the failed end did not point at their copies
+    del tier[left[0]]
+    while tier.compact_next():  # the source goes, and with it the origin the copy names
+        pass
+    assert not os.path.exists(run.source.path) and os.path.exists(run.target.path)  # the copies stay
+    tier.close()
+    tier = reopen()
+    assert left[0] not in tier
+    assert all(tier[k] == value(int(k[1], 16)) for k in left[1:])
+    tier.close()
+
+
+def test_compacting_dead_files_keeps_no_empty_file_or_descriptor(tmp_path):
+    tier = open_tier(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    for cycle in range(20):
+        for i in range(300):
+            tier.put(key(cycle * 1000 + i), [value(i)])
+        for i in range(300):
+            del tier[key(cycle * 1000 + i)]
+        while tier.compact_next():
+            pass
+    files = [n for n in os.listdir(tmp_path) if n.endswith(".bin")]
+    assert len(files) <= 3, files
+    assert len(os.listdir("/proc/self/fd")) - before <= 3
+    tier.close()
+
+
+def test_a_file_that_cannot_be_read_through_at_open_is_counted_and_the_rest_served(tmp_path, monkeypatch):
+    tier = open_tier(tmp_path)
+    for i in range(300):
+        tier.put(key(i), [value(i)])
+    bad = tier.record_span(key(299))[0]
+    good = [i for i in range(300) if tier.record_span(key(i))[0] != bad]
+    tier.close()
+    pread = os.pread
+
+    def failing(fd, n, offset):
+        if os.readlink(f"/proc/self/fd/{fd}") == bad:
+            raise OSError(errno.EIO, "injected: Input/output error")
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", failing)
+    tier = open_tier(tmp_path)  # it raised OSError: the whole tier (and store) failed to open
+    monkeypatch.setattr(os, "pread", pread)
+    assert tier.counters["bad_files"] == 1
+    assert good and all(tier[key(i)] == value(i) for i in good)
+    tier.close()
+
+
+def test_a_relative_directory_stays_where_it_was_after_a_chdir(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir(mode=0o700)
+    (tmp_path / "b").mkdir(mode=0o700)
+    monkeypatch.chdir(tmp_path / "a")
+    tier = FileTier(64 << 20, "cache", segment_bytes=1 << 20)
+    monkeypatch.chdir(tmp_path / "b")  # e.g. a framework changing the working directory
+    for i in range(600):  # new segment files: under a/cache, not b/cache
+        tier.put(key(i), [value(i)])
+    tier.close()
+    assert not (tmp_path / "b" / "cache").exists()
+    tier = FileTier(64 << 20, str(tmp_path / "a" / "cache"), segment_bytes=1 << 20)
+    assert all(tier[key(i)] == value(i) for i in range(600))
+    tier.close()
