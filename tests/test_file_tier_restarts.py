@@ -157,3 +157,19 @@ def test_a_relative_directory_stays_where_it_was_after_a_chdir(tmp_path, monkeyp
     tier = FileTier(64 << 20, str(tmp_path / "a" / "cache"), segment_bytes=1 << 20)
     assert all(tier[key(i)] == value(i) for i in range(600))
     tier.close()
+
+
+def test_a_new_file_that_cannot_be_made_is_a_full_tier(tmp_path, monkeypatch):
+    from cascade.errors import TierFull
+
+    tier = open_tier(tmp_path)
+
+    def no_inode_left(file_id):
+        raise OSError(errno.ENOSPC, "injected: No space left on device")
+
+    monkeypatch.setattr(tier, "_create_file", no_inode_left)
+    with pytest.raises(TierFull, match="cannot create a file"):  # a raw OSError once the active file was full
+        for i in range(600):
+            tier.put(key(i), [value(i)])
+    assert tier.counters["full_events"] == 1
+    tier.close()

@@ -51,7 +51,14 @@ class Writes:
             raise TierFull(f"{self.name}: no room for {nbytes} bytes ({self.free} of {self._capacity} free)")
         expires = self.expiry_of(key) if self.expiry_of is not None else 0.0
         header = RecordHeader(key[0], key[1], nbytes, 0, parent=parent, expires=expires)
-        f = self._room_for(header.record_bytes)
+        try:
+            f = self._room_for(header.record_bytes)
+        except OSError as exc:  # a new file cannot be made (no space or inode left): a full tier, as a write's
+            if exc.errno not in FULL_ERRNOS:
+                raise
+            self.counters["full_events"] += 1
+            self._disk_full = True
+            raise TierFull(f"{self.name}: cannot create a file in {self.directory}: {exc.strerror}") from exc
         reservation = Reservation(f, header, f.size)
         self.behind = self._compacting and self._over_bound()
         f.size += header.record_bytes
