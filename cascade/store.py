@@ -29,7 +29,7 @@ from . import manifest
 from .async_ops import AsyncCalls
 from .buffers import WRITABLE_C, host_array
 from .buffers.alloc import empty_like_kind
-from .buffers.hostcopy import plain_pairs
+from .buffers.hostcopy import plain_pairs, refuse_overlaps
 from .config import Config
 from .core.batch import BatchCalls
 from .core.chain import TierChain
@@ -206,9 +206,11 @@ class CascadeStore(BatchCalls):
         return [self._key(b, namespace) for b in block_ids]
 
     def _check_outs(self, key_out: Any, value_out: Any) -> list[Any]:
-        """:class:`InvalidBlock` unless both are writable arrays of the spec; else what
-        to copy into (:meth:`BlockSpec.check`)."""
-        return [self.spec.check(key_out, "key_out", writable=True), self.spec.check(value_out, "value_out", writable=True)]
+        """:class:`InvalidBlock` unless both are writable arrays of the spec, not
+        overlapping; else what to copy into (:meth:`BlockSpec.check`)."""
+        outs = [self.spec.check(key_out, "key_out", writable=True), self.spec.check(value_out, "value_out", writable=True)]
+        refuse_overlaps(outs, "get_into")
+        return outs
 
     def _tick(self) -> None:
         """Refresh this rank's stats file when ``config.stats_dir`` is set (see
@@ -299,6 +301,7 @@ class CascadeStore(BatchCalls):
                     self._tick()
                 return True
             if key_out.flags.num & WRITABLE_C == WRITABLE_C and value_out.flags.num & WRITABLE_C == WRITABLE_C:
+                refuse_overlaps((key_out, value_out), "get_into")  # (the hot path's copy refuses them too)
                 return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
 

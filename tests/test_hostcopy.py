@@ -91,6 +91,27 @@ def test_refused_buffers_are_refused_with_nothing_written(impl, slab, bad):
     assert bytes(slab[:4096]) == before
 
 
+def test_outputs_that_overlap_are_refused_with_nothing_written(impl, slab):
+    copy_out, copy_in, _ = impl
+    buf = np.full(3072, 7, np.uint8)
+    slab[:4096] = bytes(range(256)) * 16
+    assert not copy_out(slab, 0, 4096, [buf[:2048], buf[1024:3072]])  # their byte ranges overlap
+    assert not copy_out(slab, 0, 4096, [buf[:2048], buf[:2048]])  # the same buffer twice
+    assert buf.tobytes() == bytes([7]) * 3072
+    assert copy_in(slab, 0, 4096, [buf[:2048], buf[:2048]])  # overlapping sources are fine
+    assert copy_out(slab, 0, 4096, [np.zeros(2048, np.uint8), np.zeros(2048, np.uint8)])
+
+
+@pytest.mark.parametrize("overlapping", [hostcopy.overlapping, hostcopy.overlapping_python], ids=["compiled", "python"])
+def test_overlapping_looks_at_every_pair_of_host_buffers(overlapping):
+    buf = np.zeros(4096, np.uint8)
+    assert not overlapping([buf[:1024], buf[1024:2048], buf[3072:], buf[2048:3072]])  # adjacent, any order
+    assert overlapping([buf[3072:], buf[:1024], buf[2000:3073]])  # the last two share a byte, far apart in the list
+    assert overlapping([buf, buf[100:200]])
+    assert not overlapping([buf[:0], buf[:0], buf])  # empty ones never overlap
+    assert not overlapping([buf[:10], object(), buf[10:20]])  # no host buffer: not looked at
+
+
 def test_a_range_outside_the_slab_is_an_error(impl, slab):
     copy_out, copy_in, _ = impl
     part = np.zeros(2048, np.uint8)

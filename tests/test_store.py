@@ -502,3 +502,33 @@ def test_an_ml_dtypes_block_in_the_file_tier_reads_back_one_by_one_and_in_a_batc
         outs = [s.spec.empty()]
         assert s.get_many_into([bid], outs) == [True] and np.array_equal(outs[0][1], value)
         assert s.stats()["hits"] == 2
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "file"])
+def test_outputs_that_overlap_are_refused_and_the_block_stays(tmp_path, shm):
+    # a file-tier record read into overlapping outputs failed its checksum and was dropped
+    # as corrupt; an SHM hit returned mixed bytes; a batch's pairs sharing memory let one
+    # block's read land in another's outputs
+    from cascade import Config, InvalidBlock
+
+    cfg = Config(model="tiny", shm_bytes=64 * 4096 if shm else 0, file_bytes=1 << 20, remote_bytes=0,
+                 file_dir=str(tmp_path / "f"), shm_dir=str(tmp_path))
+    with CascadeStore(cfg) as s:
+        blocks = [make_block(s.spec, 700 + i) for i in range(3)]
+        ids = [s.put(k, v) for k, v in blocks]
+        flat = np.zeros(3 * s.spec.half_bytes // s.spec.np_dtype.itemsize, s.spec.np_dtype)
+        n = flat.size // 3
+        key_out = flat[:n].reshape(s.spec.shape)
+        value_out = flat[n // 2:n // 2 + n].reshape(s.spec.shape)  # shares key_out's second half
+        for _ in range(2):  # the hot path's copy refuses them too
+            with pytest.raises(InvalidBlock, match="overlap"):
+                s.get_into(ids[0], key_out, value_out)
+        pair = tuple(np.zeros(s.spec.shape, s.spec.np_dtype) for _ in range(2))
+        with pytest.raises(InvalidBlock, match="overlap"):
+            s.get_many_into(ids[:2], [pair, pair])
+        assert not flat.any() and not pair[0].any()  # nothing written
+        stats = s.stats()
+        assert stats["gets"] == 0 and all(t["corruptions"] == 0 for t in stats["tiers"].values())
+        got = s.get(ids[0])
+        assert got is not None and np.array_equal(got[0], blocks[0][0])
+

@@ -41,6 +41,10 @@
  * of ``shape`` and writable and C-contiguous: the checks a batch get makes of every
  * output pair before it reads, without a Python-level attribute per check.
  *
+ * overlapping(buffers) says whether the byte ranges of any two of ``buffers`` overlap
+ * (those without a contiguous host buffer, e.g. device memory, are not looked at): one
+ * sort of their ranges. copy_out and copy_out_many refuse outputs that overlap each other.
+ *
  * memory_at(address, nbytes, writable, owner) is a flat byte buffer over memory that
  * ``owner`` holds (a CPU tensor's data_ptr()): it keeps ``owner`` alive, and with it the
  * memory, as long as it or anything made over it (a numpy array) lives.
@@ -315,10 +319,23 @@ pieces_for(Py_ssize_t nbytes, Py_ssize_t buffers)
     return (size_t)(nbytes / PIECE + buffers + 1);
 }
 
+/* Whether any two of the ``n`` buffers' byte ranges overlap (empty ones never do). */
+static int
+views_overlap(const Py_buffer *views, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (Py_ssize_t j = i + 1; j < n; j++) {
+            const char *a = views[i].buf, *b = views[j].buf;
+            if (views[i].len && views[j].len && a < b + views[j].len && b < a + views[i].len)
+                return 1;
+        }
+    return 0;
+}
+
 /* Take ``buffers`` for a copy of slab bytes [pos, last) (out != 0: slab -> buffers, writable
- * ones; else buffers -> slab). 1 when taken and adding up to the range (the caller releases
- * them), 0 when refused (nothing held), -1 on an error (set; nothing held): a range
- * outside the slab is a ValueError. */
+ * ones, no two of them overlapping; else buffers -> slab). 1 when taken and adding up to the
+ * range (the caller releases them), 0 when refused (nothing held), -1 on an error (set;
+ * nothing held): a range outside the slab is a ValueError. */
 static int
 take_job(const Py_buffer *slab, Py_ssize_t pos, Py_ssize_t last, PyObject *buffers, Py_buffer *views,
          Py_ssize_t *n, int out)
@@ -334,7 +351,7 @@ take_job(const Py_buffer *slab, Py_ssize_t pos, Py_ssize_t last, PyObject *buffe
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < *n; i++)
         total += views[i].len;
-    if (total != last - pos) {
+    if (total != last - pos || (out && views_overlap(views, *n))) {
         release_all(views, *n);
         *n = 0;
         return 0;
@@ -581,6 +598,53 @@ plain_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(i);
 }
 
+typedef struct {
+    const char *start, *end;
+} Range;
+
+static int
+range_order(const void *a, const void *b)
+{
+    const char *x = ((const Range *)a)->start, *y = ((const Range *)b)->start;
+    return x < y ? -1 : x > y;
+}
+
+static PyObject *
+overlapping(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "expected (buffers)");
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(args[0], "buffers must be a sequence");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), count = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Range *ranges = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Range));
+    if (ranges == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(items[i], &view, PyBUF_ANY_CONTIGUOUS) < 0) {  /* none (device memory): not ours to check */
+            PyErr_Clear();
+            continue;
+        }
+        if (view.len > 0)
+            ranges[count++] = (Range){view.buf, (const char *)view.buf + view.len};
+        PyBuffer_Release(&view);
+    }
+    Py_DECREF(fast);
+    qsort(ranges, (size_t)count, sizeof(Range), range_order);
+    int found = 0;
+    for (Py_ssize_t i = 1; i < count && !found; i++)
+        found = ranges[i].start < ranges[i - 1].end;
+    PyMem_Free(ranges);
+    return PyBool_FromLong(found);
+}
+
 /* Memory: a buffer over memory at an address, holding the object that owns it (a CPU
  * tensor) for as long as the Memory, or anything made over it, lives. */
 typedef struct {
@@ -677,6 +741,8 @@ static PyMethodDef methods[] = {
      "streamed_copies() -> int: calls in this process whose copies wrote with non-temporal stores."},
     {"plain_pairs", (PyCFunction)(void (*)(void))plain_pairs, METH_FASTCALL,
      "plain_pairs(pairs, array_type, dtype, shape) -> int: leading pairs of writable C-contiguous arrays of the kind."},
+    {"overlapping", (PyCFunction)(void (*)(void))overlapping, METH_FASTCALL,
+     "overlapping(buffers) -> bool: whether the byte ranges of any two contiguous host buffers overlap."},
     {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,
      "memory_at(address, nbytes, writable, owner) -> Memory: a flat byte buffer over memory that owner keeps."},
     {NULL, NULL, 0, NULL},

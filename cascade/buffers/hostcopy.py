@@ -24,7 +24,9 @@ alive as long as it, or an array made over it, lives. ``plain_pairs(pairs, array
 dtype, shape)`` counts the leading ``(key, value)`` pairs of ``pairs`` whose arrays are
 both exactly of ``array_type``, of ``dtype`` (that very object), of ``shape``, writable and
 C-contiguous (a batch get's check of its outputs before it reads: 64 pairs in 66 us
-through numpy's attributes on this project's VM).
+through numpy's attributes on this project's VM). ``overlapping(buffers)`` says whether
+the byte ranges of any two of ``buffers`` overlap (device memory is not looked at); the
+copies out refuse outputs that overlap each other.
 
 They are the compiled ``_hostcopy`` module when the install built it (``make install``
 does, with the machine's C compiler): a 4 KiB block's two copies cost 0.18 us against
@@ -41,6 +43,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from ..errors import InvalidBlock
 
 #: The most buffers one call copies (a block's key and value, or a few parts of them).
 MAX_BUFFERS = 8
@@ -81,7 +85,7 @@ def _copy_python(slab: memoryview, pos: int, last: int, buffers: Sequence[Any], 
     """The fallbacks' body: slab -> ``buffers`` with ``out``, else ``buffers`` -> slab."""
     _check_range(slab, pos, last)
     views = _byte_views(buffers, writable=out)
-    if views is None or sum(v.nbytes for v in views) != last - pos:
+    if views is None or sum(v.nbytes for v in views) != last - pos or (out and overlapping_python(views)):
         return False
     for view in views:
         end = pos + view.nbytes
@@ -166,9 +170,24 @@ def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape
     return len(pairs)
 
 
+def overlapping_python(buffers: Sequence[Any]) -> bool:
+    """:func:`overlapping` through numpy's array interface (the fallback)."""
+    ranges = []
+    for buffer in buffers:
+        try:
+            array = np.frombuffer(_byte_view(buffer), dtype=np.uint8)
+        except _NO_BYTE_VIEW:  # no host buffer (device memory): not looked at
+            continue
+        if array.nbytes:
+            start = array.__array_interface__["data"][0]
+            ranges.append((start, start + array.nbytes))
+    ranges.sort()
+    return any(start < end for (_, end), (start, _) in zip(ranges, ranges[1:]))
+
+
 try:
     from ._hostcopy import (STREAM_MIN, copy_in, copy_in_many, copy_out, copy_out_many, helper_pieces, memory_at,
-                            plain_pairs, streamed_copies)
+                            overlapping, plain_pairs, streamed_copies)
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
@@ -176,4 +195,13 @@ except ImportError:  # not built here: the Python versions
     streamed_copies = streamed_copies_python
     STREAM_MIN = 16 << 10  # what the compiled copies stream from (the fallbacks never stream)
     plain_pairs = plain_pairs_python
+    overlapping = overlapping_python
     COMPILED = False
+
+
+def refuse_overlaps(outs: Sequence[Any], what: str) -> None:
+    """:class:`InvalidBlock` when any two of the output buffers ``outs`` overlap: reads into
+    them would mix blocks' bytes, and a file-tier record read into them would fail its
+    checksum (and be dropped as corrupt)."""
+    if overlapping(outs):
+        raise InvalidBlock(f"{what}: output buffers overlap; give each block's key and value room of their own")

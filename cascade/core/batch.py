@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..buffers import DeviceView, one_sync, view
+from ..buffers.hostcopy import refuse_overlaps
 from ..errors import InvalidBlock
 from ..identity import DEFAULT_NAMESPACE, check_id
 from ..tiers.base import Memory
@@ -189,6 +190,7 @@ class BatchCalls:
         if len(block_ids) != len(outs):
             raise InvalidBlock(f"get_many_into: {len(block_ids)} ids but {len(outs)} output pairs")
         checked = self._checked_out_pairs(outs)  # all checked before anything is read
+        refuse_overlaps([o for pair in checked for o in pair], "get_many_into")
         if len(block_ids) == 1 and max_workers is None:  # a batch's set-up costs more than one get (2x at 4 KiB)
             return [self.get_into(block_ids[0], *outs[0], namespace=namespace)]  # the caller's arrays, not views
         outs = checked
