@@ -62,11 +62,19 @@ class BlockSpec:
 
     def __post_init__(self) -> None:
         try:
-            name = buffers.dtype_name(self.dtype)
+            dtype = buffers.as_dtype(self.dtype)
         except InvalidBlock as exc:
             raise ConfigError(f"block dtype: {exc}") from None
-        object.__setattr__(self, "dtype", name)
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if dtype.byteorder not in "=|" or dtype.fields is not None or dtype.subdtype is not None:
+            raise ConfigError(f"block dtype: {self.dtype!r} is not a plain native-endian element type")
+        try:
+            shape = tuple(int(n) for n in self.shape)
+        except (TypeError, ValueError):
+            raise ConfigError(f"block shape: a tuple of integers, got {self.shape!r}") from None
+        if any(n < 0 for n in shape):
+            raise ConfigError(f"block shape: no negative dimension, got {shape}")
+        object.__setattr__(self, "dtype", dtype.name)
+        object.__setattr__(self, "shape", shape)
 
     @classmethod
     def for_model(cls, model: str | ModelPreset, block_tokens: int) -> "BlockSpec":

@@ -119,6 +119,54 @@ def test_blockspec_refuses_unknown_dtype():
         BlockSpec(SHAPE, torch.qint8)  # numpy has no name for it
 
 
+@pytest.mark.parametrize("shape, dtype", [((2, -1), "float16"), (16, "float16"), ((2, 3), ">f2"), ((2, 3), "f2,")])
+def test_blockspec_refuses_negative_or_scalar_shapes_and_foreign_byte_orders(shape, dtype):
+    # they were taken: a store opened with block_bytes -128, a raw TypeError, and a
+    # big-endian array refused as "has dtype float16, expected float16"
+    with pytest.raises(ConfigError, match="block (shape|dtype)"):
+        BlockSpec(shape, dtype)
+
+
+class _EngineTensor(torch.Tensor):
+    """A tensor subclass of an engine's own module (not torch.*)."""
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_tensor_subclasses_take_every_path(dtype, tmp_path):
+    # put_async and get_into_async took them through DLPack, which names neither bf16
+    # nor fp8, and get(like=) refused them: only torch.* classes were known as tensors
+    spec = BlockSpec((2, 64), dtype)
+    with CascadeStore(Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, remote_bytes=0,
+                             shm_dir=str(tmp_path)), block_spec=spec) as store:
+        key = torch.arange(128, dtype=torch.float32).reshape(2, 64).to(dtype).as_subclass(_EngineTensor)
+        value = (-key.float()).to(dtype).as_subclass(_EngineTensor)
+        bid = store.put_async(key, value).result(timeout=30)
+        outs = [torch.zeros((2, 64), dtype=dtype).as_subclass(_EngineTensor) for _ in range(2)]
+        assert store.get_into_async(bid, *outs).result(timeout=30)
+        assert torch.equal(outs[0].view(torch.uint8), key.view(torch.uint8))
+        got = store.get(bid, like=key)
+        assert got is not None and got[1].dtype == dtype and torch.equal(got[1].view(torch.uint8), value.view(torch.uint8))
+
+
+def test_tensors_without_memory_or_a_shape_and_outputs_that_require_grad_are_refused(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with CascadeStore(Config(model="tiny", shm_bytes=1 << 20, file_bytes=0, remote_bytes=0,
+                             shm_dir=str(tmp_path))) as store:
+        key, value = (torch.zeros(store.spec.shape, dtype=torch.float16) for _ in range(2))
+        bid = store.put(key, value)
+        with FakeTensorMode():
+            fake = torch.zeros(store.spec.shape, dtype=torch.float16)
+        for call in (lambda: store.put(fake, value), lambda: store.put_async(fake, value),
+                     lambda: store.get_into(bid, fake, value.clone())):
+            with pytest.raises(InvalidBlock, match="no memory"):  # a raw ValueError or RuntimeError
+                call()
+        leaf = torch.zeros(store.spec.shape, dtype=torch.float16, requires_grad=True)
+        with pytest.raises(InvalidBlock, match="requires grad"):  # written behind autograd's back
+            store.get_into(bid, leaf, value.clone())
+        assert store.get_into(bid, leaf.detach(), value.clone())
+
+
 @pytest.mark.parametrize("name, device", [("float16", "float16"), ("float32", "float32"), ("int8", "int8"),
                                           ("bfloat16", "uint16"), ("float8_e4m3fn", "uint8"), ("float8_e5m2", "uint8")])
 def test_device_arrays_hold_low_precision_blocks_as_unsigned_integers_of_their_width(name, device):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidBlock
+from .views import is_torch_tensor
 
 _KINDS = "a numpy array, a torch tensor (CPU or CUDA) or a cupy array"
 
@@ -22,11 +23,9 @@ def empty_like_kind(like: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     if like is None or isinstance(like, np.ndarray):
         return np.empty(shape, dtype=dtype)
     module = type(like).__module__
-    if module.startswith("torch"):
+    if is_torch_tensor(like):
         import torch
 
-        if not isinstance(like, torch.Tensor):
-            raise InvalidBlock(f"like= takes {_KINDS}, got a {type(like).__name__}")
         torch_dtype = getattr(torch, dtype.name, None)
         if not isinstance(torch_dtype, torch.dtype):
             raise InvalidBlock(f"like=: torch has no dtype {dtype.name}: pass a numpy example and convert")

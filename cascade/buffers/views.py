@@ -59,7 +59,7 @@ def view(obj: Any, what: str = "buffer", *, writable: bool = False) -> ByteView:
         if writable and obj.readonly:
             raise InvalidBlock(f"{what} is read-only device memory: pass a writable array")
         return obj
-    if type(obj).__module__.startswith("torch"):
+    if is_torch_tensor(obj):  # (subclasses from elsewhere too: they take torch's route)
         return _torch(obj, what, writable)
     try:
         cai = obj.__cuda_array_interface__
@@ -87,18 +87,25 @@ WRITABLE_C = 0x0001 | 0x0400
 def host_array(obj: Any, shape: tuple[int, ...], dtype: np.dtype, *, writable: bool = False) -> np.ndarray | None:
     """``obj`` as a numpy array of ``shape`` and ``dtype`` over its own memory (no copy)
     when it is a CPU torch tensor of that shape and dtype (strided, contiguous, without a
-    lazy conjugate or negation bit); else None, and the caller's general path checks it
+    lazy conjugate or negation bit, and as an output not requiring grad); else None, and
+    the caller's general path checks it
     (naming what is wrong). The array keeps ``obj`` alive
     (:func:`~cascade.buffers.hostcopy.memory_at`): about 2 us a tensor, where :func:`view`
     takes torch's own route (3-4 us, and ``.numpy()`` names neither bfloat16 nor fp8)."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
-    if (not obj.is_cpu or (_TORCH_DTYPES.get(obj.dtype) or _numpy_dtype(obj.dtype)) is not dtype
+    if (not obj.is_cpu or obj.is_nested or (_TORCH_DTYPES.get(obj.dtype) or _numpy_dtype(obj.dtype)) is not dtype
             or obj.shape != shape or obj.layout is not torch.strided or not obj.is_contiguous() or obj.is_conj()
-            or obj.is_neg()):
+            or obj.is_neg() or (writable and obj.requires_grad)):
         return None
-    return np.ndarray(shape, dtype, memory_at(obj.data_ptr(), obj.nbytes, writable, obj))
+    try:
+        address = obj.data_ptr()
+    except RuntimeError:  # (a fake tensor's, in torch versions that refuse it)
+        return None
+    if not address and obj.nbytes:  # no memory (a fake tensor): the general path says so
+        return None
+    return np.ndarray(shape, dtype, memory_at(address, obj.nbytes, writable, obj))
 
 
 def settled(obj: Any, what: str = "buffer") -> ByteView:
@@ -145,7 +152,10 @@ def shape_and_dtype(obj: Any, what: str = "buffer") -> tuple[tuple[int, ...], np
     :class:`InvalidBlock` when it has none (or an element type numpy cannot name)."""
     if isinstance(obj, np.ndarray):
         return obj.shape, obj.dtype
-    shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+    try:
+        shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+    except RuntimeError as exc:  # e.g. a nested tensor has no single shape
+        raise InvalidBlock(f"{what}: its shape cannot be read ({exc})") from None
     if shape is None or dtype is None:
         try:
             cai = obj.__cuda_array_interface__
@@ -204,11 +214,26 @@ def _check_numpy(arr: np.ndarray, what: str, writable: bool) -> bool:
     return False
 
 
-def _torch(t: Any, what: str, writable: bool) -> ByteView:
-    import torch  # the caller's object is a torch one: torch is imported already
+def is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (of any subclass); False while torch is not imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
-    if not isinstance(t, torch.Tensor):
-        raise InvalidBlock(f"{what}: a {type(t).__name__} is not a tensor")
+
+def _torch(t: Any, what: str, writable: bool) -> ByteView:
+    """:func:`view` of a torch tensor; :class:`InvalidBlock` for one whose memory cannot
+    be read that way (sparse, non-contiguous, lazy bits, no storage, another device)."""
+    if writable and t.requires_grad:  # written behind autograd's back: its gradients would be wrong
+        raise InvalidBlock(f"{what} requires grad: read into a tensor that does not (e.g. its .detach())")
+    try:
+        return _torch_view(t, what)
+    except RuntimeError as exc:  # e.g. a fake or nested tensor: torch refuses .numpy() or its sizes
+        raise InvalidBlock(f"{what}: torch cannot hand out this tensor's memory ({exc})") from None
+
+
+def _torch_view(t: Any, what: str) -> ByteView:
+    import torch  # the caller's object is a torch tensor: torch is imported already
+
     if t.layout is not torch.strided:
         raise InvalidBlock(f"{what} is a {t.layout} tensor: call .to_dense()")
     if not t.is_contiguous():
@@ -217,6 +242,8 @@ def _torch(t: Any, what: str, writable: bool) -> ByteView:
         raise InvalidBlock(f"{what} has a lazy conjugate/negation bit: call .resolve_conj().resolve_neg()")
     device = t.device
     if device.type == "cpu":
+        if not t.data_ptr() and t.nbytes:
+            raise InvalidBlock(f"{what} has no memory (a fake or meta tensor): pass a real one")
         flat = t.detach().reshape(-1)  # contiguous: a view
         return (flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)).numpy()
     if device.type == "cuda":
