@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from cascade import CascadeStore, Config, ConfigError, CorruptBlock
+from cascade import CascadeStore, Config, ConfigError, CorruptBlock, InvalidBlock
 from cascade.models import BlockSpec
 from cascade.tiers import file_reads, record_io
 from cascade.tiers.file_tier import FileTier
@@ -325,19 +325,22 @@ def test_a_batch_whose_queued_run_fails_waits_for_every_other_and_ends_every_lea
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
 
 
-def test_a_batch_sharing_one_output_among_its_blocks_drops_nothing_as_corrupt(tmp_path):
+def test_a_batch_sharing_one_output_among_its_blocks_is_refused_and_drops_nothing(tmp_path):
+    # one output pair for every block: each read would land over the last (a record
+    # then failed its checksum, or a promotion copied another block's bytes): refused
     with _file_store(tmp_path, 6) as (s, blocks, ids):
-        shared = s.spec.empty()  # one output pair for every block: each read lands over the last
-        assert s.get_many_into(ids, [shared] * len(ids), max_workers=1) == [True] * 6
-        assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
+        shared = s.spec.empty()
+        with pytest.raises(InvalidBlock, match="overlap"):
+            s.get_many_into(ids, [shared] * len(ids), max_workers=1)
         st = s.stats()
-        assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 6 and st["hits"] == 6
+        assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 6 and st["gets"] == 0
+        assert s.get_many_into(ids, [s.spec.empty() for _ in ids]) == [True] * 6
 
 
-def test_a_batch_of_big_records_sharing_one_output_ends_as_a_loop_would(tmp_path):
-    """Big records' pieces are queued ahead of their hashing: a later record's read may
-    land in an output shared with the record being hashed. Its checksum then fails and it
-    is read again on its own: nothing is dropped, and the output ends as a loop leaves it."""
+def test_a_batch_of_big_records_sharing_one_output_is_refused_and_drops_nothing(tmp_path):
+    """Big records' pieces are queued ahead of their hashing: a later record's read would
+    land in an output shared with the record being hashed. Outputs that overlap are
+    refused before anything is read; distinct ones read every record."""
     cfg = Config(shm_bytes=0, remote_bytes=0, file_dir=str(tmp_path / "f"), file_read_mode="buffered")
     with CascadeStore(cfg, block_spec=BlockSpec.flat(2 * BIG)) as s:
         blocks = [(np.full(s.spec.shape, i, s.spec.np_dtype), np.full(s.spec.shape, 100 + i, s.spec.np_dtype))
@@ -345,8 +348,11 @@ def test_a_batch_of_big_records_sharing_one_output_ends_as_a_loop_would(tmp_path
         ids = s.put_many(blocks)
         s.flush()
         shared = s.spec.empty()
-        assert s.get_many_into(ids, [shared] * len(ids), max_workers=1) == [True] * 4
-        assert np.array_equal(shared[0], blocks[-1][0]) and np.array_equal(shared[1], blocks[-1][1])
+        with pytest.raises(InvalidBlock, match="overlap"):
+            s.get_many_into(ids, [shared] * len(ids), max_workers=1)
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs, max_workers=1) == [True] * 4
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
         st = s.stats()
         assert st["tiers"]["file"]["corruptions"] == 0 and len(s) == 4 and st["hits"] == 4
 
