@@ -173,3 +173,37 @@ def test_a_new_file_that_cannot_be_made_is_a_full_tier(tmp_path, monkeypatch):
             tier.put(key(i), [value(i)])
     assert tier.counters["full_events"] == 1
     tier.close()
+
+
+def test_a_compaction_makes_its_new_files_name_durable_before_it_removes_the_source(tmp_path, monkeypatch):
+    tier = open_tier(tmp_path)
+    for i in range(300):
+        tier.put(key(i), [value(i)])
+    source = tier.record_span(key(0))[0]
+    steps: list[tuple[str, str]] = []
+    fsync, unlink = os.fsync, os.unlink
+
+    def recorded_fsync(fd):
+        steps.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def recorded_unlink(path, *args, **kwargs):
+        steps.append(("unlink", str(path)))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "unlink", recorded_unlink)
+    for i in range(300):  # a lone tier compacts as its files pass their dead fraction
+        if tier.record_span(key(i))[0] == source and i % 4:
+            del tier[key(i)]
+    while tier.compact_next():
+        pass
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert ("unlink", source) in steps
+    # a power loss after the unlink keeps the copies' file: its name was made durable first
+    assert ("fsync", str(tmp_path)) in steps[:steps.index(("unlink", source))]
+    tier.close()
+    tier = open_tier(tmp_path)
+    assert all(tier[key(i)] == value(i) for i in range(0, 300, 4))
+    tier.close()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CascadeError, CorruptBlock, UnreadableBlock
+from .base import fsync_directory
 from .file_tier import FileTier
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def adopt_orphans(own: FileTier, world_size: int, open_tier: Callable[[int], Fil
             continue
         try:
             deferred = _copy_blocks(old, own, report)
-            own.sync()  # durable here before the only other copy goes
+            own.sync()  # durable here before the only other copy goes, the new files' names too
+            fsync_directory(own.directory)
             if deferred:
                 log.warning("adoption: %d of rank %d's blocks met an I/O error; its files are kept "
                             "and the next start copies them", deferred, old_rank)

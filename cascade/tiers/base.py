@@ -20,6 +20,7 @@ get the defaults here, which do the work in the serialised steps.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
@@ -361,6 +362,20 @@ def _errors_in_place(call: Callable[[Any, Any], None], firsts: Sequence[Any], se
         else:
             errors.append(None)
     return errors
+
+
+def fsync_directory(path: str) -> None:
+    """fsync the directory ``path``: the names made in it (a compaction's or adoption's
+    new files) are durable before a name is removed (their sources). A file system that
+    cannot fsync a directory (EINVAL, ENOTSUP) is left as it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def fsync_and_close(fds: Sequence[int]) -> None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FULL_ERRNOS, CascadeError, CorruptBlock, UnreadableBlock
-from .base import BlockKey
+from .base import BlockKey, fsync_directory
 from .file_reads import Lease
 from .file_state import Loc, SegmentFile
 from .record_io import pwritev_all
@@ -205,7 +205,8 @@ class Compaction:
                 header = RecordHeader(key[0], key[1], 0, 0, tombstone=True, target_file=tfile, target_offset=toff)
                 pwritev_all(target.fd, self._record_iov(header, []), run.size)
                 run.size += HEADER_BYTES
-            os.fsync(target.fd)  # durable before the originals go
+            os.fsync(target.fd)  # durable before the originals go, and so is its name
+            fsync_directory(self.directory)
             run.done = True
         except BaseException as exc:
             run.error = exc
