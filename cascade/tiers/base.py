@@ -379,14 +379,17 @@ def fsync_directory(path: str) -> None:
 
 
 def fsync_and_close(fds: Sequence[int]) -> None:
-    """fsync each descriptor of ``fds`` (:meth:`Tier.sync_fds`), then close it: every one
-    is tried and closed, and the first error raised after the last."""
+    """fsync each descriptor of ``fds`` (:meth:`Tier.sync_fds`: files, and directories
+    whose new names must last), then close it: every one is tried and closed, and the
+    first error raised after the last. A descriptor its file system cannot fsync (EINVAL,
+    ENOTSUP: e.g. a directory there) is passed over."""
     error: OSError | None = None
     for fd in fds:
         try:
             os.fsync(fd)
         except OSError as exc:
-            error = error or exc
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+                error = error or exc
         finally:
             os.close(fd)
     if error is not None:

@@ -361,7 +361,8 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
 
     def sync_fds(self) -> list[int]:
         """Pending deletes and expiries written, then a new descriptor of every file of
-        this rank (:meth:`~.base.Tier.sync_fds`: fsynced outside the store's lock; one of
+        this rank and of its directory (:meth:`~.base.Tier.sync_fds`: fsynced outside the
+        store's lock, so that a file made since the last sync keeps its name; one of
         a file compaction closes and unlinks meanwhile is fsynced harmlessly). Also what
         an O_DIRECT read of freshly written records would otherwise do implicitly (the
         kernel writes dirty pages back first)."""
@@ -371,6 +372,7 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         try:
             for f in self._files.values():
                 fds.append(os.dup(f.fd))
+            fds.append(os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY))  # the new files' names too
         except BaseException:
             for fd in fds:
                 os.close(fd)
