@@ -22,6 +22,12 @@ def value(i: int) -> bytes:
     return bytes([i % 251 + 1]) * 4096
 
 
+def fill(tier: FileTier, count: int) -> None:
+    """``count`` blocks put: ``value(i)`` under ``key(i)``."""
+    for i in range(count):
+        tier.put(key(i), [value(i)])
+
+
 def open_tier(directory) -> FileTier:
     return FileTier(64 << 20, str(directory), segment_bytes=1 << 20)
 
@@ -73,8 +79,7 @@ def test_copies_a_failed_compaction_end_left_do_not_bring_deleted_blocks_back(tm
         return tier
 
     tier = reopen()
-    for i in range(200):
-        tier.put(key(i), [value(i)])
+    fill(tier, 200)
     first_file = tier.record_span(key(0))[0]
     first = [i for i in range(200) if tier.record_span(key(i))[0] == first_file]
     for i in first[::2]:
@@ -124,8 +129,7 @@ def test_compacting_dead_files_keeps_no_empty_file_or_descriptor(tmp_path):
 
 def test_a_file_that_cannot_be_read_through_at_open_is_counted_and_the_rest_served(tmp_path, monkeypatch):
     tier = open_tier(tmp_path)
-    for i in range(300):
-        tier.put(key(i), [value(i)])
+    fill(tier, 300)
     bad = tier.record_span(key(299))[0]
     good = [i for i in range(300) if tier.record_span(key(i))[0] != bad]
     tier.close()
@@ -177,8 +181,7 @@ def test_a_new_file_that_cannot_be_made_is_a_full_tier(tmp_path, monkeypatch):
 
 def test_a_compaction_makes_its_new_files_name_durable_before_it_removes_the_source(tmp_path, monkeypatch):
     tier = open_tier(tmp_path)
-    for i in range(300):
-        tier.put(key(i), [value(i)])
+    fill(tier, 300)
     source = tier.record_span(key(0))[0]
     steps: list[tuple[str, str]] = []
     fsync, unlink = os.fsync, os.unlink

@@ -367,15 +367,8 @@ def _errors_in_place(call: Callable[[Any, Any], None], firsts: Sequence[Any], se
 def fsync_directory(path: str) -> None:
     """fsync the directory ``path``: the names made in it (a compaction's or adoption's
     new files) are durable before a name is removed (their sources). A file system that
-    cannot fsync a directory (EINVAL, ENOTSUP) is left as it is."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+    cannot fsync a directory (EINVAL, ENOTSUP) is left as it is (:func:`fsync_and_close`)."""
+    fsync_and_close([os.open(path, os.O_RDONLY | os.O_DIRECTORY)])
 
 
 def fsync_and_close(fds: Sequence[int]) -> None:
