@@ -72,13 +72,6 @@ class BlockIndex:
             above = self.blocks.get((key[0], up))
             up = None if above is None else above.parent
 
-    def depth(self, meta: BlockMeta) -> int:
-        """Cached ancestors of ``meta`` when it enters (0 for a head, or one whose parent
-        is not cached): its parent's depth and one, O(1) (a walk up every ancestor made a
-        chain of n blocks cost O(n^2) puts)."""
-        up = None if meta.parent is None else self.blocks.get((meta.key[0], meta.parent))
-        return 0 if up is None else up.depth + 1
-
     def _set_depths(self, found: list[BlockMeta]) -> None:
         """The depth of each of ``found`` (all entered already), each chain walked once:
         from a block up to the first ancestor whose depth is known (or no cached one),
@@ -99,11 +92,15 @@ class BlockIndex:
                 known.add(m.key)
 
     def admit(self, meta: BlockMeta, now: float) -> None:
-        """Enter a new block, with the children of it that are already cached. (Per put:
-        the calls a head needs not are skipped, and its namespace's bytes added inline.)"""
+        """Enter a new block, with the children of it that are already cached. Its depth
+        (cached ancestors: 0 for a head, or one whose parent is not cached) is its
+        parent's and one, O(1) (a walk up every ancestor made a chain of n blocks cost
+        O(n^2) puts). (Per put: the calls a head needs not are skipped, and its
+        namespace's bytes added inline.)"""
         key, tier = meta.key, meta.tier
         meta.child_tiers = self._kids.get(key, ())  # (none yet: its first child's count makes the list)
-        meta.depth = self.depth(meta)
+        up = None if meta.parent is None else self.blocks.get((key[0], meta.parent))
+        meta.depth = 0 if up is None else up.depth + 1
         self.blocks[key] = meta
         used = self.ns_bytes[tier]
         used[key[0]] = used.get(key[0], 0) + meta.nbytes  # _ns_add() of bytes > 0: never to zero
