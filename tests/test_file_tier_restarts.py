@@ -1,6 +1,7 @@
 """The file tier's own records across restarts and failed steps: a put that lost a race,
 a replacement torn by a crash, a compaction whose end step raised, a compaction of dead
-files, a file that cannot be read through, a relative directory."""
+files, a file that cannot be read through, a relative directory, kills a restart cannot
+write, a compaction that raises inside a lone tier's put."""
 from __future__ import annotations
 
 import errno
@@ -235,3 +236,103 @@ def test_a_flush_makes_the_names_of_new_files_durable_too(tmp_path, monkeypatch)
         files = {f.path for f in store.tiers[0]._files.values()}  # (spares made ahead hold nothing yet)
         assert len(files) >= 2 and files <= set(synced)
         assert str(tmp_path / "f") in synced  # the directory: the new file keeps its name after a power loss
+
+
+def failing_pwrite_in(monkeypatch, path: str) -> None:
+    """Every ``os.pwrite`` (a header rewritten in place: a kill, a void) into ``path`` fails with EIO."""
+    pwrite = os.pwrite
+
+    def failing(fd, data, offset):
+        if os.readlink(f"/proc/self/fd/{fd}") == path:
+            raise OSError(errno.EIO, "injected: Input/output error")
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+
+
+def test_a_superseded_record_a_restart_cannot_kill_never_comes_back(tmp_path, monkeypatch):
+    tier = open_tier(tmp_path)
+    fill(tier, 256)  # two full files: the replacement below lies alone in a third
+    old_file = tier.record_span(key(0))[0]
+    reservation = tier.reserve(key(0), 4096)  # a replacement a crash stops before it killed the old record
+    tier.fill(reservation, [value(1000)])
+    tier.close()
+    failing_pwrite_in(monkeypatch, old_file)
+    tier = open_tier(tmp_path)  # the kill of the old record fails
+    assert tier[key(0)] == value(1000) and tier.stats()["pending_deletes"] == 1
+    new_file = tier.record_span(key(0))[0]
+    del tier[key(0)]  # its file is all dead now, but it holds what makes a restart drop the old record
+    assert os.path.exists(new_file) and tier.stats()["compactions"] == 0
+    tier.close()
+    monkeypatch.undo()
+    tier = open_tier(tmp_path)  # the kill is written now, and files may go again
+    assert key(0) not in tier and tier.stats()["pending_deletes"] == 0
+    del tier[key(1)]
+    while tier.compact_next():
+        pass
+    assert not os.path.exists(new_file)
+    tier.close()
+    tier = open_tier(tmp_path)
+    assert key(0) not in tier and key(1) not in tier
+    assert all(tier[key(i)] == value(i) for i in range(2, 256))
+    tier.close()
+
+
+def test_a_copy_a_restart_cannot_rewrite_leaves_its_origin_live(tmp_path, monkeypatch):
+    """A crash mid-compaction leaves copies naming their live origins; a copy whose header
+    cannot be rewritten (to forget its origin) is voided and its origin stays, so a
+    delete of the block kills the record the next restart reads."""
+    def reopen() -> FileTier:
+        tier = open_tier(tmp_path)
+        tier.on_housekeeping_due = lambda: tier._write_kills(nullcontext())  # kills written, nothing compacted
+        return tier
+
+    tier = reopen()
+    fill(tier, 256)
+    source = tier.record_span(key(0))[0]
+    first = [i for i in range(256) if tier.record_span(key(i))[0] == source]
+    for i in first[1::2]:
+        del tier[key(i)]
+    run = tier.start_compaction()
+    tier.copy_compaction(run)
+    assert run.done
+    tier.close()  # a crash before the end: source and copies both on disk
+    failing_pwrite_in(monkeypatch, run.target.path)
+    tier = open_tier(tmp_path)
+    kept = first[::2]
+    assert all(tier[key(i)] == value(i) for i in kept)
+    assert tier.record_span(key(kept[0]))[0] == source and tier.stats()["pending_deletes"] > 0
+    del tier[key(kept[0])]
+    tier.close()
+    monkeypatch.undo()
+    tier = open_tier(tmp_path)
+    assert key(kept[0]) not in tier
+    assert all(tier[key(i)] == value(i) for i in kept[1:] + list(range(first[-1] + 1, 256)))
+    tier.close()
+
+
+def test_a_compaction_that_raises_inline_never_fails_the_put_that_ran_it(tmp_path, monkeypatch, caplog):
+    tier = open_tier(tmp_path)
+    fill(tier, 256)
+    source = tier.record_span(key(0))[0]
+    first = [i for i in range(256) if tier.record_span(key(i))[0] == source]
+    for i in first[1:len(first) // 2]:  # one record short of the dead fraction
+        del tier[key(i)]
+    assert tier.stats()["compactions"] == 0
+
+    def no_memory(*args):  # the copy fails with what is not an I/O error (copy_compaction re-raises it)
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(compaction, "pwritev_all", no_memory)
+    tier.put(key(0), [value(1000)])  # its commit kills the old record: the source is due, compacted inline
+    monkeypatch.undo()
+    assert tier[key(0)] == value(1000)
+    stats = tier.stats()
+    assert stats["compaction_errors"] == 1 and stats["compactions"] == 0 and "a compaction failed" in caplog.text
+    held = {tier.record_span(k)[0] for k in tier} | {tier._active.path}
+    assert source in held and {str(p) for p in tmp_path.glob("*.bin")} == held  # the copies' file is gone
+    tier.close()
+    tier = open_tier(tmp_path)
+    assert tier[key(0)] == value(1000)
+    assert all(tier[key(i)] == value(i) for i in range(len(first) // 2, 256))
+    tier.close()

@@ -26,9 +26,11 @@ lock (it took 146 ms beside a prober's gets in benchmark ``read_stall`` when it 
 :meth:`Compaction.compact_next` runs them in turn. With a store, ``on_housekeeping_due``
 (set by it) hands that to a background thread (:mod:`cascade.core.housekeeper`), which
 also writes the voids the end step queues; a tier on its own runs it inline in the
-change that made a file due. A copy names its origin (file and offset of the record it copies), so a
-restart after a crash mid-compaction keeps a copy only while its origin is still live
-or gone with its file (:mod:`.file_recovery`).
+change that made a file due (should it raise there, it is undone, logged and counted in
+``compaction_errors``: the change, a put's stored block, stands). A copy names its
+origin (file and offset of the record it copies), so a restart after a crash
+mid-compaction keeps a copy only while its origin is still live or gone with its file
+(:mod:`.file_recovery`).
 
 Records are verified on the way: a corrupt one is copied as it is (it still fails its
 checksum) and the store told through ``on_corrupt``, which drops it unless another rank
@@ -36,7 +38,8 @@ pins it; then it stays, as a corrupt block in any tier does, until a later read 
 it. Failure-atomic: on a full disk or an I/O error the target file is dropped, the old
 file stays, the attempt is counted (``compactions_deferred``) and retried after 16, 32,
 ... up to ``RETRY_MAX`` later changes. Files with reads or writes in flight are left
-alone until they end.
+alone until they end; none is compacted while a kill that a restart decided on is
+pending (:mod:`.file_recovery`).
 """
 from __future__ import annotations
 
@@ -93,13 +96,16 @@ class Compaction:
         self._changes += 1
         self._retry_kills()
         self._maybe_flush_expiries()
-        if self._compacting or self._changes < self._retry_at or not self._due():
+        if self._compacting or self._changes < self._retry_at or self._restart_kills or not self._due():
             return
         if self.on_housekeeping_due is not None:
             self.on_housekeeping_due()
             return
-        while self.compact_next():  # False: the disk is full, the bigger ones would fail too
-            pass
+        try:
+            while self.compact_next():  # False: the disk is full, the bigger ones would fail too
+                pass
+        except Exception as exc:  # the change is done (a put's block stored): its compaction never fails it
+            self._compaction_failed(exc)
 
     def compact_next(self, lock: AbstractContextManager[Any] = nullcontext(),
                      stop: threading.Event | None = None) -> bool | None:
@@ -135,7 +141,7 @@ class Compaction:
         (counted in ``compactions_deferred``). Reads and writes go on meanwhile; a
         later put goes to a new active file, newer than the target (a restart reads
         later records as newer), never to the source or the target."""
-        if self._compacting or self._changes < self._retry_at:
+        if self._compacting or self._changes < self._retry_at or self._restart_kills:
             return None
         due = self._due()
         if not due:
@@ -308,11 +314,23 @@ class Compaction:
             self.counters["full_events"] += 1
             self._disk_full = True
         self.counters["compactions_deferred"] += 1
-        self._retry_at = self._changes + self._retry_step
-        self._retry_step = min(2 * self._retry_step, RETRY_MAX)
+        self._put_off()
         if self.counters["compactions_deferred"] == 1:
             log.warning("%s: cannot compact %s now (%s): its dead space stays until there is room",
                         self.name, f.path, exc)
+
+    def _put_off(self) -> None:
+        """The next compaction waits 16, 32, ... up to :data:`RETRY_MAX` changes."""
+        self._retry_at = self._changes + self._retry_step
+        self._retry_step = min(2 * self._retry_step, RETRY_MAX)
+
+    def _compaction_failed(self, exc: Exception) -> None:
+        """A compaction run inline by a change raised (a bug, a hook, a failed close:
+        not an I/O error of its copy, which defers it): :meth:`compact_next` undid it; logged,
+        counted (``compaction_errors``) and put off."""
+        self.counters["compaction_errors"] += 1
+        self._put_off()
+        log.error("%s: a compaction failed and was undone (retried later): %r", self.name, exc, exc_info=exc)
 
     @staticmethod
     def finish_compaction(run: CompactionRun) -> None:

@@ -1,7 +1,8 @@
 """Deletes of the file tier on disk: a record killed in place (its header rewritten
 as a tombstone of itself, or as a void that kills only itself), written at once
 without a store and by the store's housekeeper outside its lock with one; a kill
-that cannot be written is kept pending and retried at later changes.
+that cannot be written is kept pending and retried at later changes (while one that a
+restart decided on is, no file goes: see :mod:`.file_recovery`).
 """
 from __future__ import annotations
 
@@ -73,10 +74,13 @@ class Kills:
         self._pending_kills.extend(failed)
 
     def _retry_kills(self) -> None:
-        """Under the lock: write the pending kills again (one whose file is gone is moot)."""
+        """Under the lock: write the pending kills again (one whose file is gone is moot);
+        files may go again once a restart's are all written."""
         if self._pending_kills:
             self._pending_kills = [k for k in self._pending_kills
                                    if (f := self._files.get(k[1])) is not None and not self._write_kill(f.fd, k)]
+            if self._restart_kills:
+                self._restart_kills.intersection_update(self._pending_kills)
 
     def _write_kills(self, lock: AbstractContextManager[Any]) -> None:
         """Write what :meth:`_kill_record` queued, outside ``lock`` (the store's), taken

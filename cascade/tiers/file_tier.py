@@ -121,7 +121,8 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
                          "unlink_errors": 0, "old_files": 0, "expiry_writes": 0, "adopted": 0,
-                         "adoption_deferred": 0, "adoption_dropped": 0, "adoption_expired": 0}
+                         "adoption_deferred": 0, "adoption_dropped": 0, "adoption_expired": 0,
+                         "compaction_errors": 0}
         if not 0.0 < compact_dead_fraction <= MAX_DEAD_FRACTION:
             raise ConfigError(f"compact_dead_fraction must be in (0, {MAX_DEAD_FRACTION}], got {compact_dead_fraction!r}")
         if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
@@ -134,6 +135,8 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         self._lock_fd: int | None = None
         self._queued_kills: list[tuple[Kill, SegmentFile]] = []  # for the housekeeper, each holding its file
         self._pending_kills: list[Kill] = []  # whose write failed: retried at later changes
+        # Those of them a restart's scan decided on: no file goes until they are written (.file_recovery).
+        self._restart_kills: set[Kill] = set()
         self._freed_fds: list[int] = []  # descriptors of unlinked files, for the housekeeper to close
         self._compacting = False  # a compaction is under way (one at a time)
         self._compaction_ended = threading.Condition(threading.Lock())  # writes throttled wait on it
