@@ -79,17 +79,18 @@ class StoreMetrics:
         self.cluster_latency = LatencyHistogram()
         self._written = 0.0
 
-    def hit(self, t: int, nbytes: int, started: float) -> None:
-        """A get served by tier ``t`` (a miss of every faster tier)."""
-        self.hits(t, nbytes, time.perf_counter() - started, 1)
-
     def hits(self, t: int, nbytes: int, seconds: float, count: int) -> None:
         """``count`` gets of ``nbytes`` in all served by tier ``t``, each taking
-        ``seconds`` (a batch's equal shares): :meth:`hit` of each, in one call."""
+        ``seconds`` (a batch's equal shares; ``count`` 1: one get), each a miss of
+        every faster tier, in one call."""
         self.counters.hits += count
-        self.tiers[t].hits += count
-        self.tiers[t].bytes_read += nbytes
-        self.get_latency[t].record_ns(int(seconds * 1e9), count)
+        tier = self.tiers[t]
+        tier.hits += count
+        tier.bytes_read += nbytes
+        latency = self.get_latency[t]  # its record_ns() written out: per get
+        i = int(seconds * 1e6).bit_length()
+        latency.counts[i if i < _BUCKETS else _BUCKETS - 1] += count
+        latency.total_s += seconds * count
         if t:
             for faster in self.tiers[:t]:
                 faster.misses += count

@@ -302,8 +302,22 @@ class CascadeStore(BatchCalls):
                 return True
             if key_out.flags.num & WRITABLE_C == WRITABLE_C and value_out.flags.num & WRITABLE_C == WRITABLE_C:
                 refuse_overlaps((key_out, value_out), "get_into")  # (the hot path's copy refuses them too)
-                return self._read(block_id, namespace, [key_out, value_out])  # checked as _checked_out_pairs does
+                return self._read_checked_outs(block_id, namespace, [key_out, value_out])
         return self._read(block_id, namespace, self._check_outs(key_out, value_out))
+
+    def _read_checked_outs(self, block_id: str, namespace: str, outs: list[np.ndarray]) -> bool:
+        """:meth:`_read` of a string id and namespace into outputs checked as
+        :meth:`_checked_out_pairs` checks them, its pending puts waited for. The id and
+        namespace are checked only when the leased read does not hit: only checked ones
+        are ever cached, so a hit needs no check (five calls a get)."""
+        key = (namespace, block_id)
+        hit = self._reads.read_leased(key, outs)
+        if hit is None:
+            self._key(block_id, namespace)  # InvalidBlock for a malformed one, StoreClosed once closed
+            hit = self._reads.read(key, outs)
+        if self._stats_dir:
+            self._tick()
+        return hit
 
     def _host_arrays(self, key: Any, value: Any, *, writable: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """``key`` and ``value`` as numpy arrays of the spec over their own memory when both
@@ -359,7 +373,8 @@ class CascadeStore(BatchCalls):
         if wait:
             self._async.wait_for_puts([bkey])  # a get after a put_async of this id sees it
         hit = self._reads.read_any(bkey, outs)
-        self._tick()
+        if self._stats_dir:
+            self._tick()
         return hit
 
     # -- scheduler hints --------------------------------------------------------------------

@@ -257,12 +257,12 @@ class ReadPath(LeasedBatchReads):
             if not tier.concurrent or not (tier.reads_into_device or buffer_arrays(outs)):
                 return None
             lease = Lease(lock, self.index, meta, meta.tier, tier)
-            token = self._inflight.enter(Op(f"a get of {key[1]} holding a lease in {tier.name}"))  # open: no raise
+            token = self._inflight.enter(Op("a get of %s holding a lease in %s", key[1], tier.name))  # open: no raise
             self.metrics.counters.gets += 1
         try:
             error = None
             try:
-                lease.read(outs)
+                tier.read_leased(lease.handle, outs)  # (lease.read(), written out: per get)
             except CorruptBlock as exc:
                 error = exc
         except BaseException:
@@ -296,7 +296,7 @@ class ReadPath(LeasedBatchReads):
 
     def cached(self, key: BlockKey) -> BlockMeta | None:
         """Under the lock: the cached block of ``key``; an expired one is dropped."""
-        meta = self.index.get(key)
+        meta = self.index.blocks.get(key)  # (index.get(), written out: per get)
         if (meta is not None and meta.ttl > 0 and self.index.expired(meta, time.monotonic())
                 and self.chain.withdraw_and_drop(meta)):
             self.metrics.counters.expired += 1
@@ -341,14 +341,14 @@ class ReadPath(LeasedBatchReads):
             if cached:
                 self.chain.drop_corrupt(meta)
             return self.metrics.miss()
-        self.metrics.hit(t, meta.nbytes, started)
+        self.metrics.hits(t, meta.nbytes, time.perf_counter() - started, 1)
         self._used(meta, time.monotonic())
         return True
 
     def _used(self, meta: BlockMeta, at: float) -> None:
         """Under the lock, after a hit on ``meta`` (if still cached): use up a hint, tell
         the policy of the use at ``at`` (monotonic seconds), move a last-use TTL."""
-        if self.index.holds(meta):  # not deleted or replaced while we copied
+        if self.index.blocks.get(meta.key) is meta:  # not deleted or replaced while we copied (index.holds())
             if meta.hints:  # the queued request it was hinted for has come
                 self.index.release_hint(meta)
             self.index.touched_at(meta, at)

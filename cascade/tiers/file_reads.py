@@ -224,7 +224,9 @@ class Reads:
             self.release(lease)
 
     def lease(self, key: BlockKey) -> Lease:
-        loc = self._loc(key)
+        loc = self._index.get(key)
+        if loc is None:
+            loc = self._loc(key)  # BlockNotFound
         f = self._files[loc.file_id]
         f.users += 1
         if self._odirect:
