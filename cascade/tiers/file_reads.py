@@ -39,7 +39,7 @@ from .base import BlockKey
 from .file_state import Loc, SegmentFile
 from . import record_io
 from .record_io import READERS, SCAN, STREAM_MIN, open_own, output_views, page_aligned, read_hashed
-from .records import HEADER_BYTES, key_seed, pad
+from .records import HEADER_BYTES, PAGE, key_seed, pad
 
 log = logging.getLogger("cascade.tiers.file_tier")
 READ_MODES = ("auto", "direct", "buffered")
@@ -162,9 +162,10 @@ def _run_iov(leases: Sequence[Lease], outs: Sequence[Sequence[Any]], scratch: me
         nbytes = lease.loc.length
         views = out if _array_bytes(out) == nbytes else _outputs_for(lease.loc, out)
         iov.append(scratch)
-        spans.append((len(iov), len(iov) + len(views), key_seed(*lease.key)))
+        first = len(iov)
+        spans.append((first, first + len(views), key_seed(*lease.key)))
         iov.extend(views)
-        padding = pad(nbytes) - nbytes
+        padding = -nbytes % PAGE  # (pad(nbytes) - nbytes)
         if padding:
             iov.append(scratch[:padding])
     return iov, spans
@@ -389,8 +390,7 @@ class Reads:
         """The run's verdicts from its digests (None: the read failed or fell short): all
         good when each matches its record's checksum, else each record read and verified
         again on its own (see :meth:`read_leased_run`)."""
-        if digests is not None and len(digests) == len(leases) and all(
-                d == lease.loc.checksum for d, lease in zip(digests, leases)):
+        if digests == [lease.loc.checksum for lease in leases]:  # (None, or one per lease: compared as lists)
             return [None] * len(leases)
         record_io.wait_idle()  # no queued read may land in outputs a batch shares while these are verified
         return super().read_leased_run(leases, outs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .base import BlockKey
-from .records import HEADER_BYTES, pad
+from .records import HEADER_BYTES, PAGE
 
 
 Kill = tuple[BlockKey, int, int, int, bool]  # a record to kill: (key, file id, offset, payload length, void)
@@ -26,7 +26,7 @@ class Loc:
 
     @property
     def record_bytes(self) -> int:
-        return HEADER_BYTES + pad(self.length)
+        return HEADER_BYTES + (self.length + PAGE - 1) // PAGE * PAGE  # (pad(), written out: per block of a batch)
 
 
 @dataclass
