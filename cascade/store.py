@@ -44,7 +44,7 @@ from .distributed.agree import DEFAULT_TIMEOUT as CLOSE_RANKS_WAIT_S
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, TierFull
+from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, StoreClosed, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
@@ -403,7 +403,11 @@ class CascadeStore(BatchCalls):
             taken, below = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
             self.counters.hints += taken
         for key in below:  # copies on the I/O workers, outside the lock: flush() waits for them
-            self._async.submit(lambda key=key: self._reads.promote_hinted(key)).add_done_callback(_log_failure)
+            try:
+                promotion = self._async.submit(lambda key=key: self._reads.promote_hinted(key))
+            except StoreClosed:  # a close() since the hints were taken: their promotions (best effort) are moot
+                break
+            promotion.add_done_callback(_log_failure)
         return taken
 
     def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,

@@ -6,6 +6,7 @@ import pytest
 
 from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, InvalidBlock, TierFull,
                      block_id)
+from cascade.errors import StoreClosed
 from cascade.identity import check_id
 
 
@@ -53,6 +54,22 @@ def test_dedup_adds_a_reference_not_a_copy(store):
     assert first == second and len(store) == 1
     assert stats["stored"] == 1 and stats["deduped"] == 1 and stats["puts"] == 2
     assert store.stats()["tiers"]["shm"]["blocks"] == 1
+
+
+def test_a_put_of_a_cached_id_checks_its_layout_as_a_new_put_does(store):
+    # a strided key of the right shape and dtype was settled as a dedup (counted, no error)
+    # when its id was cached, though the same put of a new id is refused
+    k, v = make_block(store.spec, 4)
+    bid = store.put(k, v, block_id="a" * 32)
+    strided = np.repeat(k, 2, axis=0)[::2]
+    assert strided.shape == k.shape and not strided.flags.c_contiguous
+    for put in (lambda: store.put(strided, v, block_id=bid),
+                lambda: store.put_many([(strided, v)], block_ids=[bid]),
+                lambda: store.put(strided, v, block_id="b" * 32)):
+        with pytest.raises(InvalidBlock, match="C-contiguous"):
+            put()
+    stats = store.stats()
+    assert stats["deduped"] == 0 and stats["stored"] == 1 and len(store) == 1
 
 
 def test_namespaces_isolate_tenants(store):
@@ -435,6 +452,38 @@ def test_a_hints_promotion_that_meets_an_io_error_keeps_the_block(tmp_path, monk
         assert file_tier["read_errors"] == 1 and file_tier["corruptions"] == 0
         got = s.get(ids[0])  # still cached, and the bytes are right
         assert got is not None and np.array_equal(got[1], blocks[0][1])
+
+
+def test_a_hint_that_a_close_overtakes_returns_its_count(tmp_path):
+    # a close() that began after the hints were taken, before their promotions were handed
+    # to the workers, made hint() raise StoreClosed though it had taken (and counted) them
+    import threading
+    import time
+
+    from cascade import Config
+
+    cfg = Config(model="tiny", shm_bytes=8 * 4096, file_bytes=64 * 4096, file_dir=str(tmp_path / "f"),
+                 file_segment_bytes=1 << 20, hint_fraction=0.5)
+    s = CascadeStore(cfg)
+    ids = [s.put(*make_block(s.spec, 600 + i)) for i in range(12)]
+    assert ids[0] in [b for _, b in s.tiers[-1]]
+    closer = threading.Thread(target=s.close)
+    hint = s._reads.hint
+
+    def hint_then_close(*args, **kwargs):  # the locked step, then a close() from another thread
+        taken = hint(*args, **kwargs)
+        closer.start()
+        deadline = time.monotonic() + 30
+        while not s._async._closed and time.monotonic() < deadline:  # its first step: no new calls
+            time.sleep(0.001)
+        return taken
+
+    s._reads.hint = hint_then_close
+    assert s.hint([ids[0]]) == 1
+    closer.join(60)
+    assert not closer.is_alive()
+    with pytest.raises(StoreClosed):
+        s.hint([ids[0]])
 
 
 def test_unhint_at_a_position_leaves_the_default_position_of_later_hints(tmp_path):

@@ -274,9 +274,12 @@ class WritePath:
             self.index.check_parent(key, parent)
         peers = self.chain.peers
         alone = type(peers) is Solo
-        if (not alone or key in self._blocks) and self._settled(key, parts):
-            self.metrics.counters.puts += 1
-            return _SETTLED
+        if not alone or key in self._blocks:
+            if not (parts[0].flags.c_contiguous and parts[1].flags.c_contiguous):
+                return _REFUSED  # put() refuses such input, a dedup too: never settled unchecked
+            if self._settled(key, parts):
+                self.metrics.counters.puts += 1
+                return _SETTLED
         tier = self._tiers[0]
         try:
             if not tier.store_hot(key, parts, self._nbytes):  # no room as it is, or parts it cannot copy
