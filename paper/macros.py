@@ -42,9 +42,15 @@ def sig(x: float, digits: int = 3, *, around: float | None = None) -> str:
     ``median (min--max)``; where its range holds the threshold ``around`` but its min and
     max round alike, it gets one more digit, so that the range shows."""
     if around is not None and isinstance(x, Spread) and x.varies and x.lo <= around <= x.hi \
-            and _sig(x.lo, digits) == _sig(x.hi, digits):
+            and _rounded(x.lo, digits) == _rounded(x.hi, digits):
         digits += 1
     return fmt(x, lambda v: _sig(v, digits))
+
+
+def _rounded(x: float, digits: int) -> float:
+    """The number :func:`_sig` prints: ``0.998`` and ``1.003`` both round to 1 at two
+    digits, though printed ``1.00`` and ``1.0``."""
+    return float(_sig(x, digits).replace(r"\,", ""))
 
 
 def _sig(x: float, digits: int) -> str:

@@ -360,6 +360,14 @@ def test_small_negative_numbers_read_as_unsigned_zero_and_straddled_targets_show
     assert sig(straddles, 2, around=4.0) == "3.0"
 
 
+def test_a_target_straddled_at_a_power_of_ten_shows_one_more_digit():
+    """0.998 and 1.003 print as 1.00 and 1.0 at two digits, yet round alike: a range about a
+    target of 1 gets its digit too, not ``1.0 (1.00--1.0)``."""
+    straddles = Spread([0.998, 1.001, 1.003])
+    assert sig(straddles, 2) == "1.0 (1.00--1.0)"
+    assert sig(straddles, 2, around=1.0) == "1.00 (0.998--1.00)"
+
+
 def test_numbers_and_tables_show_median_and_range(built):
     out, _ = built
     assert sig(Spread([1.0, 3.0, 2.0])) == "2.00 (1.00--3.00)" and pct(Spread([0.1, 0.3, 0.2]), 0) == "20 (10--30)"
@@ -544,6 +552,41 @@ def test_trace_replay_quotes_each_capacity_on_its_own_requests(tmp_path):
     assert "whole run is its first" not in (tmp_path / "out" / "Generated" / "figure_hit_ratio.tex").read_text()
 
 
+def test_hit_ratio_lines_join_only_capacities_replayed_on_the_same_requests(tmp_path):
+    """The sample's capacity replays the common prefix, an added one the whole trace: no line
+    of the figure (LRU, Belady, a system, either panel) joins the two, and LRU and Belady
+    still show at both, as markers."""
+    import matplotlib.pyplot as plt
+
+    from paper.plots import hit_ratio
+    from paper.results import Results
+
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "trace_replay", rep)
+        doc = json.loads(path.read_text())
+        _add_full_trace_row(doc, requests=90, references=2345)
+        path.write_text(json.dumps(doc))
+    rf = Results.load(results).newest("trace_replay")
+    rows, srows = hit_ratio._rows(rf), hit_ratio._system_rows(rf)
+    requests = hit_ratio._requests(rf, rows)
+    assert len(requests) == 2 and len(set(requests.values())) == 2
+    fig = hit_ratio.draw(rows, requests, srows, sorted({str(r["system"]) for _, r in srows}))
+    try:
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                xs = {float(x) for x in line.get_xdata()}
+                if xs <= set(requests):  # not the axhlines (axes coordinates) of the bottom panel
+                    assert len({requests[x] for x in xs}) == 1, (line.get_label(), sorted(xs))
+        ax_hit = fig.axes[0]
+        for ref in hit_ratio.REFS.values():
+            shown = [set(line.get_xdata()) for line in ax_hit.get_lines()
+                     if line.get_color() == ref["color"] and line.get_marker() not in ("None", "_")]
+            assert set().union(*shown) == set(requests)
+    finally:
+        plt.close(fig)
+
+
 def test_trace_replay_peers_on_the_quoted_requests_are_not_called_a_shorter_prefix(built):
     doc = json.loads(_sample(SAMPLES, "trace_replay").read_text())
     assert len(doc["rows"]) == 1  # the sample quotes the common prefix: the peers replayed the same
@@ -723,6 +766,66 @@ def test_small_blocks_targets_are_judged_in_each_repetition(tmp_path):
     defined = _defined(tmp_path / "out")
     assert defined["SbGetMet"] == "met in 1 of 3 repetitions"
     assert defined["SbGetVsDict"] == f"{sig(Spread(values), 2)}$\\times$"
+
+
+def _per_rep(results: Path, workload: str, edit) -> None:
+    """``edit(doc, rep)`` on each repetition's file of ``workload``."""
+    for rep in range(3):
+        path = _sample(results, workload, rep)
+        doc = json.loads(path.read_text())
+        edit(doc, rep)
+        path.write_text(json.dumps(doc))
+
+
+def test_every_table_and_macro_shows_a_straddled_target_with_one_more_digit(tmp_path):
+    """A value whose range holds its target but rounds to one number gets one more digit in
+    every table and macro that prints it, as in the targets table (not only there)."""
+    from benchmark.workloads.device_io import TARGET as DEVICE_TARGET
+    from benchmark.workloads.queue_hints import ORACLE_SHARE
+    from benchmark.workloads.small_blocks import PUT_TARGET
+
+    results = _copy_samples(tmp_path)
+    _add_gpu_device_io(_suite(results))
+
+    def near(target: float, step: float, rep: int) -> float:
+        """Repetition ``rep``'s value about ``target``: below it once, above twice, all
+        three within the last printed digit (``step``: one unit of the next)."""
+        return target + step * (-2, 1, 3)[rep]
+
+    def small_blocks(doc, rep):
+        row = min(doc["rows"], key=lambda r: r["size"])
+        row["put_vs_dict"] = near(PUT_TARGET, 0.01, rep)
+        row["hot_get_batch_vs_loop"] = near(1.0, 0.001, rep)
+
+    def file_read_mode(doc, rep):  # buffered: the mode auto chose in the sample
+        doc["rows"][0]["buffered_loop"]["vs_best_raw"] = near(doc["target_vs_best_raw"], 0.001, rep)
+
+    def queue_hints(doc, rep):
+        cell = doc["rows"][0]["cascade"][0]
+        cell["reference_lookahead"] = 0.5
+        cell["block_hit_ratio"] = 0.5 * near(ORACLE_SHARE, 0.0001, rep)
+
+    def device_io(doc, rep):
+        for row in doc["rows"]:
+            row["ratios"]["shm_get_into_gpu_vs_pinned_h2d"] = near(DEVICE_TARGET, 0.001, rep)
+
+    for workload, edit in (("small_blocks", small_blocks), ("file_read_mode", file_read_mode),
+                           ("queue_hints", queue_hints), ("device_io", device_io)):
+        _per_rep(results, workload, edit)
+    only = ["small_blocks", "file_read_mode", "queue_hints", "device_io"]
+    report = figures.generate(results, tmp_path / "out", only=only)
+    assert not report.errors and not report.skipped
+    table = lambda name: (tmp_path / "out" / "Tables" / f"{name}.tex").read_text()  # noqa: E731
+    cell = lambda median, lo, hi: f"{median}\\,{{\\scriptsize({lo}--{hi})}}"  # noqa: E731
+    assert cell("3.01", "2.98", "3.03") in table("small_blocks")
+    assert cell("1.00", "0.998", "1.00") in table("small_blocks")
+    assert cell("0.901", "0.898", "0.903") in table("file_read_mode")
+    assert cell("0.9501", "0.9498", "0.9503") in table("queue_hints")
+    assert cell("0.801", "0.798", "0.803") in table("device_io")
+    defined = _defined(tmp_path / "out")
+    assert defined["SbPutVsDict"] == "3.01 (2.98--3.03)$\\times$"
+    assert defined["FrmAutoLoop"].startswith("0.901 (0.898--0.903)$\\times$ at 64")
+    assert "SHM-tier hits into GPU memory at least 0.801 (0.798--0.803)$\\times$" in defined["DevSentence"]
 
 
 def test_file_read_mode_quotes_the_mode_auto_chose_and_judges_it(built):

@@ -84,21 +84,22 @@ def build(ctx: Context) -> list[ResultsFile]:
     for key, _, _, words in RATIOS:
         values = [r["ratios"][key] for _, r in rows]
         lo = min(values, key=float)
-        verdicts.append(f"{words} at least {sig(lo, 2)}$\\times$ of the raw copy "
+        verdicts.append(f"{words} at least {sig(lo, 2, around=target)}$\\times$ of the raw copy "
                         f"({met_phrase(met_in(values, reps, lambda v: v >= target), len(reps))})")
     m.add("DevSentence", where + f"ran on {escape(str(rf.get('gpu')))} (driver {int(rf.num('driver_version'))}): "
           f"against a target of {sig(target, 2)}$\\times$, " + "; ".join(verdicts),
           "; ".join(rf.source("rows", "*", "ratios", k) for k, *_ in RATIOS)
           + " (the smallest over sizes and batches; target benchmark/workloads/device_io.py: TARGET, per repetition)")
     t = ctx.table("device_io", cols, [rf])
+    ratio = lambda v: sig(v, 2, around=target)  # noqa: E731
     for i, r in rows:
         c, lim, rat = r["cascade"], r["limits"], r["ratios"]
         batch = "gpu_get_batch" if r["blocks"] > 1 and isinstance(c.get("gpu_get_batch"), dict) else "gpu_get"
         t.add(size(r["size"]), integer(r["blocks"]), sig(lim["raw_d2d"]["gbps"]), sig(c["gpu_put"]["gbps"]),
-              sig(rat["gpu_put_vs_d2d"], 2), sig(c["gpu_get"]["gbps"]), sig(rat["gpu_get_vs_d2d"], 2),
+              ratio(rat["gpu_put_vs_d2d"]), sig(c["gpu_get"]["gbps"]), ratio(rat["gpu_get_vs_d2d"]),
               sig(lim["raw_pinned_h2d"]["gbps"]), sig(c["shm_get_into_gpu"]["gbps"]),
-              sig(rat["shm_get_into_gpu_vs_pinned_h2d"], 2), sig(lim["raw_pinned_d2h"]["gbps"]),
-              sig(c["shm_put_from_gpu"]["gbps"]), sig(rat["shm_put_from_gpu_vs_pinned_d2h"], 2),
+              ratio(rat["shm_get_into_gpu_vs_pinned_h2d"]), sig(lim["raw_pinned_d2h"]["gbps"]),
+              sig(c["shm_put_from_gpu"]["gbps"]), ratio(rat["shm_put_from_gpu_vs_pinned_d2h"]),
               sig(rf.num("cascade", batch, "cpu_us_per_block", within=r, prefix=("rows", i))))
     ctx.put(t)
     return [rf]

@@ -96,7 +96,7 @@ def build(ctx: Context) -> list[ResultsFile]:
         if auto in ("auto", "buffered", "direct") and all(auto in _modes(r) for _, r in rows):
             values = [(r["size"], r[f"{auto}_{form}"]["vs_best_raw"]) for _, r in rows]
             cells += [v for _, v in values]
-            m.add(name, per_size([(s, sig(v, 2)) for s, v in values], r"$\times$"),
+            m.add(name, per_size([(s, sig(v, 2, around=target)) for s, v in values], r"$\times$"),
                   "; ".join(rf.source("rows", i, f"{auto}_{form}", "vs_best_raw") for i, _ in rows))
         else:
             m.add(name, "not measured", auto_src)
@@ -130,7 +130,7 @@ def build(ctx: Context) -> list[ResultsFile]:
             cells_ = []
             for mode in modes:
                 cell = r.get(f"{mode}_{form}")
-                cells_ += [sig(cell["gbps"]), sig(cell["vs_best_raw"], 2)] if cell else ["--", "--"]
+                cells_ += [sig(cell["gbps"]), sig(cell["vs_best_raw"], 2, around=target)] if cell else ["--", "--"]
             t.add(size(r["size"]) if j == 0 else "", rf"\emph{{{form}}}", sig(r[f"raw_odirect_{form}_gbps"]),
                   sig(r[f"raw_buffered_cold_{form}_gbps"]), *cells_)
     ctx.put(t)

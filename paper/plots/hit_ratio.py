@@ -7,7 +7,9 @@ schema ``cascade-bench/trace_replay/2`` in ``benchmark/README.md``).
 The capacities need not replay the same requests: Cascade replays the whole trace at
 ``full_capacities`` (``scope: "full"``) and every system a common prefix at the others
 (``scope: "compare"``), so each ``rows`` entry and each number quoted from it carries its
-own request count.
+own request count. Only points replayed on the same requests are comparable, so a line
+joins only those (one line per system or policy and request count; a request count of a
+single capacity is a marker alone), and each capacity's tick names its requests.
 
 * top: block hit ratio of every system row that replayed the whole of its run (the whole
   trace, or all of its prefix: :func:`_whole`) on the requests of the LRU and Belady lines
@@ -19,7 +21,10 @@ own request count.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import Any
 
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .. import style
@@ -29,8 +34,9 @@ from ..results import ResultsFile
 from ..tables import escape
 
 POLICIES = ("reference_lru", "reference_belady", "cascade_lru", "cascade_semantic")
-REFS = {"reference_lru": dict(color="#777777", ls="--", lw=1.0, marker="None"),
-        "reference_belady": dict(color="#000000", ls=":", lw=1.3, marker="None")}
+# markers: a capacity whose requests no other capacity replayed is a point, not a line
+REFS = {"reference_lru": dict(color="#777777", ls="--", lw=1.0, marker="x", ms=4.5, zorder=2.5),
+        "reference_belady": dict(color="#000000", ls=":", lw=1.3, marker="*", ms=5.0, zorder=2.5)}
 # system_rows names -> legend label in this figure (Cascade's two tiers, two policies)
 LABELS = {"cascade": "Cascade (SHM), semantic", "cascade_lru": "Cascade (SHM), LRU",
           "cascade_file": "Cascade (file tier), semantic"}
@@ -39,11 +45,12 @@ SYSTEM_ORDER = ("cascade", "cascade_lru", "cascade_file", "lmcache_cpu", "lmcach
 
 CAPTION = (r"Hit ratio against cache capacity (in blocks) when a request trace (Trace, below) is replayed through every "
            r"system with eviction, each given the same capacity in bytes; a capacity replays the whole trace or "
-           r"a prefix of it (requests per capacity in Table~\ref{tab:trace_replay}). Top: block hit ratio of the "
-           r"systems that replayed all of a capacity's requests, beside LRU and the offline optimum (Belady) on "
-           r"the same requests. Bottom: where each system lies between LRU (at zero) and Belady (at the top "
-           r"line), each on exactly the requests it replayed; hollow markers are replays the time limit stopped "
-           r"early. Same semantics everywhere: every block reference is a lookup and a missed block is put "
+           r"a prefix of it (in parentheses under each capacity, and in Table~\ref{tab:trace_replay}), and lines "
+           r"join only capacities that replayed the same requests (a lone marker: no other capacity did). Top: "
+           r"block hit ratio of the systems that replayed all of a capacity's requests, beside LRU and the offline "
+           r"optimum (Belady) on the same requests. Bottom: where each system lies between LRU (at zero) and Belady "
+           r"(at the top line), each on exactly the requests it replayed; hollow markers are replays the time limit "
+           r"stopped early. Same semantics everywhere: every block reference is a lookup and a missed block is put "
            r"right after it. Cascade replays through its real store with parents and in-flight pins. Where the "
            r"\SuiteReps repetitions of the suite run differ, points are medians and vertical bars their "
            r"minimum and maximum.")
@@ -136,56 +143,74 @@ def build(ctx: Context) -> list[ResultsFile]:
         raise absent("trace_replay")
     rows = _rows(rf)
     srows = _system_rows(rf)
-    all_rows = rf.seq("rows")
-    requests = {r["capacity_blocks"]: _row_requests(rf, all_rows.index(r))[0] for r in rows}
-    caps = [r["capacity_blocks"] for r in rows]
+    requests = _requests(rf, rows)
     systems = sorted({str(r["system"]) for _, r in srows}, key=_order)
-
-    fig, (ax_hit, ax_gap) = style.figure(4.3, nrows=2, sharex=True, gridspec_kw={"height_ratios": [1.2, 1]})
-    for ref in ("reference_lru", "reference_belady"):
-        ys = [100 * r[ref]["block_hit_ratio"] for r in rows]
-        ax_hit.plot(caps, ys, **REFS[ref])
-        style.whiskers(ax_hit, caps, ys, REFS[ref].get("color", "black"))
-    for system in systems:
-        mine = sorted((r for _, r in srows if r["system"] == system), key=lambda r: r["capacity_blocks"])
-        _, color, marker = style.series(system)
-        whole = [r for r in mine if _whole(r) and r["requests"] == requests.get(r["capacity_blocks"])]
-        if whole:
-            xs, ys = [r["capacity_blocks"] for r in whole], [100 * r["block_hit_ratio"] for r in whole]
-            ax_hit.plot(xs, ys, color=color, marker=marker, **_style(system))
-            style.whiskers(ax_hit, xs, ys, color)
-        pts = [(r["capacity_blocks"], 100 * r["gap_closed"], _whole(r))
-               for r in mine if r.get("gap_closed") is not None]
-        if pts:
-            ax_gap.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.9,
-                        **{k: v for k, v in _style(system).items() if k != "ms"})
-            style.whiskers(ax_gap, [p[0] for p in pts], [p[1] for p in pts], color)
-            for cap, gap, whole_run in pts:  # hollow: the time limit stopped the replay early
-                ax_gap.plot([cap], [gap], ls="None", marker=marker, color=color, mfc=color if whole_run else "white",
-                            ms=_style(system).get("ms", style.RC["lines.markersize"]),
-                            zorder=_style(system).get("zorder", 2.0))
-    ax_gap.axhline(0, **{k: v for k, v in REFS["reference_lru"].items() if k != "marker"})
-    ax_gap.axhline(100, **{k: v for k, v in REFS["reference_belady"].items() if k != "marker"})
-    ax_hit.set_ylabel("block hit ratio (%)")
-    ax_hit.set_ylim(bottom=0)
-    ax_gap.set_ylabel("gap closed (%)")
-    ax_gap.set_xscale("log")
-    ax_gap.set_xticks(caps)
-    ax_gap.set_xticklabels([f"{c:,.0f}" for c in caps])
-    ax_gap.minorticks_off()
-    ax_gap.set_xlabel("cache capacity (blocks)")
-    handles = [Line2D([], [], label="LRU (reference)", **REFS["reference_lru"]),
-               Line2D([], [], label="Belady (optimal)", **REFS["reference_belady"])]
-    for system in systems:
-        _, color, marker = style.series(system)
-        handles.append(Line2D([], [], color=color, marker=marker, label=_label(system), **_style(system)))
-    fig.subplots_adjust(left=0.17, right=0.97, top=0.98, bottom=style.legend_below(fig, handles), hspace=0.1)
+    fig = draw(rows, requests, srows, systems)
     extra = f"Trace: \\texttt{{{escape(trace_name(rf))}}}, \\TrTraceRequests requests." + _not_run(rf)
     ctx.save(fig, [rf], caption_extra=extra)
 
     _macros(ctx.macros, rf, rows, srows)
     _tables(ctx, rf, rows, requests, srows, systems)
     return [rf]
+
+
+def _requests(rf: ResultsFile, rows: list[dict]) -> dict[float, float]:
+    """Per capacity, the requests its row of ``rows`` was computed on."""
+    all_rows = rf.seq("rows")
+    return {r["capacity_blocks"]: _row_requests(rf, all_rows.index(r))[0] for r in rows}
+
+
+def _by_requests(points: Iterable[tuple[float, float, Any]]) -> list[tuple[list[float], list[Any]]]:
+    """``(requests, capacity, value)`` points as one (capacities, values) series per request
+    count, by capacity: only points replayed on the same requests are joined by a line."""
+    groups: dict[float, list[tuple[float, Any]]] = {}
+    for n, cap, value in sorted(points, key=lambda p: (float(p[0]), p[1])):
+        groups.setdefault(float(n), []).append((cap, value))
+    return [([c for c, _ in pts], [v for _, v in pts]) for pts in groups.values()]
+
+
+def draw(rows: list[dict], requests: dict[float, float], srows: list[tuple[int, dict]], systems: list[str]) -> Figure:
+    """The figure: hit ratios (top) and gap closed (bottom) per capacity, a line per
+    system or policy and request count."""
+    caps = [r["capacity_blocks"] for r in rows]
+    fig, (ax_hit, ax_gap) = style.figure(4.5, nrows=2, sharex=True, gridspec_kw={"height_ratios": [1.2, 1]})
+    for ref in ("reference_lru", "reference_belady"):
+        for xs, ys in _by_requests((requests[c], c, 100 * r[ref]["block_hit_ratio"]) for c, r in zip(caps, rows)):
+            ax_hit.plot(xs, ys, **REFS[ref])
+            style.whiskers(ax_hit, xs, ys, REFS[ref]["color"])
+    for system in systems:
+        mine = [r for _, r in srows if r["system"] == system]
+        _, color, marker = style.series(system)
+        whole = [r for r in mine if _whole(r) and r["requests"] == requests.get(r["capacity_blocks"])]
+        for xs, ys in _by_requests((r["requests"], r["capacity_blocks"], 100 * r["block_hit_ratio"]) for r in whole):
+            ax_hit.plot(xs, ys, color=color, marker=marker, **_style(system))
+            style.whiskers(ax_hit, xs, ys, color)
+        done = [r for r in mine if r.get("gap_closed") is not None]
+        for xs, ys in _by_requests((r["requests"], r["capacity_blocks"], 100 * r["gap_closed"]) for r in done):
+            ax_gap.plot(xs, ys, color=color, lw=0.9, **{k: v for k, v in _style(system).items() if k != "ms"})
+            style.whiskers(ax_gap, xs, ys, color)
+        for r in done:  # hollow: the time limit stopped the replay early
+            ax_gap.plot([r["capacity_blocks"]], [100 * r["gap_closed"]], ls="None", marker=marker, color=color,
+                        mfc=color if _whole(r) else "white", ms=_style(system)["ms"], zorder=_style(system)["zorder"])
+    line_only = ("marker", "ms", "zorder")
+    ax_gap.axhline(0, **{k: v for k, v in REFS["reference_lru"].items() if k not in line_only})
+    ax_gap.axhline(100, **{k: v for k, v in REFS["reference_belady"].items() if k not in line_only})
+    ax_hit.set_ylabel("block hit ratio (%)")
+    ax_hit.set_ylim(bottom=0)
+    ax_gap.set_ylabel("gap closed (%)")
+    ax_gap.set_xscale("log")
+    ax_gap.set_xticks(caps)
+    ax_gap.set_xticklabels([f"{c:,.0f}\n({requests[c]:,.0f})" for c in caps])
+    ax_gap.minorticks_off()
+    ax_gap.set_xlabel("cache capacity, blocks (requests replayed)")
+    handles = [Line2D([], [], label="LRU (reference)", **REFS["reference_lru"]),
+               Line2D([], [], label="Belady (optimal)", **REFS["reference_belady"])]
+    for system in systems:
+        _, color, marker = style.series(system)
+        handles.append(Line2D([], [], color=color, marker=marker, label=_label(system), **_style(system)))
+    bottom = style.legend_below(fig, handles, axis_room_in=0.52)  # two-line tick labels
+    fig.subplots_adjust(left=0.17, right=0.97, top=0.98, bottom=bottom, hspace=0.1)
+    return fig
 
 
 # Systems often hit exactly alike (same policy, same requests): markers shrink and rise in

@@ -84,7 +84,7 @@ def build(ctx: Context) -> list[ResultsFile]:
     if cells:
         k = min(range(len(cells)), key=lambda n: float(ratios[n]))
         i, j, r, c = cells[k]
-        m.add("QhWorst", f"{sig(ratios[k], 3)}$\\times$ ({pct(c['block_hit_ratio'])}\\,\\% against "
+        m.add("QhWorst", f"{sig(ratios[k], 3, around=share)}$\\times$ ({pct(c['block_hit_ratio'])}\\,\\% against "
               f"{pct(c['reference_lookahead'])}\\,\\%, {escape(_source(str(r['source'])))}, "
               f"{integer(r['capacity_blocks'])} blocks, depth {integer(c['queue_depth'])})",
               rf.source("rows", i, "cascade", j, "block_hit_ratio") + " / reference_lookahead (the smallest ratio)")
@@ -120,7 +120,7 @@ def build(ctx: Context) -> list[ResultsFile]:
                 continue
             oracle = c["reference_lookahead"]
             cells_ += [pct(c["block_hit_ratio"]), pct(oracle),
-                       sig(c["block_hit_ratio"] / oracle, 3) if oracle > 0 else "--"]
+                       sig(c["block_hit_ratio"] / oracle, 3, around=share) if oracle > 0 else "--"]
         t.add(escape(_source(str(r["source"]))), integer(r["capacity_blocks"]), pct(r["reference_lru"]),
               pct(r["reference_belady"]), *cells_)
     ctx.put(t)
