@@ -14,8 +14,10 @@ Semantic policy (default):
    position the deeper block, which its request reads later);
 4. among the unhinted blocks the lowest value goes first, value = frequency x sharing x
    2**priority, aged GreedyDual-style: a block's score is ``clock + value`` with the clock
-   read at its last use, and the clock rises to each victim's score, so recency counts
-   too. Changes that are not uses (a child added or dropped, a pin) keep the clock reading.
+   read at its last use, and the clock rises to each victim's score once that victim
+   leaves its tier (moved down or dropped, not when it is only chosen: the caller may
+   keep it), so recency counts too. Changes that are not uses (a child added or
+   dropped, a pin) keep the clock reading.
 
 Frequency outlives eviction: the policy remembers the use counts of the last ``history``
 blocks it dropped, and a block put again starts from its old count (on the Mooncake
@@ -62,7 +64,8 @@ class BlockMeta:
     nbytes: int
     tier: int
     parent: str | None = None
-    depth: int = 0  # blocks before this one in its sequence (0 for a head)
+    depth: int = 0  # blocks before it in its sequence, as far as cached ancestors tell (BlockIndex.admit)
+    depth_partial: bool = False  # an ancestor was missing when its depth was set: raised when that one comes
     hits: int = 0
     shares: int = 1  # puts of this content (dedup) in this namespace
     pins: int = 0
@@ -110,6 +113,9 @@ class Policy:
         #: Per tier, blocks admitted since its last victim() -> their version then: each is
         #: pushed by _push_fresh() unless it changed (was pushed, removed, set aside) since.
         self._fresh: list[dict[BlockMeta, int]] = [{} for _ in range(num_tiers)]
+        #: Unhinted blocks victim() chose (semantic) -> their score then: the clock rises to
+        #: it when the block leaves its tier for room (:meth:`_left`), not when it is chosen.
+        self._chosen: dict[BlockMeta, float] = {}
 
     # -- notifications from the store ---------------------------------------------------
     def admitted(self, meta: BlockMeta, now: float) -> None:
@@ -144,7 +150,9 @@ class Policy:
             self._push(meta, next(self._seq))
 
     def moved(self, meta: BlockMeta, old_tier: int) -> None:
-        """``meta`` moved from ``old_tier`` to ``meta.tier``."""
+        """``meta`` moved from ``old_tier`` to ``meta.tier`` (down: a victim demoted)."""
+        if self._chosen:
+            self._left(meta, meta.tier > old_tier)
         self._live[old_tier] -= 1
         self._live[meta.tier] += 1
         self._push(meta)
@@ -191,11 +199,14 @@ class Policy:
     def set_aside(self, meta: BlockMeta) -> None:
         """Take ``meta`` out of the candidates until the next :meth:`changed` (it was
         chosen but may not go now, e.g. another rank pins it)."""
+        self._chosen.pop(meta, None)
         meta.version += 1
         meta.unlisted = True
 
     def evicted(self, meta: BlockMeta) -> None:
         """``meta`` is about to be dropped for room: remember how much it was used."""
+        if self._chosen:
+            self._left(meta, True)
         if self._history:
             self._ghosts[meta.key] = meta.hits + 1
             self._ghosts.move_to_end(meta.key)
@@ -204,6 +215,8 @@ class Policy:
 
     def removed(self, meta: BlockMeta) -> None:
         """``meta`` left the cache."""
+        if self._chosen:
+            self._left(meta, False)
         self._live[meta.tier] -= 1
         meta.hint_uses = ()
         meta.version += 1
@@ -215,6 +228,7 @@ class Policy:
         for heap, fresh in zip(self._heaps, self._fresh):
             heap.clear()
             fresh.clear()
+        self._chosen.clear()
         self._live = [0] * self.num_tiers
         self._ghosts.clear()
 
@@ -227,7 +241,9 @@ class Policy:
 
     def victim(self, tier: int) -> BlockMeta | None:
         """The block of ``tier`` to move down (or drop) next, or None if none may go.
-        Ages the tier's clock (semantic). Does not remove the block."""
+        Does not remove the block, nor age the clock yet: that waits until the block
+        leaves (:meth:`moved` down, :meth:`evicted`), as the caller may keep it (another
+        rank pins it, its copy down fails, it is hinted meanwhile)."""
         if self._fresh[tier]:
             self._push_fresh(tier)
         heap = self._heaps[tier]
@@ -246,7 +262,7 @@ class Policy:
                 meta.unlisted = True
                 continue
             if self.kind == "semantic" and not score[0]:
-                self._clock = max(self._clock, score[1])
+                self._chosen[meta] = score[1]
             return meta
         return None
 
@@ -278,6 +294,13 @@ class Policy:
         return (0, meta.last_use if self.kind == "lru" else meta.base + self.value(meta), 0)
 
     # -- internals ----------------------------------------------------------------------
+    def _left(self, meta: BlockMeta, for_room: bool) -> None:
+        """``meta`` leaves its tier: if :meth:`victim` chose it and it goes ``for_room``
+        (GreedyDual: an eviction), the clock rises to its score then."""
+        score = self._chosen.pop(meta, None)
+        if score is not None and for_room:
+            self._clock = max(self._clock, score)
+
     def _push_fresh(self, tier: int) -> None:
         """Heap entries for the blocks admitted to ``tier`` since the last call that are
         still as they were admitted (the others have an entry already, or left)."""

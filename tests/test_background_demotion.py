@@ -110,6 +110,28 @@ def test_a_failing_background_demotion_is_counted_and_the_store_serves(tmp_path,
     store.close(timeout=120.0)  # returns: CloseTimeout would name what is still held
 
 
+def test_a_failed_background_demotion_leaves_the_policy_clock_as_it_was(tmp_path, monkeypatch):
+    """GreedyDual's clock rises to the score of a block evicted: the demoter's victim
+    whose copy down failed stayed in SHM, so the clock must not have risen to it."""
+    store = open_store(tmp_path)
+    ids = [put(store, n) for n in range(16)]
+    for b in ids:
+        store.get(b)  # worth more than the next block: that one is the victim
+
+    def broken_fill(*args, **kwargs):
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(store.tiers[1], "fill", broken_fill)
+    ids.append(put(store, 16))  # 17/20 > 0.8: the demoter's move of its victim fails
+    store.flush()
+    assert store.stats()["background_demotion_errors"] == 1 and demotions(store) == 0
+    assert all(store._meta[("default", b)].tier == 0 for b in ids)
+    monkeypatch.undo()
+    newer = put(store, 17)  # paused: nothing moves; a new block reads the clock
+    assert store._meta[("default", newer)].base == 0.0
+    store.close()
+
+
 def test_a_tier_below_that_fails_is_passed_over_for_the_next_one_down(tmp_path, monkeypatch):
     """Three tiers (GPU over host memory, SHM, file) and every copy into SHM failing, as
     moves into the REMOTE tier fail when every lending rank is full while this rank's

@@ -99,6 +99,31 @@ def test_pins_reads_and_children_still_hold_hinted_blocks():
     assert _drain(policy) == ["b0"]  # the pinned block and the one being read never go
 
 
+def test_the_clock_rises_when_a_victim_leaves_not_when_it_is_chosen():
+    policy = Policy(2)
+    b = _blocks(policy, 3)
+    policy.touched(b[1], now=5.0)  # value 2: b0 and b2 (value 1) go first
+    assert policy.victim(0) is b[0]
+    policy.set_aside(b[0])  # another rank keeps it
+    assert policy.victim(0) is b[2] and policy._clock == 0.0  # chosen, kept: its copy down failed
+    b[2].tier = 1
+    policy.moved(b[2], 0)  # demoted now: GreedyDual's clock rises to its score
+    assert policy._clock == 1.0
+    policy.changed(b[0])
+    assert policy.victim(0) is b[0]
+    b[0].tier = 1
+    policy.moved(b[0], 0)
+    assert policy.victim(1) is b[0]
+    b[0].tier = 0
+    policy.moved(b[0], 1)  # promoted instead: no eviction
+    assert policy._clock == 1.0
+    policy.touched(b[2], now=6.0)  # score 1 + 2 now
+    assert policy.victim(1) is b[2]
+    policy.evicted(b[2])  # dropped for room
+    policy.removed(b[2])
+    assert policy._clock == 3.0
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "3", True])
 def test_a_bad_position_is_refused_before_anything_changes(tmp_path, bad):
     cfg = Config(shm_bytes=4 * 4096, file_bytes=0, file_dir=str(tmp_path / "f"))

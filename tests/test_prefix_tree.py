@@ -1,13 +1,14 @@
 """The prefix tree of a store's blocks: no cycle however the puts arrive, depths right in
-long chains and after a restart, a promotion that keeps its block's parent, and a pinned
-copy found at a restart kept against a put of other bytes."""
+long chains, after a restart and whatever order the puts arrive in, a promotion or a put
+that keeps its block's parent, and a pinned copy found at a restart kept against a put of
+other bytes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config
-from cascade.errors import InvalidBlock
+from cascade.errors import InvalidBlock, TierFull
 from cascade.tiers.shm import ShmTier
 
 
@@ -67,6 +68,91 @@ def test_a_promotion_does_not_drop_its_own_parent_for_room(tmp_path):
         assert store._index.get(("default", child)).tier == 1
         assert store.get(child) is not None
         assert store.contains(parent) and store.longest_prefix([parent, child]) == 2
+
+
+@pytest.mark.parametrize("lower", [0, 1], ids=["one tier", "parent in the tier below"])
+def test_a_put_does_not_drop_its_own_parent_for_room(tmp_path, lower):
+    # the parent, worth least and with no cached child yet, was the victim: dropped in
+    # the only tier, or in the last one when a demotion into it made room there
+    block = 256
+    cfg = Config(model="tiny", block_tokens=1, shm_bytes=block, file_bytes=0, remote_bytes=0, demote_high=1.0)
+    tiers = [ShmTier(2 * block, str(tmp_path))] + [ShmTier(block, str(tmp_path))] * lower
+    with CascadeStore(cfg, tiers=tiers) as store:
+        a = np.zeros(store.spec.shape, store.spec.np_dtype)
+        parent, child, others = ident(1), ident(2), [ident(3), ident(4)][: 1 + lower]
+        for i, other in enumerate(others):
+            store.put(a, a, block_id=other)
+            for _ in range(3):
+                store.get(other)  # worth more than the parent
+            if i == 0:
+                store.put(a, a, block_id=parent)  # (then, with two tiers, down to the last one)
+        assert store._index.get(("default", parent)).tier == lower
+        store.put(a, a, block_id=child, parent=parent)
+        assert store.longest_prefix([parent, child]) == 2
+        assert store._index.get(("default", child)).tier == 0
+
+
+def test_a_put_refused_rather_than_dropping_its_own_parent(tmp_path):
+    cfg = Config(model="tiny", block_tokens=1, shm_bytes=256, file_bytes=0, remote_bytes=0)
+    with CascadeStore(cfg, tiers=[ShmTier(256, str(tmp_path))]) as store:
+        a = np.zeros(store.spec.shape, store.spec.np_dtype)
+        store.put(a, a, block_id=ident(1))
+        with pytest.raises(TierFull):  # the tier's only block is the put's parent
+            store.put(a, a, block_id=ident(2), parent=ident(1))
+        assert store.contains(ident(1)) and not store.contains(ident(2))
+        store.put(a, a, block_id=ident(3))  # not its parent: evicted for room as before
+        assert store.contains(ident(3)) and not store.contains(ident(1))
+
+
+def test_a_block_put_before_its_ancestors_gets_its_depth_when_they_come(tmp_path):
+    cfg = Config(model="tiny", block_tokens=1, shm_bytes=256 * 6, file_bytes=0, remote_bytes=0)
+    with CascadeStore(cfg, tiers=[ShmTier(256 * 6, str(tmp_path))]) as store:
+        a = np.zeros(store.spec.shape, store.spec.np_dtype)
+        head, mid, tail, leaf, other_head, other_tail = (ident(n) for n in range(1, 7))
+        depth = lambda b: store._index.get(("default", b)).depth
+        store.put(a, a, block_id=tail, parent=mid)  # tail first (e.g. puts of one chain on several threads)
+        store.put(a, a, block_id=leaf, parent=tail)
+        assert (depth(tail), depth(leaf)) == (0, 1)
+        store.put(a, a, block_id=mid, parent=head)  # its parent missing too: raised as far as it is known
+        assert (depth(mid), depth(tail), depth(leaf)) == (0, 1, 2)
+        store.put(a, a, block_id=head)  # head -> mid -> tail -> leaf
+        assert [depth(b) for b in (head, mid, tail, leaf)] == [0, 1, 2, 3]
+        assert not store._index._waiting  # a whole chain waits on nothing
+        store.put(a, a, block_id=other_head)
+        store.put(a, a, block_id=other_tail, parent=other_head)  # depth 1
+        store.hint([head, mid, tail, leaf, other_head, other_tail], position=7)  # one request reads both chains
+        store.put(a, a, block_id=ident(9))  # full: a hinted leaf must go, the deeper one
+        assert not store.contains(leaf) and store.contains(other_tail)
+
+
+def test_a_partial_depth_stops_waiting_when_its_block_goes(tmp_path):
+    cfg = Config(model="tiny", block_tokens=1, shm_bytes=256 * 4, file_bytes=0, remote_bytes=0)
+    with CascadeStore(cfg, tiers=[ShmTier(256 * 4, str(tmp_path))]) as store:
+        a = np.zeros(store.spec.shape, store.spec.np_dtype)
+        store.put(a, a, block_id=ident(2), parent=ident(1))
+        store.put(a, a, block_id=ident(3), parent=ident(2))
+        assert len(store._index._waiting) == 2
+        store.delete(ident(3))
+        store.delete(ident(2))
+        assert not store._index._waiting
+        store.put(a, a, block_id=ident(1))  # nothing below it any more
+        assert store._index.get(("default", ident(1))).depth == 0
+
+
+def test_a_chain_found_without_its_head_at_a_restart_gets_its_depths_when_the_head_comes(tmp_path):
+    cfg = Config(model="tiny", block_tokens=1, shm_bytes=256 * 8, file_bytes=1 << 20, remote_bytes=0,
+                 file_dir=str(tmp_path / "f"), shm_dir=str(tmp_path))
+    ids = [ident(n) for n in range(1, 6)]
+    with CascadeStore(cfg) as store:
+        a = np.zeros(store.spec.shape, store.spec.np_dtype)
+        for i, bid in enumerate(ids):
+            store.put(a, a, block_id=bid, parent=ids[i - 1] if i else None)
+        store.delete(ids[0])
+    with CascadeStore(cfg) as store:
+        depth = lambda b: store._index.get(("default", b)).depth
+        assert [depth(b) for b in ids[1:]] == [0, 1, 2, 3]  # found: as far as cached ancestors tell
+        store.put(a, a, block_id=ids[0])
+        assert [depth(b) for b in ids] == [0, 1, 2, 3, 4] and not store._index._waiting
 
 
 def test_a_pinned_block_found_at_a_restart_is_kept_against_a_put_of_other_bytes(tmp_path):

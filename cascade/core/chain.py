@@ -19,7 +19,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 from ..buffers import staging_buffer
 from ..distributed.store_layer import Solo
@@ -33,6 +33,8 @@ from .index import BlockIndex
 from .interrupts import atomic
 
 log = logging.getLogger(__name__)
+
+_NOTHING = nullcontext()  # (reusable: one object for every put that needs no guard)
 
 
 class Busy(Exception):
@@ -143,12 +145,25 @@ class TierChain:
                 reasons.append(f"{tier.name}: the block exceeds its capacity of {tier.capacity}")
                 continue
             try:
-                move = self.make_room(t, nbytes, key[0], defer=True, failed=failed)
+                with self._parent_kept(t, key, nbytes, parent):
+                    move = self.make_room(t, nbytes, key[0], defer=True, failed=failed)
                 return move or self._new_claim(t, key, nbytes, parent, key[0])
             except OSError as exc:  # TierFull included (ENOSPC and friends too)
                 self.metrics.tiers[t].full_events += 1
                 reasons.append(str(exc))
         raise TierFull(f"no tier can take a block of {nbytes} bytes: {'; '.join(reasons)}")
+
+    def _parent_kept(self, t: int, key: BlockKey, nbytes: int, parent: str | None) -> AbstractContextManager:
+        """Under the lock: while room is made in tier ``t`` for a put of ``key``, its cached
+        ``parent`` counts as having a child there (as a promotion's block does,
+        ``ReadPath.claim_promotion``), so the room is not made by moving the parent out: a
+        drop would lose the prefix's head as its tail comes in. Nothing to do (no call
+        into the index) when no room is to be made or the parent is not cached."""
+        if parent is None or (self.share <= 0 and self.tiers[t].fits(nbytes)):
+            return _NOTHING
+        if self.index.get((key[0], parent)) is None:
+            return _NOTHING
+        return self.index.counted_in(BlockMeta(key, nbytes, t, parent=parent), t)  # the block to be
 
     # -- making room -----------------------------------------------------------------------
     def make_room(self, t: int, nbytes: int, namespace: str | None = None, *,

@@ -29,6 +29,10 @@ class BlockIndex:
         self._num_tiers = num_tiers
         self.blocks: dict[BlockKey, BlockMeta] = {}
         self._kids: dict[BlockKey, list[int]] = {}
+        #: Per parent key (a block not cached, or one whose depth is partial): its cached
+        #: children whose depths were set without some ancestor (``depth_partial``), to
+        #: raise when that ancestor is admitted (:meth:`_raise_depths`).
+        self._waiting: dict[BlockKey, set[BlockMeta]] = {}
         self.ns_bytes: list[dict[str, int]] = [{} for _ in range(num_tiers)]
         self.hinted_bytes = 0  # bytes of blocks with hints > 0 (capped by the store)
         self.unconfirmed: set[BlockKey] = set()
@@ -75,7 +79,7 @@ class BlockIndex:
     def _set_depths(self, found: list[BlockMeta]) -> None:
         """The depth of each of ``found`` (all entered already), each chain walked once:
         from a block up to the first ancestor whose depth is known (or no cached one),
-        then down again."""
+        then down again. A chain whose head's parent is missing waits for it (partial)."""
         known: set[BlockKey] = set()
         for meta in found:
             chain: list[BlockMeta] = []
@@ -85,28 +89,70 @@ class BlockIndex:
                 seen.add(node.key)
                 chain.append(node)
                 node = None if node.parent is None else self.blocks.get((node.key[0], node.parent))
-            depth = node.depth if node is not None and node.key in known else -1  # (a cycle: from 0)
+            if node is not None and node.key in known:
+                depth, partial = node.depth, node.depth_partial
+            else:  # a head, a missing parent, or a cycle (from 0, and whole: it has no head to wait for)
+                depth, partial = -1, node is None and chain[-1].parent is not None
             for m in reversed(chain):
                 depth += 1
                 m.depth = depth
+                if partial:
+                    self._wait(m)
                 known.add(m.key)
+
+    def _wait(self, meta: BlockMeta) -> None:
+        """``meta``'s depth is partial (an ancestor is missing): it waits on its parent's key."""
+        meta.depth_partial = True
+        self._waiting.setdefault((meta.key[0], meta.parent), set()).add(meta)
+
+    def _raise_depths(self, top: BlockMeta) -> None:
+        """``top`` was just admitted over cached descendants whose depths were set without
+        it: each gets the depth it has through ``top`` where that is more (a hinted one is
+        pushed again: its depth is in its score). Where ``top``'s depth is whole (its chain
+        reaches a head), theirs are too and they stop waiting, each walked once so; else
+        only those whose depth rose are walked on (a chain put from its tail up costs
+        O(n^2) steps in all; put head first, none)."""
+        whole = not top.depth_partial
+        stack = [top]
+        while stack:
+            up = stack.pop()
+            below = self._waiting.pop(up.key, ()) if whole else self._waiting.get(up.key, ())
+            for meta in below:
+                if up.depth + 1 > meta.depth:
+                    meta.depth = up.depth + 1
+                    if meta.hint_uses:
+                        self._policy.changed(meta)
+                elif not whole:
+                    continue  # neither raised nor made whole: nothing below it changes
+                if whole:
+                    meta.depth_partial = False
+                stack.append(meta)
 
     def admit(self, meta: BlockMeta, now: float) -> None:
         """Enter a new block, with the children of it that are already cached. Its depth
         (cached ancestors: 0 for a head, or one whose parent is not cached) is its
         parent's and one, O(1) (a walk up every ancestor made a chain of n blocks cost
-        O(n^2) puts). (Per put: the calls a head needs not are skipped, and its
+        O(n^2) puts). Set without a missing ancestor, it is partial and raised when that
+        one is admitted, with the depths of the cached blocks below (a child put before
+        its parent counts the blocks before it in its sequence, which a request reads
+        first: the tie-break of hinted blocks). An ancestor that leaves lowers no depth:
+        the block's place in its sequence, what that tie-break wants, is the same (and a
+        drop walks nothing). (Per put: the calls a head needs not are skipped, and its
         namespace's bytes added inline.)"""
         key, tier = meta.key, meta.tier
         meta.child_tiers = self._kids.get(key, ())  # (none yet: its first child's count makes the list)
         up = None if meta.parent is None else self.blocks.get((key[0], meta.parent))
         meta.depth = 0 if up is None else up.depth + 1
+        if meta.parent is not None and (up is None or up.depth_partial):
+            self._wait(meta)
         self.blocks[key] = meta
         used = self.ns_bytes[tier]
         used[key[0]] = used.get(key[0], 0) + meta.nbytes  # _ns_add() of bytes > 0: never to zero
         self._policy.admitted(meta, now)
         if meta.parent is not None:
             self._count_child(meta, tier, +1)
+        if meta.child_tiers and key in self._waiting:
+            self._raise_depths(meta)
         if meta.ttl and self.on_ttl is not None:
             self.on_ttl(meta, self._policy.expires_at(meta))
 
@@ -146,6 +192,8 @@ class BlockIndex:
         if self.blocks.pop(meta.key, None) is not None:
             self._ns_add(meta, meta.tier, -meta.nbytes)
         self.unconfirmed.discard(meta.key)
+        if meta.depth_partial:
+            self._unwait(meta)
         self._policy.removed(meta)
         if not any(self._kids.get(meta.key, ())):
             self._kids.pop(meta.key, None)
@@ -155,11 +203,21 @@ class BlockIndex:
         """Forget every block (the store closed), the policy's references to them too."""
         self.blocks.clear()
         self._kids.clear()
+        self._waiting.clear()
         for used in self.ns_bytes:
             used.clear()
         self.hinted_bytes = 0
         self.unconfirmed.clear()
         self._policy.clear()
+
+    def _unwait(self, meta: BlockMeta) -> None:
+        """``meta`` (partial) left: it waits no more (its children waiting on it still do)."""
+        meta.depth_partial = False
+        pkey = (meta.key[0], meta.parent)
+        waiting = self._waiting[pkey]
+        waiting.discard(meta)
+        if not waiting:
+            del self._waiting[pkey]
 
     def _ns_add(self, meta: BlockMeta, tier: int, nbytes: int) -> None:
         used = self.ns_bytes[tier]
