@@ -134,14 +134,7 @@ def test_a_file_that_cannot_be_read_through_at_open_is_counted_and_the_rest_serv
     bad = tier.record_span(key(299))[0]
     good = [i for i in range(300) if tier.record_span(key(i))[0] != bad]
     tier.close()
-    pread = os.pread
-
-    def failing(fd, n, offset):
-        if os.readlink(f"/proc/self/fd/{fd}") == bad:
-            raise OSError(errno.EIO, "injected: Input/output error")
-        return pread(fd, n, offset)
-
-    monkeypatch.setattr(os, "pread", failing)
+    pread = failing_in(monkeypatch, "pread", bad)
     tier = open_tier(tmp_path)  # it raised OSError: the whole tier (and store) failed to open
     monkeypatch.setattr(os, "pread", pread)
     assert tier.counters["bad_files"] == 1
@@ -238,16 +231,18 @@ def test_a_flush_makes_the_names_of_new_files_durable_too(tmp_path, monkeypatch)
         assert str(tmp_path / "f") in synced  # the directory: the new file keeps its name after a power loss
 
 
-def failing_pwrite_in(monkeypatch, path: str) -> None:
-    """Every ``os.pwrite`` (a header rewritten in place: a kill, a void) into ``path`` fails with EIO."""
-    pwrite = os.pwrite
+def failing_in(monkeypatch, call: str, path: str):
+    """Every ``os.<call>`` (``pread``, or ``pwrite``: a header rewritten in place, a kill,
+    a void) on a descriptor of ``path`` fails with EIO; the original call, to restore."""
+    original = getattr(os, call)
 
-    def failing(fd, data, offset):
+    def failing(fd, *args):
         if os.readlink(f"/proc/self/fd/{fd}") == path:
             raise OSError(errno.EIO, "injected: Input/output error")
-        return pwrite(fd, data, offset)
+        return original(fd, *args)
 
-    monkeypatch.setattr(os, "pwrite", failing)
+    monkeypatch.setattr(os, call, failing)
+    return original
 
 
 def test_a_superseded_record_a_restart_cannot_kill_never_comes_back(tmp_path, monkeypatch):
@@ -257,7 +252,7 @@ def test_a_superseded_record_a_restart_cannot_kill_never_comes_back(tmp_path, mo
     reservation = tier.reserve(key(0), 4096)  # a replacement a crash stops before it killed the old record
     tier.fill(reservation, [value(1000)])
     tier.close()
-    failing_pwrite_in(monkeypatch, old_file)
+    failing_in(monkeypatch, "pwrite", old_file)
     tier = open_tier(tmp_path)  # the kill of the old record fails
     assert tier[key(0)] == value(1000) and tier.stats()["pending_deletes"] == 1
     new_file = tier.record_span(key(0))[0]
@@ -297,7 +292,7 @@ def test_a_copy_a_restart_cannot_rewrite_leaves_its_origin_live(tmp_path, monkey
     tier.copy_compaction(run)
     assert run.done
     tier.close()  # a crash before the end: source and copies both on disk
-    failing_pwrite_in(monkeypatch, run.target.path)
+    failing_in(monkeypatch, "pwrite", run.target.path)
     tier = open_tier(tmp_path)
     kept = first[::2]
     assert all(tier[key(i)] == value(i) for i in kept)

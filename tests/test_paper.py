@@ -513,6 +513,17 @@ def test_device_io_without_a_gpu_says_not_run_and_why(tmp_path):
     assert f"not run: {escape(doc['skipped'])}" in table and r"\toprule" in table
 
 
+def _samples_with_a_full_trace_row(tmp_path, requests: int, references: int):
+    """The sample results, each trace_replay repetition with :func:`_add_full_trace_row`."""
+    results = _copy_samples(tmp_path)
+    for rep in range(3):
+        path = _sample(results, "trace_replay", rep)
+        doc = json.loads(path.read_text())
+        _add_full_trace_row(doc, requests=requests, references=references)
+        path.write_text(json.dumps(doc))
+    return results
+
+
 def _add_full_trace_row(doc: dict, requests: int, references: int) -> None:
     """A capacity at which Cascade replayed the whole trace (``scope: "full"``), on more
     requests than the common prefix of the sample's one capacity, with a wide LRU-to-Belady gap."""
@@ -533,12 +544,7 @@ def test_trace_replay_quotes_each_capacity_on_its_own_requests(tmp_path):
     """The capacities replay different requests (the common prefix, the whole trace): the
     numbers quoted come with the requests and references of their own row, and the table
     says how many requests each capacity replayed."""
-    results = _copy_samples(tmp_path)
-    for rep in range(3):
-        path = _sample(results, "trace_replay", rep)
-        doc = json.loads(path.read_text())
-        _add_full_trace_row(doc, requests=90, references=2345)
-        path.write_text(json.dumps(doc))
+    results = _samples_with_a_full_trace_row(tmp_path, requests=90, references=2345)
     report = figures.generate(results, tmp_path / "out", only=["hit_ratio"])
     assert not report.errors and not report.skipped and not report.layout
     doc = json.loads(_sample(results, "trace_replay").read_text())
@@ -561,12 +567,7 @@ def test_hit_ratio_lines_join_only_capacities_replayed_on_the_same_requests(tmp_
     from paper.plots import hit_ratio
     from paper.results import Results
 
-    results = _copy_samples(tmp_path)
-    for rep in range(3):
-        path = _sample(results, "trace_replay", rep)
-        doc = json.loads(path.read_text())
-        _add_full_trace_row(doc, requests=90, references=2345)
-        path.write_text(json.dumps(doc))
+    results = _samples_with_a_full_trace_row(tmp_path, requests=90, references=2345)
     rf = Results.load(results).newest("trace_replay")
     rows, srows = hit_ratio._rows(rf), hit_ratio._system_rows(rf)
     requests = hit_ratio._requests(rf, rows)
