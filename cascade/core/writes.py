@@ -296,9 +296,6 @@ class WritePath:
             meta.ttl = self._ttl if ttl is None else ttl
             if priority:
                 meta.priority = priority
-            if alone and not meta.ttl and not self.index.unconfirmed:  # _admit(), written out: per put
-                self.index.admit(meta, now_ns * 1e-9)
-                return _STORED
             if not alone:
                 meta.checksum = peers.checksum(parts)
             admitted = self._admit(meta, now_ns * 1e-9)
