@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
 from typing import Any, ContextManager
 
 import numpy as np
@@ -32,6 +31,7 @@ from .buffers.alloc import empty_like_kind
 from .buffers.hostcopy import plain_pairs, refuse_overlaps
 from .config import Config
 from .core.batch import BatchCalls
+from .core.block_calls import BlockCalls
 from .core.chain import TierChain
 from .core.housekeeper import Housekeeper
 from .core.demoter import Demoter
@@ -44,11 +44,11 @@ from .distributed.agree import DEFAULT_TIMEOUT as CLOSE_RANKS_WAIT_S
 from .core.reads import ReadPath
 from .core.lifecycle import close_layers, open_layers
 from .core.writes import WritePath
-from .errors import BlockNotFound, BlockPinned, InvalidBlock, RankFailure, StoreClosed, TierFull
+from .errors import InvalidBlock, RankFailure, TierFull
 from .identity import DEFAULT_NAMESPACE, BlockKey, check_id, check_namespace
 from .models import BlockSpec
 from .namespace_victims import NamespaceVictims
-from .policy import BlockMeta, Policy, check_position
+from .policy import BlockMeta, Policy
 from .stats import StoreMetrics
 from .tiers.base import Tier, fsync_and_close
 from .validate import check_priority, check_ttl
@@ -70,7 +70,7 @@ EXIT_RANKS_WAIT_S = 30.0
 ASYNC_CLOSE_SECONDS = 60.0
 
 
-class CascadeStore(BatchCalls):
+class CascadeStore(BatchCalls, BlockCalls):
     """A tiered KV-block store. ``CascadeStore(Config(...))``; close it (or use ``with``).
 
     ``block_spec`` overrides the shape/dtype implied by ``config.model`` and
@@ -377,64 +377,10 @@ class CascadeStore(BatchCalls):
             self._tick()
         return hit
 
-    # -- scheduler hints --------------------------------------------------------------------
-    def hint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
-             position: float | None = None) -> int:
-        """Blocks a queued request will read soon: move each cached one up to the
-        fastest tier (best effort, in the background: the call returns at once and the
-        copies run on the I/O workers outside the store's lock, cancelled when the block is
-        read or unhinted first; :meth:`flush` waits for them) and evict it only after
-        every unhinted block, until a
-        :meth:`get` / :meth:`get_into` of it (one get uses up its soonest hint) or
-        :meth:`unhint`. Hints count: a block hinted for two queued requests stays hinted
-        until both read it. ``position`` is the request's place in the queue (e.g. its
-        arrival number; default: after every earlier hint): among hinted blocks the one
-        whose next hinted use comes last goes first.
-
-        Hinted blocks hold at most ``config.hint_fraction`` of the fastest tier's bytes:
-        a hint that would go past the cap, and a hint of a block not cached on this
-        rank, is ignored. Returns how many hints were taken. :class:`ConfigError` for a
-        position that is not a finite number. Local (other ranks' blocks are not
-        hinted); thread-safe.
-        """
-        keys = self._keys(block_ids, namespace, "hint")
-        self._async.wait_for_puts(keys)  # a hint after a put_async of an id sees it
-        with self._inflight.hold(f"a hint of {len(keys)} blocks"), self._lock:
-            taken, below = self._reads.hint(keys, self.config.hint_fraction * self.tiers[0].capacity, position)
-            self.counters.hints += taken
-        for key in below:  # copies on the I/O workers, outside the lock: flush() waits for them
-            try:
-                promotion = self._async.submit(lambda key=key: self._reads.promote_hinted(key))
-            except StoreClosed:  # a close() since the hints were taken: their promotions (best effort) are moot
-                break
-            promotion.add_done_callback(_log_failure)
-        return taken
-
-    def unhint(self, block_ids: Iterable[str], *, namespace: str = DEFAULT_NAMESPACE,
-               position: float | None = None) -> int:
-        """Withdraw one hint of each id (its request left the queue unserved): the one
-        given at ``position``, else the soonest; ids without a hint are skipped. Returns
-        how many hints were withdrawn. :class:`ConfigError` for a position that is not a
-        finite number. Local."""
-        keys = self._keys(block_ids, namespace, "unhint")
-        if position is not None:
-            check_position(position)  # (not taken as the latest position: later hints' default stays)
-        with self._lock:
-            return self._index.unhint(keys, position)
-
     # -- other operations -------------------------------------------------------------------
     def contains(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Whether a block is cached (not expired) in ``namespace``. Local; counts nothing."""
         return self.contains_many([block_id], namespace=namespace)[0]
-
-    def delete(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
-        """Remove a block. :class:`BlockNotFound` if absent, :class:`BlockPinned` if pinned."""
-        self._async.wait_for_puts([self._key(block_id, namespace)])  # a delete after a put_async of it sees it
-        with self._lock:
-            meta = self._require(block_id, namespace)
-            if meta.pins or not self._chain.withdraw_and_drop(meta):
-                raise BlockPinned(f"block {block_id} is pinned by an in-flight request; unpin it first")
-            self.counters.deletes += 1
 
     def flush(self) -> None:
         """Wait for every non-blocking call submitted before it, for the background
@@ -453,74 +399,6 @@ class CascadeStore(BatchCalls):
                         fds.extend(tier.sync_fds())
             finally:
                 fsync_and_close(fds)
-
-    def clear(self, *, namespace: str | None = None) -> int:
-        """Drop every unpinned block (of ``namespace``, or of all); returns how many went.
-        Local: in multi-rank runs only this rank's blocks (other ranks' pins are kept)."""
-        self._inflight.check_open()
-        if namespace is not None:
-            check_namespace(namespace)
-        with self._lock:
-            dropped = sum(1 for meta in self._index
-                          if namespace in (None, meta.key[0]) and not meta.pins and self._chain.withdraw_and_drop(meta))
-            self.counters.deletes += dropped
-            return dropped
-
-    def pin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
-        """Add a reference from an in-flight request: the block cannot be evicted or
-        expire until the matching :meth:`unpin`."""
-        bkey = self._key(block_id, namespace)
-        self._async.wait_for_puts([bkey])  # a pin after a put_async of it sees it
-        with self._lock:
-            meta = self._reads.cached(bkey)  # an expired block is gone, not brought back
-            self._chain.peers.pin(bkey, meta)  # cluster-wide: the holder cannot move or drop it
-            if meta is not None:
-                meta.pins += 1
-                self._index.changed(meta)
-
-    def unpin(self, block_id: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
-        """Drop one reference taken by :meth:`pin`."""
-        with self._lock:
-            bkey = self._key(block_id, namespace)
-            peers = self._chain.peers
-            if peers.release_foreign_pin(bkey):  # a pin taken on another rank's copy
-                return
-            meta = self._index.get(bkey)
-            if meta is None or meta.pins == 0:
-                raise peers.not_pinned(bkey, meta)
-            meta.pins -= 1
-            peers.unpinned(meta)
-            self._index.changed(meta)
-
-    def set_ttl(self, block_id: str, ttl: float, *, namespace: str = DEFAULT_NAMESPACE) -> None:
-        """Give a block a time to live in seconds (0 = none), counted per ``ttl_mode``."""
-        ttl = check_ttl(ttl)
-        self._async.wait_for_puts([self._key(block_id, namespace)])
-        with self._lock:
-            meta = self._require(block_id, namespace)
-            meta.ttl = ttl
-            self._index.changed(meta)
-            self._chain.persist_ttl(meta)
-            if ttl:
-                self._expiry.enter(meta, self._index.expires_at(meta))
-
-    def set_priority(self, block_id: str, priority: int, *, namespace: str = DEFAULT_NAMESPACE) -> None:
-        """Raise (or lower, negative) a block's value: each step doubles (halves) it."""
-        priority = check_priority(priority)
-        self._async.wait_for_puts([self._key(block_id, namespace)])
-        with self._lock:
-            meta = self._require(block_id, namespace)
-            meta.priority = priority
-            self._index.changed(meta)
-
-    def _require(self, block_id: str, namespace: str) -> BlockMeta:
-        """Under the lock: the cached block of the id; :class:`BlockNotFound` when there
-        is none or it expired (then dropped)."""
-        bkey = self._key(block_id, namespace)
-        meta = self._reads.cached(bkey)
-        if meta is None:
-            raise BlockNotFound(f"no block {block_id} in namespace {namespace!r}")
-        return meta
 
     def __len__(self) -> int:
         return len(self._index)
@@ -599,8 +477,3 @@ class CascadeStore(BatchCalls):
         except RankFailure as exc:
             log.warning("close after %s: %s", exc_type.__name__, exc)
 
-
-def _log_failure(future: Future) -> None:
-    """A background promotion that raised (nobody waits on its future): say so."""
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("a hinted block's promotion failed: %s", future.exception())
