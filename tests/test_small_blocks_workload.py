@@ -2,6 +2,8 @@
 figure its targets need (its numbers belong to results JSON, not to this test)."""
 from __future__ import annotations
 
+import pytest
+
 from benchmark.workloads import small_blocks
 
 
@@ -48,3 +50,22 @@ def test_interleaved_forms_take_turns_going_first_over_every_chunk(monkeypatch):
     assert firsts == ["b", "c", "a", "b"]  # round 1: chunk i starts with form (i + 1) % 3
     assert sorted(calls) == sorted((n, c * small_blocks.BATCH) for n in "abc" for c in range(4))
     assert hooks[:2] == [("before", "b"), ("after", "b")] and len(hooks) == 2 * len(calls)
+
+
+def test_timed_passes_run_with_the_heap_frozen_and_unfreeze_after(monkeypatch):
+    """Every timed pass runs with the objects alive before the passes frozen (its
+    gc.collect() walks only what the passes made, not torch's modules); the heap is
+    unfrozen once they end, even when a pass raises."""
+    import gc
+
+    frozen = []
+    small_blocks._interleaved_us({"a": lambda part: frozen.append(gc.get_freeze_count())}, 64, 0)
+    assert frozen and all(count > 1000 for count in frozen)
+    assert gc.get_freeze_count() == 0
+
+    def fails(part: slice) -> None:
+        raise RuntimeError("a pass that fails")
+
+    with pytest.raises(RuntimeError, match="a pass that fails"):
+        small_blocks._interleaved_us({"a": fails}, 64, 0)
+    assert gc.get_freeze_count() == 0

@@ -70,6 +70,17 @@ store (measured with ``gc.callbacks``; 3 rounds at 4 KiB, two runs each):
 ``put_batch_vs_loop`` was 1.08 and 2.05 with the loop first, 0.74 and 0.80 with the
 batch first, for the same code.
 
+The passes of each form run with the heap frozen (:func:`~benchmark.timing.frozen_heap`):
+the objects alive before them (torch's and LMCache's among them: 214k) are out of the
+collector's reach, so each pass's ``gc.collect()`` walks only what the passes made. Until
+session 44 every such collection walked them all (0.14 s) and evicted the CPU's caches
+right before each timed chunk, so every chunk started cold, the dict's as much as the
+store's. Two runs each way, alternated in one sitting (``results/issue20/frozen_heap_ab_20261207/``):
+a 64 KiB dict get 3.87-4.15 us frozen against 5.66-5.92, the store's 6.07-6.50 against
+7.62-7.64; 4 KiB put vs dict 3.20-3.32 against 2.86-2.91 (the dict gained more); hot get
+batch/loop at 64 KiB 0.89-0.90 against 0.97-0.99, at 16 MiB 0.91-0.94 against 0.97-1.01,
+at 2 MiB 0.92-1.02 against 1.05-1.10.
+
 Before they were interleaved, the loop and the batch of each pair took turns at going
 first, round by round: with the loop always first, the suite at 63a2571 gave 2 MiB puts
 a batch/loop ratio of 1.08 [1.00-1.17] over 3 rounds; the same puts alternated in one
@@ -98,7 +109,7 @@ except ImportError:  # no torch rows
     torch = None
 
 from ..machine import drop_page_cache, files_under, settle_reads
-from ..timing import VIEWS_TIMED, time_views
+from ..timing import VIEWS_TIMED, frozen_heap, time_views
 from .blockio import size_label
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 2 << 20, 16 << 20]
@@ -148,18 +159,19 @@ def _interleaved_us(forms: dict[str, Callable[[slice], None]], count: int, rnd: 
     names = list(forms)
     seconds = dict.fromkeys(names, 0.0)
     chunk = _chunk_blocks(count)
-    for i, start in enumerate(range(0, count, chunk)):
-        part = slice(start, start + chunk)
-        turn = (i + rnd) % len(names)
-        for name in names[turn:] + names[:turn]:
-            if before is not None:
-                before(name, part)
-            gc.collect()
-            started = time.perf_counter()
-            forms[name](part)
-            seconds[name] += time.perf_counter() - started
-            if after is not None:
-                after(name, part)
+    with frozen_heap():  # each pass's gc.collect() walks only what the passes made (module docstring)
+        for i, start in enumerate(range(0, count, chunk)):
+            part = slice(start, start + chunk)
+            turn = (i + rnd) % len(names)
+            for name in names[turn:] + names[:turn]:
+                if before is not None:
+                    before(name, part)
+                gc.collect()
+                started = time.perf_counter()
+                forms[name](part)
+                seconds[name] += time.perf_counter() - started
+                if after is not None:
+                    after(name, part)
     return {name: s / count * 1e6 for name, s in seconds.items()}
 
 
