@@ -445,7 +445,7 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
     result = file_read_mode.run({"sizes": [SIZE], "blocks": 16, "rounds": 2, "file_dir": str(tmp_path)})
     [row] = result["rows"]
     passes = {f"{side} {how} {form}" for side, how, form in file_read_mode._passes(0)}
-    assert len(passes) == 9 and "records buffered loop" in passes
+    assert len(passes) == 10 and "records buffered loop" in passes and "cascade buffered batches" in passes
     orders = [s["order"] for s in row["samples"]]
     assert all(sorted(o) == sorted(passes) for o in orders) and orders[0] != orders[1]  # seeds 0 and 1
     for mode in file_read_mode.MODES:
@@ -464,6 +464,10 @@ def test_file_read_mode_runs_every_pass_in_a_shuffled_order(tmp_path) -> None:
             assert cell["vs_better_raw"] >= cell["vs_best_raw"]  # one way never reads above the better of two
     for form in file_read_mode.FORMS:
         assert row[f"raw_odirect_{form}_gbps"] > 0 and row[f"raw_buffered_cold_{form}_gbps"] > 0
+    batches = row["buffered_batches"]  # a stream read a batch at a time, against the raw batch reads and the loop
+    assert batches["wrong"] == 0 and batches["better_raw"] == row["buffered_batch"]["better_raw"]
+    assert batches["time_vs_loop"] == pytest.approx(statistics.median(
+        s["buffered_loop_gbps"] / s["buffered_batches_gbps"] for s in row["samples"]))
     records = row["records_loop"]  # the tier's own reads without the store: every record read and verified
     assert records["wrong"] == 0 and records["gbps"] > 0
     assert records["buffered_loop_vs_records"] == pytest.approx(statistics.median(

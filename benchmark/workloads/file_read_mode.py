@@ -3,8 +3,8 @@ the measurement behind the file tier's ``auto`` mode off Lustre.
 
 Per block size (key + value; default 64 KiB, 2 MiB, 16 MiB) and round: one file tier is
 written (``blocks`` blocks, flushed) and the same bytes in one plain file (the raw
-file), then nine timed passes read them cold: one of the tier's records without the
-store (below), and the tier in each mode (``buffered``,
+file), then ten timed passes read them cold: one of the tier's records without the
+store (below), one of batches in turn (below), and the tier in each mode (``buffered``,
 ``direct``; a store opened for the pass) and the raw file in each raw way, each in two
 forms: ``loop`` (``get_into`` one by one, 1 request in flight) and ``batch``
 (``get_many_into`` at the store's default depth, ``batch_workers`` in each row: up to
@@ -16,6 +16,14 @@ forced 4 workers on both sides: on 2 cores four threads of Cascade's per-block P
 work fought over the interpreter lock and the cores (a depth the store never picks
 here), and its 64 KiB batch ran at half its loop's rate (18 rounds at load 7-10: 0.20
 vs 0.39 of the best raw read), while raw threads spend their time in ``preadv``.
+
+The tenth pass (``buffered_batches``, the default read mode only) reads the same stream a
+batch at a time: ``get_many_into`` calls of :data:`BATCH_CALL_BLOCKS` blocks in turn, as an
+engine loading a long prefix does, against the raw reads at the batch's depth and, round by
+round, against the buffered loop (``time_vs_loop``: a block's time in the batches over its
+time in the loop; issue 20 wants it at most 1). Each call starts what the kernel is told of
+its records afresh (:meth:`~cascade.tiers.file_tier.FileTier.will_read`), which the one-call
+``batch`` pass never shows.
 
 The ninth pass reads the tier's own records without the store (``records loop``): the
 tier's read function (:func:`~cascade.tiers.record_io.read_hashed`, header page and
@@ -83,7 +91,7 @@ Raw and Cascade passes are treated alike:
   way, every pass timed the same way: what each side reaches when the VM does not stall
   it. The medians stay the figures of record; the kernel CPU of each pass is kept
   (``sys_s_per_gb`` in each sample).
-- The nine passes run in an order shuffled per round (``order`` in each sample), so
+- The ten passes run in an order shuffled per round (``order`` in each sample), so
   neither side always runs in the same stretch of time or beside the same neighbours.
 - The settling read is not what slowed the 16 MiB buffered batch of the suite at
   ccf2a27 (0.88-1.33 s/GB in 8 of 9 rounds, bisected to the change that added it): 18
@@ -133,6 +141,8 @@ BYTES_PER_SIZE = 256 << 20
 MODES = ("buffered", "direct")
 RAW_HOWS = ("odirect", "buffered_cold")
 FORMS = ("loop", "batch")
+#: Blocks per ``get_many_into`` call of the ``batches`` pass (as benchmark small_blocks' batches).
+BATCH_CALL_BLOCKS = 64
 TARGET = 0.9
 
 
@@ -193,6 +203,7 @@ def _passes(seed: int) -> list[tuple[str, str, str]]:
     passes = [(side, how, form) for form in FORMS
               for side, hows in (("cascade", MODES), ("raw", RAW_HOWS)) for how in hows]
     passes.append(("records", "buffered", "loop"))
+    passes.append(("cascade", "buffered", "batches"))
     random.Random(seed).shuffle(passes)
     return passes
 
@@ -216,6 +227,20 @@ def _read_records(spans: list[tuple[str, int, int, int]], seeds: list[int],
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def _reads(store: CascadeStore, form: str, ids: list[str], outs: list[tuple[np.ndarray, np.ndarray]]
+           ) -> Callable[[], list[bool]]:
+    """A Cascade pass over every block in ``form``: ``loop`` (``get_into`` one by one),
+    ``batch`` (one ``get_many_into`` of them all, at the store's own depth) or ``batches``
+    (``get_many_into`` calls of :data:`BATCH_CALL_BLOCKS` in turn: a stream read a batch
+    at a time). Each returns a hit per block."""
+    if form == "loop":
+        return lambda: [store.get_into(b, *o) for b, o in zip(ids, outs)]
+    if form == "batch":
+        return lambda: store.get_many_into(ids, outs)
+    step = BATCH_CALL_BLOCKS
+    return lambda: [hit for i in range(0, len(ids), step) for hit in store.get_many_into(ids[i:i + step], outs[i:i + step])]
 
 
 def batch_depth() -> int:
@@ -264,9 +289,7 @@ def _round(nbytes: int, count: int, seed: int, workdir: str) -> dict[str, Any]:
                 continue
             with CascadeStore(Config(**base, file_read_mode=how), block_spec=spec) as store:
                 row[f"{how}_odirect_used"] = store.tiers[0].read_mode == "direct"
-                hits = _tier_pass(row, f"{how}_{form}", gb, file_dir, every, outs,
-                                  (lambda: [store.get_into(b, *o) for b, o in zip(ids, outs)]) if form == "loop"
-                                  else lambda: store.get_many_into(ids, outs))  # batch: the store's own depth
+                hits = _tier_pass(row, f"{how}_{form}", gb, file_dir, every, outs, _reads(store, form, ids, outs))
             row[f"{how}_{form}_wrong"] = _wrong(hits, outs, blocks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -287,6 +310,25 @@ def _vs_better_raw(rates: list[float], samples: list[dict[str, Any]], form: str,
             "better_raw": how}
 
 
+def _cell(samples: list[dict[str, Any]], name: str, raw_form: str, better: str) -> dict[str, Any]:
+    """The figures of Cascade's pass ``name`` over the rounds ``samples``, against the raw
+    reads of ``raw_form`` (at the same depth): ``better`` is the raw way with the higher
+    median rate there (:func:`_better_raw`)."""
+    rates = [s[f"{name}_gbps"] for s in samples]
+    ratios = [r / max(s[f"raw_odirect_{raw_form}_gbps"], s[f"raw_buffered_cold_{raw_form}_gbps"])
+              for r, s in zip(rates, samples)]
+    fastest = max(rates)
+    fastest_raw = max(max(s[f"raw_odirect_{raw_form}_gbps"], s[f"raw_buffered_cold_{raw_form}_gbps"]) for s in samples)
+    return {"gbps": statistics.median(rates),
+            "vs_best_raw": statistics.median(ratios),
+            "vs_best_raw_range": [min(ratios), max(ratios)],
+            **_vs_better_raw(rates, samples, raw_form, better),
+            "fastest_gbps": fastest,
+            "fastest_vs_best_raw": fastest / fastest_raw,
+            "cpu_s_per_gb": statistics.median(s[f"{name}_cpu_s_per_gb"] for s in samples),
+            "wrong": sum(s[f"{name}_wrong"] for s in samples)}
+
+
 def run(options: dict[str, Any]) -> dict[str, Any]:
     sizes = options.get("sizes") or DEFAULT_SIZES
     rounds = options.get("rounds") or 3
@@ -300,20 +342,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         better = {form: _better_raw(samples, form) for form in FORMS}
         for mode in MODES:
             for form in FORMS:
-                rates = [s[f"{mode}_{form}_gbps"] for s in samples]
-                ratios = [r / max(s[f"raw_odirect_{form}_gbps"], s[f"raw_buffered_cold_{form}_gbps"])
-                          for r, s in zip(rates, samples)]
-                fastest = max(rates)
-                fastest_raw = max(max(s[f"raw_odirect_{form}_gbps"], s[f"raw_buffered_cold_{form}_gbps"]) for s in samples)
-                row[f"{mode}_{form}"] = {"gbps": statistics.median(rates),
-                                         "vs_best_raw": statistics.median(ratios),
-                                         "vs_best_raw_range": [min(ratios), max(ratios)],
-                                         **_vs_better_raw(rates, samples, form, better[form]),
-                                         "fastest_gbps": fastest,
-                                         "fastest_vs_best_raw": fastest / fastest_raw,
-                                         "cpu_s_per_gb": statistics.median(s[f"{mode}_{form}_cpu_s_per_gb"]
-                                                                           for s in samples),
-                                         "wrong": sum(s[f"{mode}_{form}_wrong"] for s in samples)}
+                row[f"{mode}_{form}"] = _cell(samples, f"{mode}_{form}", form, better[form])
+        row["buffered_batches"] = _cell(samples, "buffered_batches", "batch", better["batch"])
+        per_block = [s["buffered_loop_gbps"] / s["buffered_batches_gbps"] for s in samples]  # time a block, batches / loop
+        row["buffered_batches"].update(time_vs_loop=statistics.median(per_block),
+                                       time_vs_loop_range=[min(per_block), max(per_block)])
         for form in FORMS:
             for how in RAW_HOWS:
                 row[f"raw_{how}_{form}_gbps"] = statistics.median(s[f"raw_{how}_{form}_gbps"] for s in samples)
@@ -354,4 +387,8 @@ def table(result: dict[str, Any]) -> str:
                          f"{d['fastest_gbps']:5.2f} ({d['fastest_vs_best_raw']:.2f})"
                          f"                     {r[f'raw_buffered_cold_{form}_cpu_s_per_gb']:.3f} / "
                          f"{b['cpu_s_per_gb']:.3f} / {d['cpu_s_per_gb']:.3f}")
+        s = r["buffered_batches"]
+        lines.append(f"{r['size_label']:<8} buffered, get_many_into of {BATCH_CALL_BLOCKS} blocks a call in turn: "
+                     f"{s['gbps']:.2f} GB/s ({s['vs_best_raw']:.2f}x best raw batch read), a block's time "
+                     f"{s['time_vs_loop']:.2f}x the loop's, CPU {s['cpu_s_per_gb']:.3f} s/GB")
     return "\n".join(lines)
