@@ -576,3 +576,62 @@ def test_a_long_store_batch_advises_its_stream_over_its_start_and_reads_on_in_lo
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
         assert [(offset, length) for _, offset, length in calls] == [(locs[0].offset, 3 * locs[0].record_bytes)]
         assert runs == [1, 1, 1, 1, 4, 2]  # chunks of 4: from the 4th record on, past the stream's start
+
+
+def _drop_page_cache(tier) -> None:
+    """Evict the file tier's files from the page cache (POSIX_FADV_DONTNEED on each); skip
+    the test where that leaves them resident (tmpfs keeps its pages)."""
+    for f in tier._files.values():
+        os.fsync(f.fd)
+        os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if file_reads._resident(f.fd, 0):
+            pytest.skip(f"{f.path}: the page cache keeps its pages (no drop here)")
+
+
+def test_a_batch_that_starts_where_the_last_stopped_goes_on_with_its_stream(tmp_path, monkeypatch):
+    """A get_many_into that starts where the last batch in the file stopped, what that one
+    read last still in the page cache, goes on with its stream: no advice past the stream's
+    start, runs of STREAM_RUN_BYTES, as one call over all the blocks would read them. One
+    that starts elsewhere, or after a drop of the page cache, starts a stream of its own."""
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
+    monkeypatch.setattr(file_reads, "ADVISE_MIN", 1)
+    with _file_store(tmp_path, 10) as (s, blocks, ids):
+        tier = s.tiers[0]
+        locs = [tier._index[("default", b)] for b in ids]
+        assert all(a.offset + a.record_bytes == b.offset for a, b in zip(locs, locs[1:]))  # one stream
+        record = locs[0].record_bytes
+        monkeypatch.setattr(file_reads, "RUN_BYTES", record)
+        monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 3 * record)
+        monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 4 * record)
+        real, runs = tier.read_runs, []
+
+        def spied(leases, streams):
+            cut = real(leases, streams)
+            runs.extend(map(len, cut))
+            return cut
+
+        monkeypatch.setattr(tier, "read_runs", spied)
+        outs = [s.spec.empty() for _ in ids]
+
+        def read(lo: int, hi: int) -> None:
+            for out in outs[lo:hi]:
+                out[0].fill(0)
+                out[1].fill(0)
+            assert s.get_many_into(ids[lo:hi], outs[lo:hi]) == [True] * (hi - lo)
+            assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1])
+                       for o, b in zip(outs[lo:hi], blocks[lo:hi]))
+
+        _drop_page_cache(tier)
+        calls = _advice_spied(monkeypatch)
+        read(0, 3)
+        read(3, 10)
+        assert [(offset, length) for _, offset, length in calls] == [(locs[0].offset, 3 * record)]
+        assert runs == [1, 1, 1, 4, 3]  # the second call's chunks of 4 and 3: past the stream's start
+        calls.clear()
+        runs.clear()
+        read(0, 3)  # not where the last batch stopped: a stream of its own
+        _drop_page_cache(tier)
+        read(3, 10)  # where it stopped, but its pages are gone: a stream of its own
+        assert [(offset, length) for _, offset, length in calls] == [(locs[0].offset, 3 * record),
+                                                                    (locs[3].offset, 3 * record)]
+        assert runs == [1, 1, 1, 1, 1, 1, 1, 3]
