@@ -455,6 +455,19 @@ def _advice_spied(monkeypatch) -> list[tuple[int, int, int]]:
     return calls
 
 
+def _run_lengths_spied(tier, monkeypatch) -> list[int]:
+    """The number of records in each run ``tier.read_runs`` cuts, in order."""
+    real, runs = tier.read_runs, []
+
+    def spied(leases, streams):
+        cut = real(leases, streams)
+        runs.extend(map(len, cut))
+        return cut
+
+    monkeypatch.setattr(tier, "read_runs", spied)
+    return runs
+
+
 def _span(leases) -> tuple[int, int]:
     """Where the back-to-back records of ``leases`` start, and their bytes in all."""
     return leases[0].loc.offset, leases[-1].loc.offset + leases[-1].loc.record_bytes - leases[0].loc.offset
@@ -563,14 +576,7 @@ def test_a_long_store_batch_advises_its_stream_over_its_start_and_reads_on_in_lo
         monkeypatch.setattr(file_reads, "RUN_BYTES", locs[0].record_bytes)
         monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 3 * locs[0].record_bytes)
         monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 4 * locs[0].record_bytes)
-        real, runs = tier.read_runs, []
-
-        def spied(leases, streams):
-            cut = real(leases, streams)
-            runs.extend(map(len, cut))
-            return cut
-
-        monkeypatch.setattr(tier, "read_runs", spied)
+        runs = _run_lengths_spied(tier, monkeypatch)
         outs = [s.spec.empty() for _ in ids]
         assert s.get_many_into(ids, outs) == [True] * 10
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
@@ -579,13 +585,12 @@ def test_a_long_store_batch_advises_its_stream_over_its_start_and_reads_on_in_lo
 
 
 def _drop_page_cache(tier) -> None:
-    """Evict the file tier's files from the page cache (POSIX_FADV_DONTNEED on each); skip
-    the test where that leaves them resident (tmpfs keeps its pages)."""
-    for f in tier._files.values():
-        os.fsync(f.fd)
-        os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if file_reads._resident(f.fd, 0):
-            pytest.skip(f"{f.path}: the page cache keeps its pages (no drop here)")
+    """Evict the file tier's files from the page cache (benchmark.machine.drop_page_cache);
+    skip the test where they stay resident (tmpfs keeps its pages)."""
+    from benchmark.machine import drop_page_cache
+
+    if drop_page_cache([f.path for f in tier._files.values()])["resident_fraction_after"] > 0:
+        pytest.skip("the page cache keeps the tier's pages here (no drop)")
 
 
 def test_a_batch_that_starts_where_the_last_stopped_goes_on_with_its_stream(tmp_path, monkeypatch):
@@ -603,14 +608,7 @@ def test_a_batch_that_starts_where_the_last_stopped_goes_on_with_its_stream(tmp_
         monkeypatch.setattr(file_reads, "RUN_BYTES", record)
         monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 3 * record)
         monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 4 * record)
-        real, runs = tier.read_runs, []
-
-        def spied(leases, streams):
-            cut = real(leases, streams)
-            runs.extend(map(len, cut))
-            return cut
-
-        monkeypatch.setattr(tier, "read_runs", spied)
+        runs = _run_lengths_spied(tier, monkeypatch)
         outs = [s.spec.empty() for _ in ids]
 
         def read(lo: int, hi: int) -> None:
