@@ -6,8 +6,8 @@
 #
 # 1. installs blake3 and ml_dtypes from the wheels in $WHEELS when set (offline:
 #    pip install --no-index), for machines without a package index;
-# 2. builds the compiled modules (cascade/buffers/_hostcopy.c, cascade/tiers/_recordread.c)
-#    with the machine's gcc;
+# 2. builds the compiled modules (cascade/_ids.c, cascade/buffers/_hostcopy.c,
+#    cascade/tiers/_recordread.c) with the machine's gcc;
 # 3. runs `pytest -m gpu` (tests/gpu, the tier contract on a cupy slab, device_io on the
 #    GPU; junit in OUT_DIR/gpu_junit.xml) and the compiled modules' tests;
 # 4. runs `python -m benchmark.suite --workloads device_io --reps 3` (the suite refuses a
@@ -38,12 +38,12 @@ fi
 includes=$($py-config --includes 2>/dev/null || $py -c 'import sysconfig; print("-I" + sysconfig.get_paths()["include"])')
 suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 built=0
-for src in cascade/buffers/_hostcopy.c cascade/tiers/_recordread.c; do
+for src in cascade/_ids.c cascade/buffers/_hostcopy.c cascade/tiers/_recordread.c; do
     gcc -O3 -shared -fPIC -pthread $includes "$src" -o "${src%.c}$suffix" >> "$log" 2>&1 || built=1
 done
 echo "build rc=$built" >> "$log"
-$py -c "import sys; from cascade.buffers import hostcopy; from cascade.tiers import record_io
-ok = hostcopy.COMPILED and record_io.COMPILED; print('COMPILED', ok); sys.exit(not ok)" >> "$log" 2>&1 || fail 3
+$py -c "import sys; from cascade import identity; from cascade.buffers import hostcopy; from cascade.tiers import record_io
+ok = identity.COMPILED_ID_CHECK and hostcopy.COMPILED and record_io.COMPILED; print('COMPILED', ok); sys.exit(not ok)" >> "$log" 2>&1 || fail 3
 
 $py -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/test_tiers.py tests/test_device_io_workload.py \
     --junitxml="$out/gpu_junit.xml" > "$out/gpu_tests.log" 2>&1 || fail 4

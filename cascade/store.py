@@ -28,7 +28,7 @@ from . import manifest
 from .async_ops import AsyncCalls
 from .buffers import WRITABLE_C, host_array
 from .buffers.alloc import empty_like_kind
-from .buffers.hostcopy import plain_pairs, refuse_overlaps
+from .buffers.hostcopy import plain_pair, plain_pairs, refuse_overlaps
 from .config import Config
 from .core.batch import BatchCalls
 from .core.block_calls import BlockCalls
@@ -55,14 +55,6 @@ from .validate import check_priority, check_ttl
 
 log = logging.getLogger(__name__)
 _HISTORY_PER_BLOCK = 8  # the policy remembers use counts of 8x as many dropped blocks as fit
-def _plain_pair(key: Any, value: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """Whether ``key`` and ``value`` are both numpy arrays of ``shape`` and ``dtype``: the
-    small-block hot paths' candidates (they still check the layout). The dtype is compared
-    by identity (numpy keeps one of each built-in and registered dtype: another equal one
-    takes the full path)."""
-    return (type(key) is np.ndarray and type(value) is np.ndarray and key.dtype is dtype and value.dtype is dtype
-            and key.shape == shape and value.shape == shape)
-
 
 #: Seconds a store left by an exception (``with``) waits for the other ranks to close it too.
 EXIT_RANKS_WAIT_S = 30.0
@@ -250,7 +242,7 @@ class CascadeStore(BatchCalls, BlockCalls):
         if not (namespace is DEFAULT_NAMESPACE and parent is None and ttl is None and priority.__class__ is int
                 and not priority):  # the defaults need no check (tested here, not by a call: per put)
             priority, ttl = self._check_put_options(namespace, parent, priority, ttl)  # before anything is stored
-        plain = _plain_pair(key, value, self._shape, self._dtype)
+        plain = plain_pair(key, value, self._dtype, self._shape)
         if not plain and (arrays := self._host_arrays(key, value, writable=False)) is not None:
             (key, value), plain = arrays, True  # CPU torch tensors: numpy arrays over their memory
         if block_id is not None and not verify and plain:
@@ -288,7 +280,7 @@ class CascadeStore(BatchCalls, BlockCalls):
         except for a hit on a small block in the SHM tier (one short locked step:
         :meth:`~cascade.core.reads.ReadPath.read_hot`)."""
         if type(block_id) is str and type(namespace) is str:
-            if not _plain_pair(key_out, value_out, self._shape, self._dtype):
+            if not plain_pair(key_out, value_out, self._dtype, self._shape):
                 arrays = self._host_arrays(key_out, value_out, writable=True)
                 if arrays is None:
                     return self._read(block_id, namespace, self._check_outs(key_out, value_out))
@@ -330,13 +322,13 @@ class CascadeStore(BatchCalls, BlockCalls):
 
     def _plain_pairs(self, pairs: list[tuple[Any, Any]]) -> list[int]:
         """Indices of the ``(key, value)`` of ``pairs`` that are both numpy arrays of the
-        spec's shape and dtype (:func:`_plain_pair`: candidates for the hot path, which
+        spec's shape and dtype (:func:`~cascade.buffers.hostcopy.plain_pair`: candidates for the hot path, which
         still checks their layout). A pair of CPU torch tensors of the spec is replaced in
         ``pairs`` by numpy arrays over their memory (:meth:`_host_arrays`) and counted."""
         shape, dtype = self.spec.shape, self.spec.np_dtype
         plain = []
         for i, (k, v) in enumerate(pairs):
-            if not _plain_pair(k, v, shape, dtype):
+            if not plain_pair(k, v, dtype, shape):
                 arrays = self._host_arrays(k, v, writable=False)
                 if arrays is None:
                     continue

@@ -290,3 +290,30 @@ def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(name
             assert plain_pairs(good[:2] + [pair] + good[2:], np.ndarray, dtype, shape) == 2, what
     assert plain_pairs(good[:1] + [good[1] + (good[1][0],)], np.ndarray, dtype, shape) == 1  # not a pair
     assert plain_pairs(good[:1] + [iter(good[1])], np.ndarray, dtype, shape) == 1
+
+
+PLAIN_PAIR = {"compiled": getattr(hostcopy, "plain_pair", None) if hostcopy.COMPILED else None,
+              "python": hostcopy.plain_pair_python}
+
+
+@pytest.mark.parametrize("name", list(PLAIN_PAIR))
+def test_plain_pair_takes_numpy_arrays_of_the_dtype_and_shape_whatever_their_layout(name):
+    plain_pair = PLAIN_PAIR[name]
+    if plain_pair is None:
+        pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
+    dtype, shape = np.dtype(np.float16), (4, 8)
+    good = np.zeros(shape, dtype)
+    read_only = np.zeros(shape, dtype)
+    read_only.flags.writeable = False
+    taken = {"read-only": read_only, "strided": np.zeros((4, 16), dtype)[:, ::2], "transposed": np.zeros((8, 4), dtype).T}
+    refused = {"shape": np.zeros((8, 4), dtype), "fewer dims": np.zeros(32, dtype), "more dims": np.zeros((1, 4, 8), dtype),
+               "dtype": np.zeros(shape, np.float32), "bfloat16": np.zeros(shape, ml_dtypes.bfloat16),
+               "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
+    assert plain_pair(good, good, dtype, shape) is True
+    for what, array in taken.items():
+        assert plain_pair(good, array, dtype, shape) is True and plain_pair(array, good, dtype, shape) is True, what
+    for what, array in refused.items():
+        assert plain_pair(good, array, dtype, shape) is False and plain_pair(array, good, dtype, shape) is False, what
+    scalar = np.zeros((), dtype)
+    assert plain_pair(scalar, scalar, dtype, ()) is True and plain_pair(good, good, dtype, ()) is False
+    assert plain_pair(good, good, dtype, (1,) * 40) is False  # more dimensions than any array has

@@ -7,7 +7,7 @@ import pytest
 from cascade import (BlockNotFound, BlockPinned, BlockSpec, CascadeStore, Config, InvalidBlock, TierFull,
                      block_id)
 from cascade.errors import StoreClosed
-from cascade.identity import check_id
+from cascade.identity import COMPILED_ID_CHECK, check_id, check_id_python
 
 
 def make_block(spec, seed):
@@ -107,14 +107,27 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(store, bad):
 
 @pytest.mark.parametrize("bad", ["0" * 31, "0" * 33, "A" * 32, "0" * 31 + "g", " " + "0" * 31, "0" * 31 + "\n",
                                  "0" * 15 + "\u00e9" + "0" * 16, "0" * 16 + "-" + "0" * 15, "", b"0" * 32, 0, None])
-def test_check_id_refuses_anything_but_32_lowercase_hex_characters(bad):
-    with pytest.raises(InvalidBlock, match="malformed block id"):
-        check_id(bad)
+@pytest.mark.parametrize("check", [check_id, check_id_python], ids=["compiled", "python"])
+def test_check_id_refuses_anything_but_32_lowercase_hex_characters(check, bad):
+    with pytest.raises(InvalidBlock, match="malformed block id") as raised:
+        check(bad)
+    assert str(raised.value) == f"malformed block id {bad!r}: expected 32 lowercase hex characters"
 
 
-def test_check_id_returns_a_good_id_itself():
-    for good in ("0123456789abcdef" * 2, "f" * 32, block_id(np.zeros(4, np.uint8), np.ones(4, np.uint8))):
-        assert check_id(good) is good
+class _Id(str):
+    pass
+
+
+@pytest.mark.parametrize("check", [check_id, check_id_python], ids=["compiled", "python"])
+def test_check_id_returns_a_good_id_itself(check):
+    for good in ("0123456789abcdef" * 2, "f" * 32, block_id(np.zeros(4, np.uint8), np.ones(4, np.uint8)),
+                 _Id("a" * 32)):
+        assert check(good) is good
+
+
+def test_the_compiled_id_check_was_built():
+    """`make install` builds cascade/_ids.c; without it every put checks its id in Python."""
+    assert COMPILED_ID_CHECK, "cascade._ids was not built: run `make install` (needs a C compiler)"
 
 
 def test_malformed_ids_and_namespaces(store):

@@ -40,6 +40,10 @@
  * ``pairs`` whose two arrays are exactly of ``array_type``, of ``dtype`` (the very object),
  * of ``shape`` and writable and C-contiguous: the checks a batch get makes of every
  * output pair before it reads, without a Python-level attribute per check.
+ * plain_pair(key, value, dtype, shape) says whether both are exactly numpy arrays of
+ * ``dtype`` (the very object) and ``shape``, whatever their layout: the check every put
+ * and get_into makes of its arrays (a tenth of a hot 4 KiB put through numpy's
+ * attributes). Numpy arrays are read through numpy's object fields, not their attributes.
  *
  * overlapping(buffers) says whether the byte ranges of any two of ``buffers`` overlap
  * (those without a contiguous host buffer, e.g. device memory, are not looked at): one
@@ -539,6 +543,52 @@ copy_in_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *dtype_name;  /* "dtype", interned at import */
 
+/* numpy.ndarray (set at import), and the leading fields of its objects: numpy's
+ * PyArrayObject_fields (numpy/ndarraytypes.h), which compiled extensions read through
+ * numpy's own macros, so numpy keeps them in place (its ABI). Read here only from objects
+ * whose type is exactly numpy.ndarray. */
+static PyTypeObject *ndarray_type;
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayHead;
+#define ARRAY_C_CONTIGUOUS 0x0001 /* NPY_ARRAY_C_CONTIGUOUS */
+#define ARRAY_WRITEABLE 0x0400    /* NPY_ARRAY_WRITEABLE */
+
+/* 1 when ``array`` is exactly a numpy.ndarray of ``dtype`` (the very object) and of the
+ * ``ndim`` dimensions ``shape``, and has all of ``flags``; 0 otherwise. */
+static int
+numpy_array_of(PyObject *array, PyObject *dtype, int ndim, const Py_ssize_t *shape, int flags)
+{
+    if (Py_TYPE(array) != ndarray_type)
+        return 0;
+    const ArrayHead *head = (const ArrayHead *)array;
+    return head->descr == dtype && head->nd == ndim && (head->flags & flags) == flags
+           && (ndim == 0 || memcmp(head->dimensions, shape, (size_t)ndim * sizeof(Py_ssize_t)) == 0);
+}
+
+/* The dimensions of the tuple ``shape`` into ``dims`` (at most MAX_DIMS): their count, -1
+ * with an error set when one is not an int, MAX_DIMS + 1 when there are too many. */
+static Py_ssize_t
+shape_dims(PyObject *shape, Py_ssize_t *dims)
+{
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (ndim > MAX_DIMS)
+        return MAX_DIMS + 1;
+    for (Py_ssize_t d = 0; d < ndim; d++) {
+        dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (dims[d] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return ndim;
+}
+
 /* 1 when ``array`` is exactly of ``type``, of ``dtype``, of the ``ndim`` dimensions
  * ``shape``, and writable and C-contiguous; 0 otherwise (no error left set). */
 static int
@@ -546,6 +596,8 @@ plain_array(PyObject *array, PyTypeObject *type, PyObject *dtype, int ndim, cons
 {
     if (Py_TYPE(array) != type)
         return 0;
+    if (type == ndarray_type)
+        return numpy_array_of(array, dtype, ndim, shape, ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE);
     PyObject *its = PyObject_GetAttr(array, dtype_name);
     if (its == NULL) {
         PyErr_Clear();
@@ -572,15 +624,12 @@ plain_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)args[1];
-    Py_ssize_t ndim = PyTuple_GET_SIZE(args[3]);
     Py_ssize_t shape[MAX_DIMS];
+    Py_ssize_t ndim = shape_dims(args[3], shape);
+    if (ndim < 0)
+        return NULL;
     if (ndim > MAX_DIMS)
         return PyLong_FromLong(0);
-    for (Py_ssize_t d = 0; d < ndim; d++) {
-        shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], d));
-        if (shape[d] == -1 && PyErr_Occurred())
-            return NULL;
-    }
     PyObject *fast = PySequence_Fast(args[0], "pairs must be a sequence");
     if (fast == NULL)
         return NULL;
@@ -596,6 +645,22 @@ plain_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_DECREF(fast);
     return PyLong_FromSsize_t(i);
+}
+
+static PyObject *
+plain_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "expected (key, value, dtype, shape tuple)");
+        return NULL;
+    }
+    Py_ssize_t shape[MAX_DIMS];
+    Py_ssize_t ndim = shape_dims(args[3], shape);
+    if (ndim < 0)
+        return NULL;
+    int plain = ndim <= MAX_DIMS && numpy_array_of(args[0], args[2], (int)ndim, shape, 0)
+                && numpy_array_of(args[1], args[2], (int)ndim, shape, 0);
+    return PyBool_FromLong(plain);
 }
 
 typedef struct {
@@ -741,6 +806,8 @@ static PyMethodDef methods[] = {
      "streamed_copies() -> int: calls in this process whose copies wrote with non-temporal stores."},
     {"plain_pairs", (PyCFunction)(void (*)(void))plain_pairs, METH_FASTCALL,
      "plain_pairs(pairs, array_type, dtype, shape) -> int: leading pairs of writable C-contiguous arrays of the kind."},
+    {"plain_pair", (PyCFunction)(void (*)(void))plain_pair, METH_FASTCALL,
+     "plain_pair(key, value, dtype, shape) -> bool: both exactly numpy arrays of the dtype (that object) and shape."},
     {"overlapping", (PyCFunction)(void (*)(void))overlapping, METH_FASTCALL,
      "overlapping(buffers) -> bool: whether the byte ranges of any two contiguous host buffers overlap."},
     {"memory_at", (PyCFunction)(void (*)(void))memory_at, METH_FASTCALL,
@@ -759,6 +826,13 @@ PyInit__hostcopy(void)
         return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
     if (dtype_name == NULL)
+        return NULL;
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    if (numpy == NULL)
+        return NULL;
+    ndarray_type = (PyTypeObject *)PyObject_GetAttrString(numpy, "ndarray");  /* kept: numpy stays imported */
+    Py_DECREF(numpy);
+    if (ndarray_type == NULL)
         return NULL;
     static int at_fork;
     if (!at_fork && pthread_atfork(NULL, NULL, forget_helper) == 0)

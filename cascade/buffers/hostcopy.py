@@ -24,9 +24,13 @@ alive as long as it, or an array made over it, lives. ``plain_pairs(pairs, array
 dtype, shape)`` counts the leading ``(key, value)`` pairs of ``pairs`` whose arrays are
 both exactly of ``array_type``, of ``dtype`` (that very object), of ``shape``, writable and
 C-contiguous (a batch get's check of its outputs before it reads: 64 pairs in 66 us
-through numpy's attributes on this project's VM). ``overlapping(buffers)`` says whether
-the byte ranges of any two of ``buffers`` overlap (device memory is not looked at); the
-copies out refuse outputs that overlap each other.
+through numpy's attributes on this project's VM). ``plain_pair(key, value, dtype, shape)``
+says whether both are exactly numpy arrays of ``dtype`` (that very object) and ``shape``,
+whatever their layout (a put's and a get's first check of its arrays: the small-block hot
+paths' candidates; numpy keeps one dtype object of each built-in and registered dtype, and
+arrays of another equal one take the full path). ``overlapping(buffers)`` says whether the
+byte ranges of any two of ``buffers`` overlap (device memory is not looked at); the copies
+out refuse outputs that overlap each other.
 
 They are the compiled ``_hostcopy`` module when the install built it (``make install``
 does, with the machine's C compiler): a 4 KiB block's two copies cost 0.18 us against
@@ -160,6 +164,12 @@ def streamed_copies_python() -> int:
     return 0
 
 
+def plain_pair_python(key: Any, value: Any, dtype: Any, shape: tuple[int, ...]) -> bool:
+    """:func:`plain_pair` through numpy's attributes (the fallback)."""
+    return (type(key) is np.ndarray and type(value) is np.ndarray and key.dtype is dtype and value.dtype is dtype
+            and key.shape == shape and value.shape == shape)
+
+
 def plain_pairs_python(pairs: Sequence[Any], array_type: type, dtype: Any, shape: tuple[int, ...]) -> int:
     """:func:`plain_pairs` through numpy's attributes (the fallback)."""
     for i, pair in enumerate(pairs):
@@ -187,14 +197,14 @@ def overlapping_python(buffers: Sequence[Any]) -> bool:
 
 try:
     from ._hostcopy import (STREAM_MIN, copy_in, copy_in_many, copy_out, copy_out_many, helper_pieces, memory_at,
-                            overlapping, plain_pairs, streamed_copies)
+                            overlapping, plain_pair, plain_pairs, streamed_copies)
     COMPILED = True
 except ImportError:  # not built here: the Python versions
     copy_in, copy_out, memory_at = copy_in_python, copy_out_python, memory_at_python
     copy_out_many, copy_in_many, helper_pieces = copy_out_many_python, copy_in_many_python, helper_pieces_python
     streamed_copies = streamed_copies_python
     STREAM_MIN = 16 << 10  # what the compiled copies stream from (the fallbacks never stream)
-    plain_pairs = plain_pairs_python
+    plain_pair, plain_pairs = plain_pair_python, plain_pairs_python
     overlapping = overlapping_python
     COMPILED = False
 
