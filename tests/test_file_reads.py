@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config, ConfigError, CorruptBlock, InvalidBlock
+from cascade.core import batch_reads
 from cascade.models import BlockSpec
 from cascade.tiers import file_reads, record_io
 from cascade.tiers.file_tier import FileTier
@@ -265,6 +266,23 @@ def test_a_batch_starts_its_next_runs_before_it_counts_the_first(tmp_path, monke
         assert events == ["start"] * 3 + ["finish"] * 3  # one run per chunk of 4 leases, all started first
         assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
         assert s.stats()["tiers"]["file"]["hits"] == 12
+
+
+def test_a_batch_leases_a_small_first_chunk_and_doubles_the_next_ones(tmp_path, monkeypatch):
+    """The reader thread starts on a batch's first run after FIRST_LEASE_CHUNK leases, not
+    LEASE_CHUNK: chunks double from there, up to LEASE_CHUNK (runs never span two)."""
+    assert [len(c) for c in batch_reads._lease_chunks(range(3, 103))] == [8, 16, 32, 32, 12]
+    assert [len(c) for c in batch_reads._lease_chunks(range(5, 5))] == []
+    monkeypatch.setattr("cascade.core.batch_reads.LEASE_CHUNK", 4)
+    monkeypatch.setattr("cascade.core.batch_reads.FIRST_LEASE_CHUNK", 1)
+    with _file_store(tmp_path, 12) as (s, blocks, ids):
+        tier, runs = s.tiers[0], []
+        start = tier.start_leased_run if tier.reads_queued else tier.read_leased_run
+        monkeypatch.setattr(tier, start.__name__, lambda leases, outs: runs.append(len(leases)) or start(leases, outs))
+        outs = [s.spec.empty() for _ in ids]
+        assert s.get_many_into(ids, outs) == [True] * 12
+        assert runs == [1, 2, 4, 4, 1]
+        assert all(np.array_equal(o[0], b[0]) and np.array_equal(o[1], b[1]) for o, b in zip(outs, blocks))
 
 
 @pytest.mark.skipif(not record_io.COMPILED, reason="no reader threads: runs are read when finished")
