@@ -19,6 +19,11 @@
  * XXH3 is the one the ``xxhash`` module carries (the same code the Python side hashes
  * with): its functions are looked up in that module's shared object when this module is
  * imported, which fails (ImportError: the Python version runs) if they are not exported.
+ * Where that module was built with xxHash's run-time dispatch, its ``_dispatch`` entry
+ * points (the ones its Python methods call) pick the widest vector unit the CPU has, while
+ * the plain ones hash with the baseline SSE2 code: the hashing entry points are taken from
+ * the ``_dispatch`` ones when exported. On this project's VM (AVX2) a 64 KiB payload read
+ * from the page cache took 6.4 us with the plain ones, 4.5 without hashing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -502,9 +507,13 @@ find_xxh3(void)
         xxh3_create = (XXH3_state_t * (*)(void)) dlsym(lib, "XXH3_createState");
         xxh3_free = (int (*)(XXH3_state_t *))dlsym(lib, "XXH3_freeState");
         xxh3_reset = (int (*)(XXH3_state_t *, uint64_t))dlsym(lib, "XXH3_64bits_reset_withSeed");
-        xxh3_update = (int (*)(XXH3_state_t *, const void *, size_t))dlsym(lib, "XXH3_64bits_update");
+        xxh3_update = (int (*)(XXH3_state_t *, const void *, size_t))dlsym(lib, "XXH3_64bits_update_dispatch");
+        if (xxh3_update == NULL)
+            xxh3_update = (int (*)(XXH3_state_t *, const void *, size_t))dlsym(lib, "XXH3_64bits_update");
         xxh3_digest = (uint64_t(*)(const XXH3_state_t *))dlsym(lib, "XXH3_64bits_digest");
-        xxh3_oneshot = (uint64_t(*)(const void *, size_t, uint64_t))dlsym(lib, "XXH3_64bits_withSeed");
+        xxh3_oneshot = (uint64_t(*)(const void *, size_t, uint64_t))dlsym(lib, "XXH3_64bits_withSeed_dispatch");
+        if (xxh3_oneshot == NULL)
+            xxh3_oneshot = (uint64_t(*)(const void *, size_t, uint64_t))dlsym(lib, "XXH3_64bits_withSeed");
     }
     if (!(xxh3_create && xxh3_free && xxh3_reset && xxh3_update && xxh3_digest && xxh3_oneshot)) {
         if (!PyErr_Occurred())
@@ -513,6 +522,16 @@ find_xxh3(void)
         return -1;
     }
     Py_DECREF(file);
+    /* A dispatching entry point picks its code on first use: make that use here, under the
+     * interpreter lock, before any reader thread hashes (inputs over 240 bytes dispatch). */
+    static const unsigned char probe[1024];
+    xxh3_oneshot(probe, sizeof probe, 0);
+    XXH3_state_t *state = xxh3_create();
+    if (state != NULL) {
+        xxh3_reset(state, 0);
+        xxh3_update(state, probe, sizeof probe);
+        xxh3_free(state);
+    }
     return 0;
 }
 
