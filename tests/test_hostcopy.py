@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import weakref
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -268,6 +269,19 @@ def test_a_store_takes_cpu_tensors_without_its_general_checks(tmp_path, monkeypa
 
 PLAIN_PAIRS = {"compiled": getattr(hostcopy, "plain_pairs", None) if hostcopy.COMPILED else None,
                "python": hostcopy.plain_pairs_python}
+#: What :func:`_odd_arrays` holds that only the layout sets apart from a plain array.
+LAYOUT_ONLY = ("read-only", "strided", "transposed")
+
+
+def _odd_arrays(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Arrays and buffers the hot paths' checks must tell from numpy arrays of ``dtype`` and
+    ``shape``: those of :data:`LAYOUT_ONLY`, then others of another shape, dtype or kind."""
+    read_only = np.zeros(shape, dtype)
+    read_only.flags.writeable = False
+    return {"read-only": read_only, "strided": np.zeros((4, 16), dtype)[:, ::2], "transposed": np.zeros((8, 4), dtype).T,
+            "shape": np.zeros((8, 4), dtype), "fewer dims": np.zeros(32, dtype), "more dims": np.zeros((1, 4, 8), dtype),
+            "dtype": np.zeros(shape, np.float32), "bfloat16": np.zeros(shape, ml_dtypes.bfloat16),
+            "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
 
 
 @pytest.mark.parametrize("name", list(PLAIN_PAIRS))
@@ -277,11 +291,7 @@ def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(name
         pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
     dtype, shape = np.dtype(np.float16), (4, 8)
     good = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(3)]
-    read_only = np.zeros(shape, dtype)
-    read_only.flags.writeable = False
-    bad = {"read-only": read_only, "strided": np.zeros((4, 16), dtype)[:, ::2], "transposed": np.zeros((8, 4), dtype).T,
-           "shape": np.zeros((8, 4), dtype), "dtype": np.zeros(shape, np.float32), "bfloat16": np.zeros(shape, ml_dtypes.bfloat16),
-           "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
+    bad = _odd_arrays(dtype, shape)
     assert plain_pairs(good, np.ndarray, dtype, shape) == 3
     assert plain_pairs([list(p) for p in good], np.ndarray, dtype, shape) == 3
     assert plain_pairs([], np.ndarray, dtype, shape) == 0
@@ -303,17 +313,10 @@ def test_plain_pair_takes_numpy_arrays_of_the_dtype_and_shape_whatever_their_lay
         pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
     dtype, shape = np.dtype(np.float16), (4, 8)
     good = np.zeros(shape, dtype)
-    read_only = np.zeros(shape, dtype)
-    read_only.flags.writeable = False
-    taken = {"read-only": read_only, "strided": np.zeros((4, 16), dtype)[:, ::2], "transposed": np.zeros((8, 4), dtype).T}
-    refused = {"shape": np.zeros((8, 4), dtype), "fewer dims": np.zeros(32, dtype), "more dims": np.zeros((1, 4, 8), dtype),
-               "dtype": np.zeros(shape, np.float32), "bfloat16": np.zeros(shape, ml_dtypes.bfloat16),
-               "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
     assert plain_pair(good, good, dtype, shape) is True
-    for what, array in taken.items():
-        assert plain_pair(good, array, dtype, shape) is True and plain_pair(array, good, dtype, shape) is True, what
-    for what, array in refused.items():
-        assert plain_pair(good, array, dtype, shape) is False and plain_pair(array, good, dtype, shape) is False, what
+    for what, array in _odd_arrays(dtype, shape).items():
+        taken = what in LAYOUT_ONLY
+        assert plain_pair(good, array, dtype, shape) is taken and plain_pair(array, good, dtype, shape) is taken, what
     scalar = np.zeros((), dtype)
     assert plain_pair(scalar, scalar, dtype, ()) is True and plain_pair(good, good, dtype, ()) is False
     assert plain_pair(good, good, dtype, (1,) * 40) is False  # more dimensions than any array has
