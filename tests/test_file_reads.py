@@ -602,6 +602,30 @@ def test_a_long_store_batch_advises_its_stream_over_its_start_and_reads_on_in_lo
         assert runs == [1, 1, 1, 1, 4, 2]  # chunks of 4: from the 4th record on, past the stream's start
 
 
+def test_a_file_removed_takes_the_last_stream_read_in_it_along(tmp_path):
+    """A removed file's descriptor number may come back for another file, which must not
+    go on with the removed one's stream (Reads._go_on)."""
+    tier = FileTier(64 << 20, str(tmp_path / "f"), read_mode="buffered", segment_bytes=1 << 20)
+    try:
+        keys = [("ns", f"{i:032x}") for i in range(300)]
+        for k in keys:
+            tier.put(k, [np.full(4096, 1, np.uint8)])
+        tier.sync()
+        leases = [tier.lease(k) for k in keys[:3]]
+        file = leases[0].file
+        tier.read_runs(leases, {})
+        for lease in leases:
+            tier.release(lease)
+        assert file.fd in tier._last_streams
+        for k in keys:
+            del tier[k]
+        while tier.compact_next():
+            pass
+        assert not os.path.exists(file.path) and file.fd not in tier._last_streams
+    finally:
+        tier.close()
+
+
 def _drop_page_cache(tier) -> None:
     """Evict the file tier's files from the page cache (benchmark.machine.drop_page_cache);
     skip the test where they stay resident (tmpfs keeps its pages)."""

@@ -267,8 +267,16 @@ def test_a_store_takes_cpu_tensors_without_its_general_checks(tmp_path, monkeypa
             assert torch.equal(k.view(torch.int16), ko.view(torch.int16)) and torch.equal(v.view(torch.int16), vo.view(torch.int16))
 
 
-PLAIN_PAIRS = {"compiled": getattr(hostcopy, "plain_pairs", None) if hostcopy.COMPILED else None,
-               "python": hostcopy.plain_pairs_python}
+def _version(name: str, which: str) -> Any:
+    """``hostcopy``'s function ``name``: ``compiled`` (the test skips where it was not
+    built) or its ``python`` fallback."""
+    if which == "python":
+        return getattr(hostcopy, f"{name}_python")
+    if not hostcopy.COMPILED:
+        pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
+    return getattr(hostcopy, name)
+
+
 #: What :func:`_odd_arrays` holds that only the layout sets apart from a plain array.
 LAYOUT_ONLY = ("read-only", "strided", "transposed")
 
@@ -284,11 +292,9 @@ def _odd_arrays(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
             "subclass": np.zeros(shape, dtype).view(np.matrix), "bytearray": bytearray(64), "none": None}
 
 
-@pytest.mark.parametrize("name", list(PLAIN_PAIRS))
-def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(name):
-    plain_pairs = PLAIN_PAIRS[name]
-    if plain_pairs is None:
-        pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(which):
+    plain_pairs = _version("plain_pairs", which)
     dtype, shape = np.dtype(np.float16), (4, 8)
     good = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(3)]
     bad = _odd_arrays(dtype, shape)
@@ -302,15 +308,9 @@ def test_plain_pairs_counts_the_leading_pairs_a_batch_get_takes_as_they_are(name
     assert plain_pairs(good[:1] + [iter(good[1])], np.ndarray, dtype, shape) == 1
 
 
-PLAIN_PAIR = {"compiled": getattr(hostcopy, "plain_pair", None) if hostcopy.COMPILED else None,
-              "python": hostcopy.plain_pair_python}
-
-
-@pytest.mark.parametrize("name", list(PLAIN_PAIR))
-def test_plain_pair_takes_numpy_arrays_of_the_dtype_and_shape_whatever_their_layout(name):
-    plain_pair = PLAIN_PAIR[name]
-    if plain_pair is None:
-        pytest.skip("not built here (test_the_compiled_copies_were_built says why)")
+@pytest.mark.parametrize("which", ["compiled", "python"])
+def test_plain_pair_takes_numpy_arrays_of_the_dtype_and_shape_whatever_their_layout(which):
+    plain_pair = _version("plain_pair", which)
     dtype, shape = np.dtype(np.float16), (4, 8)
     good = np.zeros(shape, dtype)
     assert plain_pair(good, good, dtype, shape) is True

@@ -126,6 +126,7 @@ class Files:
         mount) is logged and left: a restart finds it as after a crash before the unlink
         (a compacted source beside its copies), and its descriptors are returned all the same."""
         self._files.pop(f.file_id, None)  # (a spare was never known)
+        self._last_streams.pop(f.fd, None)  # its descriptor's number may come back for another file
         try:
             os.unlink(f.path)
         except FileNotFoundError:
