@@ -6,11 +6,14 @@ errors, an interrupted copy leaves nothing claimed, counted or held, and a buffe
 compiled call refuses is copied on its own."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from cascade import CascadeStore, Config, InvalidBlock, TierFull
 from cascade.buffers import hostcopy
+from cascade.core import batch_reads
 from cascade.core.reads import HOT_COPY_MAX
 from cascade.models import BlockSpec
 from cascade.tiers import slab_tier
@@ -59,6 +62,34 @@ def test_a_batch_put_and_get_of_big_shm_blocks_copy_in_one_call_each(tmp_path, m
         st = store.stats()
         assert (st["puts"], st["gets"], st["hits"], st["misses"]) == (6, 6, 6, 0)
         assert store.tiers[0].used == 6 * SPEC.block_bytes
+
+
+def test_a_get_of_more_blocks_than_its_first_lease_chunk_still_copies_in_one_call(tmp_path, monkeypatch):
+    """The chunks a batch leases in turn (8, then 16: batch_reads._lease_chunks) are
+    joined into one run again: one compiled copy on the caller's thread, shared with the
+    copy helper, not a run per chunk on the batch's worker threads."""
+    count = batch_reads.FIRST_LEASE_CHUNK + 5
+    ids = [bid(n) for n in range(count)]
+    with open_store(tmp_path, blocks=32) as store:
+        store.put_many([block(n) for n in range(count)], block_ids=ids)
+        gets = spy(monkeypatch, "copy_out_many")
+        outs = [SPEC.empty() for _ in ids]
+        assert store.get_many_into(ids, outs) == [True] * count
+        assert gets == [count]
+        assert all(same(out, block(n)) for n, out in enumerate(outs))
+        st = store.stats()
+        assert (st["gets"], st["hits"], st["misses"]) == (count, count, 0)
+
+
+def test_only_adjacent_runs_of_one_tier_that_copies_without_the_lock_are_joined():
+    slab, other_slab, files = (SimpleNamespace(copies_without_gil=flag) for flag in (True, True, False))
+    leased = [(i, SimpleNamespace(tier=tier)) for i, tier in
+              enumerate([slab, slab, slab, other_slab, files, files, slab, slab])]
+    runs = [range(0, 1), range(1, 3), range(3, 4), range(4, 5), range(5, 6), range(6, 7), range(7, 8)]
+    assert batch_reads._joined_in_memory(runs, leased) == [range(0, 3), range(3, 4), range(4, 5), range(5, 6),
+                                                           range(6, 8)]
+    assert batch_reads._joined_in_memory([range(0, 1), range(2, 3)], leased) == [range(0, 1), range(2, 3)]
+    assert batch_reads._joined_in_memory([], leased) == []
 
 
 @pytest.mark.parametrize("tiers", ["shm", "shm+file"])
