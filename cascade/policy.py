@@ -203,6 +203,13 @@ class Policy:
         meta.version += 1
         meta.unlisted = True
 
+    def kept(self, meta: BlockMeta) -> None:
+        """``meta``, which :meth:`victim` may have chosen, stays in its tier (its move down
+        failed or was called off): the score recorded for it goes, so the clock does not
+        rise to it if the block leaves later without being chosen again (a namespace
+        share's victim, :meth:`~cascade.namespace_victims.NamespaceVictims.victim_in`)."""
+        self._chosen.pop(meta, None)
+
     def evicted(self, meta: BlockMeta) -> None:
         """``meta`` is about to be dropped for room: remember how much it was used."""
         if self._chosen:

@@ -126,6 +126,7 @@ def test_a_failed_background_demotion_leaves_the_policy_clock_as_it_was(tmp_path
     store.flush()
     assert store.stats()["background_demotion_errors"] == 1 and demotions(store) == 0
     assert all(store._meta[("default", b)].tier == 0 for b in ids)
+    assert not store.policy._chosen  # the victim stayed: no score is kept for it (Policy.kept)
     monkeypatch.undo()
     newer = put(store, 17)  # paused: nothing moves; a new block reads the clock
     assert store._meta[("default", newer)].base == 0.0

@@ -124,6 +124,24 @@ def test_the_clock_rises_when_a_victim_leaves_not_when_it_is_chosen():
     assert policy._clock == 3.0
 
 
+def test_a_victim_that_stays_does_not_raise_the_clock_when_it_leaves_unchosen_later():
+    """A victim whose move down failed stays (``kept``): its score then is forgotten, so a
+    later departure that no victim() chose (a namespace share's own victim) leaves the
+    clock where it was."""
+    policy = Policy(2)
+    b = _blocks(policy, 2)
+    policy.touched(b[1], now=5.0)
+    assert policy.victim(0) is b[0]  # score 1
+    policy.kept(b[0])  # its copy down failed
+    b[0].tier = 1
+    policy.moved(b[0], 0)  # demoted later, chosen by no victim() call
+    assert policy._clock == 0.0
+    assert policy.victim(0) is b[1]
+    b[1].tier = 1
+    policy.moved(b[1], 0)  # a chosen victim still raises it
+    assert policy._clock == 2.0
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "3", True])
 def test_a_bad_position_is_refused_before_anything_changes(tmp_path, bad):
     cfg = Config(shm_bytes=4 * 4096, file_bytes=0, file_dir=str(tmp_path / "f"))

@@ -299,6 +299,7 @@ class TierChain:
                 lease.release()
                 if error is None and here and cancel_if is not None and cancel_if(meta):
                     dst.discard()
+                    self.index.kept(meta)
                     return False
                 if error is None and here:
                     try:
@@ -311,6 +312,8 @@ class TierChain:
                         self.metrics.tiers[dst.t].bytes_written += meta.nbytes
                         return True
                 dst.discard()  # failed, or the block was deleted or replaced meanwhile
+                if here:
+                    self.index.kept(meta)
                 if isinstance(error, UnreadableBlock):  # kept where it is: its bytes were not found bad
                     log.warning("%s", error)
                     self.metrics.tiers[lease.t].read_errors += 1

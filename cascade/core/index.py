@@ -281,6 +281,10 @@ class BlockIndex:
         """A hit, or a put deduplicated onto it."""
         self._policy.touched(meta, time.monotonic())
 
+    def kept(self, meta: BlockMeta) -> None:
+        """A victim chosen for room stays in its tier (its move failed or was called off)."""
+        self._policy.kept(meta)
+
     def evicted(self, meta: BlockMeta) -> None:
         """``meta`` is about to be dropped for room."""
         self._policy.evicted(meta)
