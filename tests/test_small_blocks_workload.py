@@ -52,6 +52,30 @@ def test_interleaved_forms_take_turns_going_first_over_every_chunk(monkeypatch):
     assert hooks[:2] == [("before", "b"), ("after", "b")] and len(hooks) == 2 * len(calls)
 
 
+def test_hot_reads_of_few_blocks_are_timed_over_as_many_chunk_passes_as_many_blocks_get(monkeypatch):
+    """Blocks that make fewer than CHUNKS chunks (2 and 16 MiB: one) have their hot reads
+    gone over again until each form is timed over CHUNKS chunk passes, the form going
+    first still rotating; the microseconds are per block read."""
+    monkeypatch.setattr(small_blocks, "CHUNKS", 4)
+    assert small_blocks._read_repeats(small_blocks.BATCH) == 4  # one chunk
+    assert small_blocks._read_repeats(2 * small_blocks.BATCH) == 2
+    assert small_blocks._read_repeats(4 * small_blocks.BATCH) == 1
+    assert small_blocks._read_repeats(64 * small_blocks.BATCH) == 1
+    calls = []
+    forms = {name: (lambda part, name=name: calls.append((name, part.start))) for name in ("a", "b")}
+    result = small_blocks._interleaved_us(forms, small_blocks.BATCH, 0, repeat=4)
+    assert sorted(calls) == sorted([("a", 0)] * 4 + [("b", 0)] * 4)
+    assert [calls[i][0] for i in range(0, len(calls), 2)] == ["a", "b", "a", "b"]
+    assert set(result) == {"a", "b"}
+
+
+def test_small_blocks_times_hot_reads_of_one_chunk_sixteen_times(tmp_path):
+    """A size whose blocks make one chunk records how often its hot reads went over them."""
+    result = small_blocks.run({"sizes": [4096], "rounds": 1, "blocks": 16, "file_dir": str(tmp_path)})
+    assert [p["hot_read_repeats"] for p in result["rows"][0]["samples"]] == [float(small_blocks.CHUNKS)]
+    assert result["rows"][0]["wrong"] == 0
+
+
 def test_timed_passes_run_with_the_heap_frozen_and_unfreeze_after(monkeypatch):
     """Every timed pass runs with the objects alive before the passes frozen (its
     gc.collect() walks only what the passes made, not torch's modules); the heap is

@@ -62,6 +62,18 @@ time equal to wall time), and whole passes timed one after the other compared th
 machine's moments as much as the code: 4 KiB put/dict, 8 rounds in one process, whole
 passes 3.14 [2.44-3.50], interleaved chunks 3.25 [3.11-3.44].
 
+The hot gets, which leave the store as they find it, go over their blocks again where
+the blocks make fewer than :data:`CHUNKS` chunks (:func:`_read_repeats`: 16 times at 2
+and 16 MiB, once at 4 and 64 KiB), so that every size's hot ratio rests on as many
+timed passes per form. A single pass of 32 blocks of 2 MiB takes about 3 ms, and one
+such pass per form and round gave the suite at efc645b per-round hot batch/loop ratios
+of 0.56-1.75 at 2 MiB (loop passes of 75-247 us a block) and 0.78-1.36 at 16 MiB. Two
+runs each, alternated in one sitting (``--sizes 2M,16M``, 6 rounds): 2 MiB rounds
+0.92-1.07 (medians 1.019, 0.986) against 0.62-1.16 (0.993, 0.948) with one pass;
+16 MiB 0.87-1.00 (0.972, 0.917) against 0.80-1.32 (1.044, 0.960). Puts are not
+repeated (a second put of an id is another call), nor the cold gets (every pass pays a
+settling read and a drop of the whole set).
+
 Each timed pass (over a chunk or whole) starts with ``gc.collect()``: it then pays for
 the collections of its own garbage only. Without it, the full collection that the
 long-lived objects of the passes before it trigger (11-50 ms here, 3-12 us per block at
@@ -147,20 +159,28 @@ def _chunk_blocks(count: int) -> int:
     return BATCH * max(1, count // (BATCH * CHUNKS))
 
 
+def _read_repeats(count: int) -> int:
+    """How many times the hot reads go over their blocks in a round: enough that each form
+    is timed over :data:`CHUNKS` chunk passes (one, where the blocks make that many chunks
+    already; 16 at 2 and 16 MiB, whose blocks make one chunk: module docstring)."""
+    return max(1, CHUNKS // -(-count // _chunk_blocks(count)))
+
+
 def _interleaved_us(forms: dict[str, Callable[[slice], None]], count: int, rnd: int,
                     before: Callable[[str, slice], None] | None = None,
-                    after: Callable[[str, slice], None] | None = None) -> dict[str, float]:
+                    after: Callable[[str, slice], None] | None = None, *, repeat: int = 1) -> dict[str, float]:
     """Microseconds per block of each form, its passes cut into chunks timed in turn:
     every form runs over chunk 1, then every form over chunk 2, and so on, the form that
-    goes first rotating from chunk to chunk (and round ``rnd`` to round). ``before`` runs
-    untimed before each form's pass over a chunk, ``after`` untimed after it (the
-    checks). Each pass over a chunk starts with ``gc.collect()``, as each whole pass did
-    (module docstring)."""
+    goes first rotating from chunk to chunk (and round ``rnd`` to round); with ``repeat``,
+    the chunks are gone over that many times (forms that leave the store as they found
+    it: reads). ``before`` runs untimed before each form's pass over a chunk, ``after``
+    untimed after it (the checks). Each pass over a chunk starts with ``gc.collect()``, as
+    each whole pass did (module docstring)."""
     names = list(forms)
     seconds = dict.fromkeys(names, 0.0)
     chunk = _chunk_blocks(count)
     with frozen_heap():  # each pass's gc.collect() walks only what the passes made (module docstring)
-        for i, start in enumerate(range(0, count, chunk)):
+        for i, start in enumerate(list(range(0, count, chunk)) * repeat):
             part = slice(start, start + chunk)
             turn = (i + rnd) % len(names)
             for name in names[turn:] + names[:turn]:
@@ -172,7 +192,7 @@ def _interleaved_us(forms: dict[str, Callable[[slice], None]], count: int, rnd: 
                 seconds[name] += time.perf_counter() - started
                 if after is not None:
                     after(name, part)
-    return {name: s / count * 1e6 for name, s in seconds.items()}
+    return {name: s / (count * repeat) * 1e6 for name, s in seconds.items()}
 
 
 def _batched(items: list, size: int) -> list[list]:
@@ -288,8 +308,10 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
         everything = slice(0, count)
         for warm in (dict_get, get_loop, get_batch):  # every hot read form runs once untimed first
             warm(everything)
+        repeat = _read_repeats(count)
+        row["hot_read_repeats"] = float(repeat)
         row.update(_interleaved_us({"dict_get_us": dict_get, "get_loop_us": get_loop, "get_batch_us": get_batch},
-                                   count, rnd, before=zero, after=checker("hot")))
+                                   count, rnd, before=zero, after=checker("hot"), repeat=repeat))
         row["view_us"], missed_views = time_views(store, loop_ids, VIEWS_TIMED)
         row["hot_wrong"] = missed_views + wrong["hot"]
         if torch is not None:
