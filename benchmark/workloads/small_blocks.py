@@ -159,11 +159,16 @@ def _chunk_blocks(count: int) -> int:
     return BATCH * max(1, count // (BATCH * CHUNKS))
 
 
+def _chunk_count(count: int) -> int:
+    """Chunks (:func:`_chunk_blocks` each, the last maybe shorter) that ``count`` blocks make."""
+    return -(-count // _chunk_blocks(count))
+
+
 def _read_repeats(count: int) -> int:
     """How many times the hot reads go over their blocks in a round: enough that each form
     is timed over :data:`CHUNKS` chunk passes (one, where the blocks make that many chunks
     already; 16 at 2 and 16 MiB, whose blocks make one chunk: module docstring)."""
-    return max(1, CHUNKS // -(-count // _chunk_blocks(count)))
+    return max(1, CHUNKS // _chunk_count(count))
 
 
 def _interleaved_us(forms: dict[str, Callable[[slice], None]], count: int, rnd: int,
@@ -242,7 +247,7 @@ def _one_round(nbytes: int, count: int, rnd: int, workdir: str) -> dict[str, flo
     for key_out, value_out in outs:  # fault the outputs in: no pass pays first-touch faults for another
         key_out.fill(0)
         value_out.fill(0)
-    row: dict[str, float] = {"chunks": float(-(-count // _chunk_blocks(count)))}
+    row: dict[str, float] = {"chunks": float(_chunk_count(count))}
     ids = _ids(count, 2 * rnd)
     # A dict at steady state, as the store is (its slab prefaulted): filled untimed with
     # as many other blocks, one of which is deleted (untimed) before each insert, so that
