@@ -14,7 +14,7 @@ from cascade.core import batch_reads
 from cascade.models import BlockSpec
 from cascade.tiers import file_reads, record_io
 from cascade.tiers.file_tier import FileTier
-from cascade.tiers.records import HEADER_BYTES
+from cascade.tiers.records import HEADER_BYTES, PAGE
 
 SIZE = max(5 * record_io.CHUNK, record_io.PARALLEL_MIN) + 4096  # chunked: several chunks, a short last one
 
@@ -539,8 +539,8 @@ def test_a_batch_advises_a_stream_over_its_start_and_reads_on_in_longer_runs(tmp
         calls.clear()
         assert tier.read_runs(leases[10:13], streams) == [range(i, i + 1) for i in range(3)]  # block 9 skipped
         tier.will_read(leases[10:13], streams)
-        assert calls == [(fd, *_span(leases[10:13]))] and streams == {fd: _span(leases[10:13])[:1] + (
-            leases[12].loc.offset + record,)}
+        start = leases[10].loc.offset  # (in the page cache: no slow start)
+        assert calls == [(fd, *_span(leases[10:13]))] and streams == {fd: (start, leases[12].loc.offset + record, start)}
         calls.clear()
         assert tier.read_runs(leases[13:20]) == [range(i, i + 1) for i in range(7)]  # no streams
         tier.will_read(leases[13:20])
@@ -650,6 +650,8 @@ def test_a_batch_that_starts_where_the_last_stopped_goes_on_with_its_stream(tmp_
         monkeypatch.setattr(file_reads, "RUN_BYTES", record)
         monkeypatch.setattr(file_reads, "STREAM_START_BYTES", 3 * record)
         monkeypatch.setattr(file_reads, "STREAM_RUN_BYTES", 4 * record)
+        monkeypatch.setattr(file_reads, "SLOW_START_BYTES", 3 * record)  # (the slow start cuts as RUN_BYTES does here)
+        monkeypatch.setattr(file_reads, "SLOW_RUN_BYTES", record)
         runs = _run_lengths_spied(tier, monkeypatch)
         outs = [s.spec.empty() for _ in ids]
 
@@ -675,3 +677,59 @@ def test_a_batch_that_starts_where_the_last_stopped_goes_on_with_its_stream(tmp_
         assert [(offset, length) for _, offset, length in calls] == [(locs[0].offset, 3 * record),
                                                                     (locs[3].offset, 3 * record)]
         assert runs == [1, 1, 1, 1, 1, 1, 1, 3]
+
+
+def test_cached_pages_counts_a_files_pages_in_the_page_cache_and_reads_none(tmp_path):
+    """record_io.cached_pages (cachestat(2)): the pages of a byte range in the page cache,
+    without starting a read (a read would set off the kernel's readahead); an error for a
+    descriptor that is not open; None where the kernel cannot tell (skipped)."""
+    with _leased_tier(tmp_path, 8, 8 << 10) as (tier, _, leases):
+        fd, size = leases[0].file.fd, leases[-1].loc.offset + leases[-1].loc.record_bytes
+        if record_io.cached_pages(fd, 0, size) is None:
+            pytest.skip("the kernel cannot tell (no cachestat(2), or not for this file system)")
+        assert record_io.cached_pages(fd, 0, size) == size // PAGE  # just written: all cached
+        assert record_io.cached_pages(fd, 0, 0) == 0
+        _drop_page_cache(tier)
+        assert record_io.cached_pages(fd, 0, PAGE) == 0
+        assert record_io.cached_pages(fd, 0, size) == 0  # the call before read nothing
+        os.pread(fd, PAGE, 0)
+        assert record_io.cached_pages(fd, 0, PAGE) == 1
+        with pytest.raises(OSError):
+            record_io.cached_pages(-1, 0, PAGE)
+
+
+def test_a_stream_that_starts_out_of_the_page_cache_is_read_in_short_runs_first(tmp_path, monkeypatch):
+    """read_runs slow-starts a batch's stream of records of up to SLOW_RUN_BYTES whose first
+    page is not in the page cache: runs of up to SLOW_RUN_BYTES over its first
+    SLOW_START_BYTES (across calls), RUN_BYTES after them. A stream whose first page is
+    cached, of bigger records, in O_DIRECT mode or where the kernel cannot tell (or asking
+    it fails) is cut as before; the runs read back exactly."""
+    with _leased_tier(tmp_path, 8, 8 << 10) as (tier, blocks, leases):
+        fd, record = leases[0].file.fd, leases[0].loc.record_bytes
+        if record_io.cached_pages(fd, 0, PAGE) is None:
+            pytest.skip("the kernel cannot tell (no cachestat(2), or not for this file system)")
+        monkeypatch.setattr(file_reads, "SLOW_START_BYTES", 3 * record)
+        monkeypatch.setattr(file_reads, "SLOW_RUN_BYTES", record)
+        assert tier.read_runs(leases, {}) == [range(0, 8)]  # cached: one run
+        _drop_page_cache(tier)
+        streams: dict = {}
+        runs = [tier.read_runs(leases[:5], streams), tier.read_runs(leases[5:], streams)]
+        assert runs == [[range(0, 1), range(1, 2), range(2, 3), range(3, 5)], [range(0, 3)]]
+        assert streams == {fd: (leases[0].loc.offset, leases[-1].loc.offset + record, leases[0].loc.offset + 3 * record)}
+        assert record_io.cached_pages(fd, 0, 8 * record) == 0  # the probe read nothing
+        monkeypatch.setattr(file_reads, "SLOW_RUN_BYTES", record - 1)
+        assert tier.read_runs(leases, {}) == [range(0, 8)]  # records over SLOW_RUN_BYTES: as before
+        monkeypatch.setattr(file_reads, "SLOW_RUN_BYTES", record)
+        monkeypatch.setattr(record_io, "cached_pages", lambda fd, offset, length: None)
+        assert tier.read_runs(leases, {}) == [range(0, 8)]  # the kernel cannot tell: as before
+        monkeypatch.setattr(record_io, "cached_pages", lambda fd, offset, length: os.pread(-1, 1, 0))
+        assert tier.read_runs(leases, {}) == [range(0, 8)]  # nor where asking it fails
+        monkeypatch.undo()
+        monkeypatch.setattr(tier, "_odirect", True)
+        assert tier.read_runs(leases, {}) == [range(i, i + 1) for i in range(8)]
+        monkeypatch.setattr(tier, "_odirect", False)
+        outs = [[np.zeros(8 << 10, np.uint8)] for _ in blocks]
+        for run in runs[0]:
+            assert tier.finish_leased_run(tier.start_leased_run(leases[run.start:run.stop], outs[run.start:run.stop])) \
+                == [None] * len(run)
+        assert all(np.array_equal(out[0], data) for out, data in zip(outs[:5], blocks.values()))

@@ -94,7 +94,7 @@ class LeasedBatchReads:
         raised (later steps are not read)."""
         results: list[bool | None] = [None] * len(keys)
         step = max(1, LEASED_STEP_BYTES // max(1, self._nbytes))
-        streams: dict[int, tuple[int, int]] = {}  # what the batch reads, for its tiers' read_runs and will_read
+        streams: dict[int, tuple[int, ...]] = {}  # what the batch reads, for its tiers' read_runs and will_read
         with self._inflight.hold(f"a batch get of {len(keys)} blocks") as op:
             for lo in range(0, len(keys), step):
                 self._read_leased_step(range(lo, min(lo + step, len(keys))), keys, outs, parallel, results, op,
@@ -103,7 +103,7 @@ class LeasedBatchReads:
 
     def _read_leased_step(self, indices: range, keys: Sequence[BlockKey], outs: Sequence[Sequence[Any]],
                           parallel: Callable[..., list[Any]], results: list[bool | None], op: Any,
-                          any_outputs: bool, streams: dict[int, tuple[int, int]]) -> None:
+                          any_outputs: bool, streams: dict[int, tuple[int, ...]]) -> None:
         """One step of :meth:`read_leased_many`: the blocks ``keys[i]`` for ``i`` in ``indices``,
         leased a chunk at a time (:func:`_lease_chunks`). A run in a tier that queues its reads
         (:attr:`~cascade.tiers.base.Tier.reads_queued`: the file tier's buffered runs) is
@@ -224,7 +224,7 @@ def _lease_chunks(indices: range) -> Iterator[range]:
         size = min(2 * size, LEASE_CHUNK)
 
 
-def _runs_advised(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, int]]) -> list[range]:
+def _runs_advised(leased: Sequence[tuple[int, Lease]], streams: dict[int, tuple[int, ...]]) -> list[range]:
     """Indices into ``leased`` cut into runs its tiers read in one go, each within one
     tier: per stretch of leases in one tier, :meth:`~cascade.tiers.base.Tier.read_runs`
     then :meth:`~cascade.tiers.base.Tier.will_read` of its leases, in order, with the

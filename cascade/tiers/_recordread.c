@@ -16,6 +16,11 @@
  * reader threads, submit reads at once, in the caller's thread. A forked child starts
  * with no reader threads; jobs it inherited fail with ECANCELED.
  *
+ * cached_pages(fd, offset, length) counts the pages of a byte range in the page cache with
+ * cachestat(2), which looks the pages up and starts no read (a 1-byte RWF_NOWAIT read does:
+ * it sets off the kernel's readahead). None where the kernel has no cachestat (before 6.5)
+ * or the file system cannot tell.
+ *
  * XXH3 is the one the ``xxhash`` module carries (the same code the Python side hashes
  * with): its functions are looked up in that module's shared object when this module is
  * imported, which fails (ImportError: the Python version runs) if they are not exported.
@@ -33,7 +38,13 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef SYS_cachestat
+#define SYS_cachestat 451  /* the same number on every architecture (Linux 6.5) */
+#endif
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
@@ -490,6 +501,35 @@ static PyTypeObject JobType = {
     .tp_doc = "A queued read of buffers from a file, hashed by spans (submit).",
 };
 
+/* cachestat(2)'s range and counts (struct cachestat_range, struct cachestat). */
+typedef struct {
+    uint64_t off, len;
+} CacheRange;
+
+typedef struct {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+} CacheCounts;
+
+static PyObject *
+cached_pages(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd;
+    unsigned long long offset, length;
+    if (!PyArg_ParseTuple(args, "iKK:cached_pages", &fd, &offset, &length))
+        return NULL;
+    if (length == 0)  /* cachestat reads a length of 0 as "to the end of the file" */
+        return PyLong_FromLong(0);
+    CacheRange range = {offset, length};
+    CacheCounts counts;
+    if (syscall(SYS_cachestat, fd, &range, &counts, 0) != 0) {
+        if (errno == ENOSYS || errno == EOPNOTSUPP)
+            Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromUnsignedLongLong(counts.nr_cache);
+}
+
 /* Find XXH3 in the xxhash module's shared object (already loaded by the import). */
 static int
 find_xxh3(void)
@@ -543,6 +583,9 @@ static PyMethodDef methods[] = {
      "submit(fd, offset, iov, spans) -> Job: preadv_hashed on a reader thread; job.wait() gives its result."},
     {"wait_idle", (PyCFunction)wait_idle, METH_NOARGS,
      "wait_idle() -> None: wait until every read queued before this call finished (without the interpreter lock)."},
+    {"cached_pages", cached_pages, METH_VARARGS,
+     "cached_pages(fd, offset, length) -> int | None: how many pages of the byte range are in the page cache "
+     "(cachestat(2): it starts no read); None where the kernel cannot tell."},
     {"start_readers", (PyCFunction)start_readers, METH_O,
      "start_readers(n) -> int: start reader threads until n run (at most 16); how many run."},
     {NULL, NULL, 0, NULL},

@@ -216,12 +216,12 @@ class Tier(MutableMapping[BlockKey, bytes], ABC):
     def release(self, lease: Any) -> None:
         """End a lease; frees the bytes of a block deleted while leased."""
 
-    def will_read(self, leases: Sequence[Any], streams: dict[int, tuple[int, int]] | None = None) -> None:
+    def will_read(self, leases: Sequence[Any], streams: dict[int, tuple[int, ...]] | None = None) -> None:
         """A batch is about to read these leased blocks, in this order: a tier may start
         fetching them now (a hint: it raises nothing). ``streams``: the batch's record of
         what it reads, as :meth:`read_runs` of these leases left it. Here nothing happens."""
 
-    def read_runs(self, leases: Sequence[Any], streams: dict[int, tuple[int, int]] | None = None) -> list[range]:
+    def read_runs(self, leases: Sequence[Any], streams: dict[int, tuple[int, ...]] | None = None) -> list[range]:
         """``leases`` (in a batch's order) cut into runs that :meth:`read_leased_run`
         reads in one go: here each lease alone; the file tier joins adjacent records.
         ``streams``: a record the batch keeps for its tiers across its calls, which a

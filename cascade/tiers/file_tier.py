@@ -64,7 +64,7 @@ from ..errors import BlockNotFound, CascadeError, ConfigError
 from .base import BlockKey, Memory, Tier, TierKind
 from .compaction import Compaction
 from .file_kills import Kills
-from .file_reads import Reads, reads_direct
+from .file_reads import Reads, Stream, reads_direct
 from .file_recovery import Recovery
 from .file_set import Files
 from .file_state import Kill, Loc, SegmentFile
@@ -118,9 +118,9 @@ class FileTier(Recovery, Compaction, Reads, Writes, Kills, Files, Tier):
         self._reserved_bytes = 0  # record bytes claimed by writes in flight
         self._bounces: list[mmap.mmap] = []  # spare page-aligned buffers for O_DIRECT reads
         self._bounce_lock = threading.Lock()
-        #: Per file descriptor: where the last batch's stream there starts and stops (a batch
+        #: Per file descriptor: the last batch's stream there (file_reads.Stream; a batch
         #: may go on with it: Reads._go_on).
-        self._last_streams: dict[int, tuple[int, int]] = {}
+        self._last_streams: dict[int, Stream] = {}
         self.counters = {"recovered": 0, "bad_headers": 0, "torn_records": 0, "corrupt_reads": 0,
                          "compactions": 0, "compactions_deferred": 0, "full_events": 0, "bad_files": 0,
                          "unlink_errors": 0, "old_files": 0, "expiry_writes": 0, "adopted": 0,

@@ -271,11 +271,17 @@ def wait_idle_python() -> None:
     """:func:`wait_idle` without reader threads (the fallback): nothing is ever queued."""
 
 
-try:  # preadv_hashed, submit, start_readers, wait_idle: see cascade/tiers/_recordread.c
-    from ._recordread import preadv_hashed, start_readers, submit, wait_idle
+def cached_pages_python(fd: int, offset: int, length: int) -> int | None:
+    """:func:`cached_pages` without the compiled module: the kernel is not asked (None)."""
+    return None
+
+
+try:  # preadv_hashed, submit, start_readers, wait_idle, cached_pages: see cascade/tiers/_recordread.c
+    from ._recordread import cached_pages, preadv_hashed, start_readers, submit, wait_idle
     COMPILED = True
 except ImportError:  # not built here, or xxhash without exported XXH3: the Python versions
     preadv_hashed, submit, wait_idle = preadv_hashed_python, submit_python, wait_idle_python
+    cached_pages = cached_pages_python
     COMPILED = False
 
 

@@ -177,7 +177,7 @@ class SlabTier(Tier):
             pos += size
         copy_each(copies)  # device outputs: one synchronisation per stream for the block
 
-    def read_runs(self, leases: Sequence[_Slot], streams: dict[int, tuple[int, int]] | None = None) -> list[range]:
+    def read_runs(self, leases: Sequence[_Slot], streams: dict[int, tuple[int, ...]] | None = None) -> list[range]:
         """A host slab (no checksums) reads a batch's leased blocks in one run (:meth:`read_leased_run`)."""
         if self._hot_host is None:
             return super().read_runs(leases, streams)
