@@ -10,7 +10,7 @@ time, in file order (see :mod:`.record_io`); a batch queues the pieces of its re
 under 8 MiB as it leases them, so they are read while it hashes the records before
 (:class:`~.record_io.InOrderRead`). A batch's buffered reads of small records
 lying back to back (blocks written together, read in the same order) go as runs of up
-to 128 KiB (:data:`RUN_BYTES`; 1 MiB past the first 8 MiB of a stream of them,
+to 128 KiB (:data:`RUN_BYTES`; 1 MiB past the first 1 MiB of a stream of them,
 :data:`STREAM_START_BYTES`; up to 16 KiB over the first 128 KiB of a stream of records of
 up to 16 KiB that starts out of the page cache, :data:`SLOW_START_BYTES`), one ``preadv`` each
 (:meth:`Reads.read_runs`), queued on the reader thread of :func:`~.record_io.submit`
@@ -122,9 +122,18 @@ ADVISE_MIN = 512 << 10
 #: reader thread. A cold batch of 4096 blocks of 64 KiB (256 MiB, written together, 9
 #: rounds alternated in one sitting), advice only: 1.65 GB/s [1.04-2.06] at 0.62 CPU s/GB
 #: (0.18 in the kernel) against 1.46 [1.36-2.08] at 0.72 (0.33) with every chunk advised;
-#: 1.60 at 0.59 (0.16) with no advice at all. Bursts of up to this many bytes
-#: (small_blocks' cold forms: 64 blocks of 64 KiB) are advised and cut as before.
-STREAM_START_BYTES = 8 << 20
+#: 1.60 at 0.59 (0.16) with no advice at all. It was 8 MiB until session 49, when bursts
+#: of 256 blocks of 64 KiB read cold in 4 calls of 64 (16 MiB after a page-cache drop; one
+#: process, 48 bursts alternated with the loop) took 1.53 and 1.64 times the loop's time:
+#: the second call crossed the advised start into reads the kernel's readahead had not
+#: been ramping (the calls took 71, 121, 48, 106 us a block against the loop's 126, 21,
+#: 19, 53). With 1 MiB 0.93 and 0.96 (2 MiB: 1.27 and 1.34; 512 KiB: 1.02); one call of
+#: 64 such blocks 0.63 against 0.71 (2 MiB: 1.34); 8 and 16 KiB bursts 1.03 against 1.14
+#: and 1.12 against 1.13; the 256 MiB batches of benchmark file_read_mode (three runs of 6
+#: rounds each way, alternated) 1.85, 1.65, 1.98 GB/s at 0.36, 0.35, 0.30 CPU s/GB against
+#: 1.72, 1.56, 1.66 at 0.40, 0.41, 0.37, the loops of the same runs as far apart. A value
+#: fitted to this VM's virtual disk (``read_ahead_kb`` 8192).
+STREAM_START_BYTES = 1 << 20
 #: Runs past the start of a stream span up to this many bytes (and :data:`RUN_RECORDS`
 #: records). The same batch as above, 7 rounds: 1.98 GB/s [1.09-2.09] at 0.41 CPU s/GB
 #: against 1.90 [1.43-2.03] at 0.49 with runs of :data:`RUN_BYTES` throughout.
