@@ -540,11 +540,30 @@ def test_a_batch_advises_a_stream_over_its_start_and_reads_on_in_longer_runs(tmp
         assert tier.read_runs(leases[10:13], streams) == [range(i, i + 1) for i in range(3)]  # block 9 skipped
         tier.will_read(leases[10:13], streams)
         start = leases[10].loc.offset  # (in the page cache: no slow start)
-        assert calls == [(fd, *_span(leases[10:13]))] and streams == {fd: (start, leases[12].loc.offset + record, start)}
+        end = leases[12].loc.offset + record
+        assert calls == [(fd, *_span(leases[10:13]))] and streams == {fd: (start, end, start, end)}
         calls.clear()
         assert tier.read_runs(leases[13:20]) == [range(i, i + 1) for i in range(7)]  # no streams
         tier.will_read(leases[13:20])
         assert calls == [(fd, *_span(leases[13:20]))]
+
+
+def test_a_stream_left_to_the_kernels_readahead_at_its_start_is_not_advised_later(tmp_path, monkeypatch):
+    """will_read with a batch's streams advises a stream only on from where its advice
+    ends: a stretch under ADVISE_MIN at its start leaves the rest unadvised; a new stream
+    (after a gap) is advised again."""
+    with _leased_tier(tmp_path, 20, 64 << 10) as (tier, _, leases):
+        calls, fd = _advice_spied(monkeypatch), leases[0].file.fd
+        monkeypatch.setattr(file_reads, "ADVISE_MIN", 4 * leases[0].loc.record_bytes)
+        streams: dict = {}
+        for part in (leases[:2], leases[2:8], leases[8:14]):
+            tier.read_runs(part, streams)
+            tier.will_read(part, streams)
+        assert calls == []
+        part = leases[15:20]  # block 14 skipped: a new stream
+        tier.read_runs(part, streams)
+        tier.will_read(part, streams)
+        assert calls == [(fd, *_span(part))] and streams[fd][3] == part[-1].loc.offset + part[-1].loc.record_bytes
 
 
 def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monkeypatch):
@@ -715,7 +734,8 @@ def test_a_stream_that_starts_out_of_the_page_cache_is_read_in_short_runs_first(
         streams: dict = {}
         runs = [tier.read_runs(leases[:5], streams), tier.read_runs(leases[5:], streams)]
         assert runs == [[range(0, 1), range(1, 2), range(2, 3), range(3, 5)], [range(0, 3)]]
-        assert streams == {fd: (leases[0].loc.offset, leases[-1].loc.offset + record, leases[0].loc.offset + 3 * record)}
+        start = leases[0].loc.offset
+        assert streams == {fd: (start, leases[-1].loc.offset + record, start + 3 * record, start)}  # (not advised)
         assert record_io.cached_pages(fd, 0, 8 * record) == 0  # the probe read nothing
         monkeypatch.setattr(file_reads, "SLOW_RUN_BYTES", record - 1)
         assert tier.read_runs(leases, {}) == [range(0, 8)]  # records over SLOW_RUN_BYTES: as before
