@@ -564,6 +564,7 @@ def test_a_stream_left_to_the_kernels_readahead_at_its_start_is_not_advised_late
         tier.read_runs(part, streams)
         tier.will_read(part, streams)
         assert calls == [(fd, *_span(part))] and streams[fd][3] == part[-1].loc.offset + part[-1].loc.record_bytes
+        assert tier._last_streams[fd] == streams[fd]  # a next batch goes on with the advice given
 
 
 def test_an_advice_the_kernel_refuses_leaves_the_batch_as_it_was(tmp_path, monkeypatch):

@@ -368,8 +368,8 @@ class Reads:
                 stream = streams.get(fd)
                 if end == start or (stream is not None and stream[3] != start):
                     continue
-                if stream is not None:
-                    streams[fd] = (*stream[:3], end)
+                if stream is not None:  # (and the record a next batch may go on with: _go_on)
+                    streams[fd] = self._last_streams[fd] = (*stream[:3], end)
             try:
                 _FADVISE(fd, start, end - start, os.POSIX_FADV_WILLNEED)
             except OSError:
@@ -384,8 +384,9 @@ class Reads:
         descriptor -> :data:`Stream`), kept across its calls and extended by these
         leases; a run starting past the first :data:`STREAM_START_BYTES` of its stream
         spans up to :data:`STREAM_RUN_BYTES`, one in the slow start of a stream of small
-        records that began out of the page cache up to :data:`SLOW_RUN_BYTES`. A batch's first lease in a
-        file may go on with the previous batch's stream there (:meth:`_go_on`)."""
+        records that began out of the page cache up to :data:`SLOW_RUN_BYTES`. A batch's
+        first lease in a file may go on with the previous batch's stream there
+        (:meth:`_go_on`)."""
         runs: list[range] = []
         lo, file, start, end = 0, None, 0, -1  # the run so far: leases[lo:i], bytes [start, end) of file
         limit = RUN_BYTES
@@ -404,11 +405,9 @@ class Reads:
             if i:
                 runs.append(range(lo, i))
             lo, file, start, end = i, lease.file, loc.offset, stop
-            if streams is not None:
-                if start < streams[file.fd][2]:
-                    limit = SLOW_RUN_BYTES
-                else:
-                    limit = RUN_BYTES if _streamed(streams, file.fd, start) < STREAM_START_BYTES else STREAM_RUN_BYTES
+            if streams is not None:  # (this lease is in its file's stream: just extended)
+                first, _, slow, _ = streams[file.fd]
+                limit = SLOW_RUN_BYTES if start < slow else RUN_BYTES if start - first < STREAM_START_BYTES else STREAM_RUN_BYTES
         if leases:
             runs.append(range(lo, len(leases)))
         self._last_streams.update(streams or ())
