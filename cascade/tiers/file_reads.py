@@ -124,9 +124,9 @@ ADVISE_MIN = 512 << 10
 #: (0.18 in the kernel) against 1.46 [1.36-2.08] at 0.72 (0.33) with every chunk advised;
 #: 1.60 at 0.59 (0.16) with no advice at all. It was 8 MiB until session 49, when bursts
 #: of 256 blocks of 64 KiB read cold in 4 calls of 64 (16 MiB after a page-cache drop; one
-#: process, 48 bursts alternated with the loop) took 1.53 and 1.64 times the loop's time:
-#: the second call crossed the advised start into reads the kernel's readahead had not
-#: been ramping (the calls took 71, 121, 48, 106 us a block against the loop's 126, 21,
+#: process, five runs of 32-48 bursts alternated with the loop) took 1.53-1.69 times the
+#: loop's time: the second call crossed the advised start into reads the kernel's
+#: readahead had not been ramping (the calls took 71, 121, 48, 106 us a block against the loop's 126, 21,
 #: 19, 53). With 1 MiB 0.93 and 0.96 (2 MiB: 1.27 and 1.34; 512 KiB: 1.02); one call of
 #: 64 such blocks 0.63 against 0.71 (2 MiB: 1.34); 8 and 16 KiB bursts 1.03 against 1.14
 #: and 1.12 against 1.13; the 256 MiB batches of benchmark file_read_mode (three runs of 6
@@ -149,7 +149,7 @@ STREAM_RUN_BYTES = SCAN
 #: 0.98, 0.95, 0.94 at 4 KiB, 1.07, 1.02, 0.99 against 1.17, 1.17, 1.11 at 8 KiB. Bigger
 #: records, read alone over the slow start, gained nothing: 1.11, 1.07, 1.14 against 1.14,
 #: 1.15, 1.16 at 16 KiB; at 32 KiB 1.17 and 1.20 against 1.07 and 1.11 (in one process,
-#: 48 bursts each).
+#: 48 and 64 bursts).
 SLOW_START_BYTES = 128 << 10
 SLOW_RUN_BYTES = 16 << 10
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
