@@ -9,7 +9,7 @@ RANKS  ?= 4
 
 .PHONY: install peers tex run test test-unit test-mpi bench clean
 
-$(STAMP): pyproject.toml cascade/_ids.c cascade/buffers/_hostcopy.c cascade/tiers/_recordread.c
+$(STAMP): pyproject.toml cascade/_ids.c cascade/buffers/_hostcopy.c cascade/tiers/_recordread.c cascade/tiers/_firstfit.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[mpi,test,bench]' -c third_party/constraints.txt

@@ -48,7 +48,7 @@ def test_device_checks_runs_every_step_without_a_gpu_and_fails_naming_the_missin
     assert "build rc=0" in log and "COMPILED True" in log, log
     assert "no gpu test ran: is there a GPU, cupy and CUDA torch?" in log, log
     assert (out / "gpu_junit.xml").is_file()
-    for module in ("cascade/_ids", "cascade/buffers/_hostcopy", "cascade/tiers/_recordread"):
+    for module in ("cascade/_ids", "cascade/buffers/_hostcopy", "cascade/tiers/_recordread", "cascade/tiers/_firstfit"):
         assert list(tree.glob(f"{module}*.so")), f"{module} was not built into the copied tree"
 
     hostcopy_summary = (out / "hostcopy_tests.log").read_text().strip().splitlines()[-1]

@@ -3,12 +3,21 @@
 Pure bookkeeping: it hands out ``(offset, length)`` ranges and coalesces freed ones. Costs
 O(log n) to free and O(n) worst case to allocate (first fit over the free list, which stays
 short when blocks are of one size, the common case). Not thread-safe.
+
+:class:`SlabAllocator` is the compiled one (``cascade/tiers/_firstfit.c``: an allocation
+runs per put) where it was built, else :class:`PythonSlabAllocator`, which gives the same
+ranges.
 """
 from __future__ import annotations
 
 import bisect
 
 from ..errors import TierFull
+
+try:
+    from ._firstfit import FirstFit
+except ImportError:  # not built: the Python allocator below runs
+    FirstFit = None
 
 ALIGN = 64  # cache-line alignment of every range: keeps copies on the fast path
 
@@ -17,7 +26,7 @@ def _round_up(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
 
-class SlabAllocator:
+class PythonSlabAllocator:
     """Allocate aligned ranges from ``[0, size)``."""
 
     def __init__(self, size: int) -> None:
@@ -68,7 +77,26 @@ class SlabAllocator:
         need = _round_up(max(nbytes, 1))
         return any(length >= need for length in self._lengths.values())
 
+    def free_ranges(self) -> list[tuple[int, int]]:
+        """The free ``(start, length)`` ranges, by start."""
+        return [(start, self._lengths[start]) for start in self._starts]
+
     @staticmethod
     def footprint(nbytes: int) -> int:
         """Bytes a range of ``nbytes`` really takes (alignment included)."""
         return _round_up(max(nbytes, 1))
+
+
+if FirstFit is None:
+    SlabAllocator = PythonSlabAllocator
+else:
+    class SlabAllocator(FirstFit):  # type: ignore[no-redef]
+        """Allocate aligned ranges from ``[0, size)``: :class:`PythonSlabAllocator`'s
+        methods, compiled."""
+
+        __slots__ = ()
+
+        def __init__(self, size: int) -> None:
+            super().__init__(size, TierFull)
+
+        footprint = staticmethod(PythonSlabAllocator.footprint)
